@@ -1,0 +1,49 @@
+# Two commands do all set-up on a fresh Debian/Ubuntu machine:
+#   make demo   system packages, virtual environment, the package, then `edgefleet demo`
+#   make test   the same set-up, then the whole test suite
+# Both are idempotent: a second run only re-installs what changed.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.edgefleet-installed
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := mosquitto mosquitto-clients ffmpeg gcc g++ python3-dev python3-venv \
+                gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user chromium
+# The binaries that show the packages above are present (checked before calling apt).
+APT_PROBES := mosquitto mosquitto_pub ffmpeg gcc aarch64-linux-gnu-gcc qemu-aarch64 chromium
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint system-deps install clean
+
+demo: install
+	$(VENV)/bin/edgefleet demo
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+install: system-deps $(STAMP)
+
+system-deps:
+	@missing=""; for b in $(APT_PROBES); do command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages (missing:$$missing)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+	fi
+
+$(STAMP): pyproject.toml setup.py
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	# The default model pack; --no-deps keeps its opencv-python off (we use the headless build).
+	$(PY) -m pip install -q --no-deps 'rapidocr-onnxruntime==1.4.4'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The core both edge and cloud import: contracts, input adaptation, execution."""

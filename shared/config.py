@@ -1,0 +1,90 @@
+"""Settings: one pydantic tree per process, from a YAML file plus `EDGEFLEET_...` variables.
+
+Nothing reads the environment at import time: `load_settings` is called in the command
+that starts the process and the result is passed down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+S = TypeVar("S", bound="EdgefleetSettings")
+
+
+class EdgefleetSettings(BaseSettings):
+    """Base of every process's settings: closed, env overrides the YAML file."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid", env_nested_delimiter="__", validate_default=True
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return env_settings, init_settings
+
+
+def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
+    """Build `cls` from the YAML at `path` (optional), the environment and `overrides`.
+
+    A bad value raises ConfigError naming the key and, for YAML, the file and line.
+    """
+    data: dict[str, Any] = {}
+    lines: dict[tuple[str, ...], int] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+            lines = _key_lines(yaml.compose(text))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of settings")
+        data = loaded or {}
+    data.update(overrides)
+    try:
+        return cls(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path, lines)) from None
+
+
+def _describe(exc: ValidationError, path: Path | None, lines: dict[tuple[str, ...], int]) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
+        where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
+        problems.append(f"{where}{'.'.join(loc) or '<root>'}: {err['msg']}")
+    return "invalid settings:\n  " + "\n  ".join(problems)
+
+
+def _key_lines(node: yaml.Node | None, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
+    """(key path) -> 1-based line in the YAML file, for error messages."""
+    out: dict[tuple[str, ...], int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            path = (*prefix, str(key.value))
+            out[path] = key.start_mark.line + 1
+            out.update(_key_lines(value, path))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            path = (*prefix, str(index))
+            out[path] = item.start_mark.line + 1
+            out.update(_key_lines(item, path))
+    return out

@@ -1,0 +1,1 @@
+"""Input adaptation: decode, colour, letterbox, normalise."""

@@ -1,0 +1,1 @@
+"""Native and CUDA kernels with a numpy reference."""

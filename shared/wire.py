@@ -1,0 +1,197 @@
+"""Wire format v1: how a message model becomes MQTT 5 bytes and properties, and back.
+
+Pinned so that any MQTT 5 client can speak it:
+- JSON messages: the payload is the UTF-8 JSON of the model.
+- EscalationCase: the payload is the raw image; its metadata JSON is the `ef-meta` user
+  property, and the content-type property names the image type.
+- Every message has `ef-schema` and `ef-sig` = hex HMAC-SHA256(device key,
+  meta_bytes + b"\\n" + payload_bytes), meta_bytes being empty for JSON messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from prometheus_client import Counter
+from pydantic import ValidationError
+
+from shared.errors import PayloadRejected
+from shared.messages import MESSAGE_TYPES, DeviceTelemetry, EscalationCase, Message
+from shared.topics import CHANNEL_SCHEMA, Topics
+
+SCHEMA_PROP = "ef-schema"
+SIG_PROP = "ef-sig"
+META_PROP = "ef-meta"
+
+IMAGE_MAGIC = {"image/jpeg": b"\xff\xd8\xff", "image/png": b"\x89PNG\r\n\x1a\n"}
+
+REJECTED = Counter(
+    "ef_messages_rejected_total", "Messages rejected by the wire verifier", ["reason"]
+)
+ACCEPTED = Counter("ef_messages_accepted_total", "Messages that passed verification", ["schema"])
+
+
+def signature(key: bytes, meta: bytes, payload: bytes) -> str:
+    return hmac.new(key, meta + b"\n" + payload, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class WireMessage:
+    """What goes on (or came off) the broker: topic, payload bytes, MQTT 5 properties."""
+
+    topic: str
+    payload: bytes
+    user_properties: tuple[tuple[str, str], ...]
+    content_type: str | None = None
+
+    def prop(self, name: str) -> str | None:
+        return next((v for k, v in self.user_properties if k == name), None)
+
+
+def encode(message: Message, key: bytes, topic: str, image: bytes | None = None) -> WireMessage:
+    """Sign and lay out one message for `topic` per wire format v1."""
+    if isinstance(message, EscalationCase):
+        if not image:
+            raise ValueError("an EscalationCase travels with its image bytes")
+        meta = message.model_dump_json().encode()
+        payload = image
+        props = [(SCHEMA_PROP, message.schema_id), (META_PROP, meta.decode())]
+        content_type: str | None = message.content_type
+    else:
+        if image is not None:
+            raise ValueError(f"{message.schema_id} carries no image")
+        meta, payload = b"", message.model_dump_json().encode()
+        props = [(SCHEMA_PROP, message.schema_id)]
+        content_type = "application/json"
+    props.append((SIG_PROP, signature(key, meta, payload)))
+    return WireMessage(topic, payload, tuple(props), content_type)
+
+
+@dataclass(frozen=True)
+class Verified:
+    message: Message
+    image: bytes | None
+    device_id: str
+
+
+class ReplayGuard:
+    """Remembers (device, kind, key) seen within a window; bounded in memory."""
+
+    def __init__(self, window_s: float = 900.0, max_entries: int = 1_000_000):
+        self._window_s = window_s
+        self._max = max_entries
+        self._seen: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check_and_add(self, device_id: str, kind: str, key: str) -> bool:
+        """True if new; False if this key was seen inside the window."""
+        now = time.monotonic()
+        entry = (device_id, kind, key)
+        with self._lock:
+            while self._seen:
+                oldest, seen_at = next(iter(self._seen.items()))
+                if now - seen_at <= self._window_s and len(self._seen) < self._max:
+                    break
+                del self._seen[oldest]
+            if entry in self._seen:
+                return False
+            self._seen[entry] = now
+            return True
+
+
+class ReplayedMessage(PayloadRejected):
+    """A correctly signed message whose case_id/seq was already seen.
+
+    It carries the verified message, so an idempotent consumer can answer it from its
+    store instead of running it again.
+    """
+
+    def __init__(self, verified: Verified, message: str):
+        super().__init__("replayed", message)
+        self.verified = verified
+
+
+@dataclass
+class Verifier:
+    """Checks every incoming message and counts each rejection by reason."""
+
+    key_for_device: Callable[[str], bytes | None]
+    topics: Topics = field(default_factory=Topics)
+    max_payload_bytes: int = 8 * 1024 * 1024
+    max_meta_bytes: int = 64 * 1024
+    max_skew_s: float = 300.0
+    replay_guard: ReplayGuard = field(default_factory=ReplayGuard)
+
+    def verify(self, wire: WireMessage, *, now: datetime | None = None) -> Verified:
+        try:
+            verified = self._verify(wire, now or datetime.now(timezone.utc))
+        except PayloadRejected as exc:
+            REJECTED.labels(exc.reason).inc()
+            raise
+        ACCEPTED.labels(verified.message.schema_id).inc()
+        return verified
+
+    def _verify(self, wire: WireMessage, now: datetime) -> Verified:
+        device_id, channel = self.topics.parse(wire.topic)
+        if len(wire.payload) > self.max_payload_bytes:
+            raise PayloadRejected(
+                "oversize", f"payload of {len(wire.payload)} bytes > {self.max_payload_bytes}"
+            )
+        schema_id = wire.prop(SCHEMA_PROP)
+        model = MESSAGE_TYPES.get(schema_id or "")
+        if model is None or CHANNEL_SCHEMA.get(channel) != schema_id:
+            raise PayloadRejected("schema", f"schema {schema_id!r} not accepted on {channel.value}")
+        sig = wire.prop(SIG_PROP)
+        if not sig:
+            raise PayloadRejected("unsigned", "message has no ef-sig user property")
+        key = self.key_for_device(device_id)
+        if key is None:
+            raise PayloadRejected("unknown_device", f"device {device_id!r} is not enrolled")
+        meta_text = wire.prop(META_PROP) if model is EscalationCase else None
+        meta = (meta_text or "").encode()
+        if len(meta) > self.max_meta_bytes:
+            raise PayloadRejected("oversize", f"ef-meta of {len(meta)} bytes is too large")
+        if not hmac.compare_digest(sig.lower(), signature(key, meta, wire.payload)):
+            raise PayloadRejected("bad_signature", "ef-sig does not match the message")
+        message = self._parse(model, meta if model is EscalationCase else wire.payload)
+        if message.device_id != device_id:
+            raise PayloadRejected(
+                "device_mismatch", f"device_id {message.device_id!r} published on {wire.topic!r}"
+            )
+        skew = abs((now - message.ts).total_seconds())
+        if skew > self.max_skew_s:
+            raise PayloadRejected("stale", f"ts is {skew:.0f} s from now (> {self.max_skew_s:.0f})")
+        image = None
+        if isinstance(message, EscalationCase):
+            image = wire.payload
+            if not image.startswith(IMAGE_MAGIC[message.content_type]):
+                raise PayloadRejected("content_type", f"payload is not {message.content_type}")
+        verified = Verified(message, image, device_id)
+        replay_key = _replay_key(message)
+        if replay_key and not self.replay_guard.check_and_add(device_id, *replay_key):
+            raise ReplayedMessage(verified, f"{replay_key[0]} {replay_key[1]!r} already seen")
+        return verified
+
+    @staticmethod
+    def _parse(model: type[Message], raw: bytes) -> Message:
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "<root>"
+            raise PayloadRejected("invalid", f"{where}: {first['msg']}") from None
+
+
+def _replay_key(message: Message) -> tuple[str, str] | None:
+    if isinstance(message, EscalationCase):
+        return ("case_id", message.case_id)
+    if isinstance(message, DeviceTelemetry):
+        return ("seq", str(message.seq))
+    return None

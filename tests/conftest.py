@@ -1,0 +1,57 @@
+"""Shared fixtures: a real Mosquitto broker, and hardware markers that skip with a reason."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker import MosquittoBroker
+
+
+def _has_nvidia_gpu() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return count > 0
+    except Exception:  # NVML missing or no driver: no GPU here
+        return False
+
+
+_HARDWARE = {
+    "gpu": (_has_nvidia_gpu, "needs an NVIDIA GPU (NVML found none here)"),
+    "jetson": (lambda: Path("/etc/nv_tegra_release").exists(), "needs a Jetson (no L4T here)"),
+    "trt": (lambda: importlib.util.find_spec("tensorrt") is not None, "needs TensorRT"),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    present: dict[str, bool] = {}
+    for item in items:
+        for marker, (probe, reason) in _HARDWARE.items():
+            if marker in item.keywords:
+                if marker not in present:
+                    present[marker] = probe()
+                if not present[marker]:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
+    """One broker for the session, for tests that do not stop it."""
+    instance = MosquittoBroker(tmp_path_factory.mktemp("mosquitto")).start()
+    yield instance
+    instance.kill()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
+    """A broker of this test's own, which it may stop, kill and restart."""
+    instance = MosquittoBroker(tmp_path / "mosquitto").start()
+    yield instance
+    instance.kill()
