@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.config import EdgefleetSettings, load_settings
+from shared.errors import ConfigError
+
+
+class Inner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    port: int = Field(1883, description="port")
+
+
+class DemoSettings(EdgefleetSettings):
+    model_config = EdgefleetSettings.model_config | {"env_prefix": "EDGEFLEET_TEST_"}
+    name: str = Field("x", description="a name")
+    inner: Inner = Field(default_factory=Inner, description="nested")
+
+
+def test_defaults_need_no_file():
+    assert load_settings(DemoSettings).inner.port == 1883
+
+
+def test_yaml_then_environment_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: from-file\ninner:\n  port: 2000\n")
+    assert load_settings(DemoSettings, path).inner.port == 2000
+    monkeypatch.setenv("EDGEFLEET_TEST_INNER__PORT", "3000")
+    settings = load_settings(DemoSettings, path)
+    assert (settings.name, settings.inner.port) == ("from-file", 3000)
+
+
+def test_errors_name_the_file_line_and_key(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: ok\ninner:\n  port: not-a-port\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:3: inner\.port"):
+        load_settings(DemoSettings, path)
+
+
+def test_unknown_keys_are_refused(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: ok\nnmae: typo\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: nmae"):
+        load_settings(DemoSettings, path)
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "name: [unclosed\n"])
+def test_non_mapping_or_broken_yaml_is_a_config_error(tmp_path: Path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError):
+        load_settings(DemoSettings, path)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(DemoSettings, tmp_path / "nope.yaml")
