@@ -1,0 +1,122 @@
+"""The demo video: deterministic, decodable, and its truth says where the text is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgefleet.demo_video import (
+    GroundTruth,
+    VideoSpec,
+    best_match_accuracy,
+    char_accuracy,
+    container_check_digit,
+    edit_distance,
+    render_video,
+    truth_path,
+)
+from shared.errors import ConfigError
+
+SMALL = VideoSpec(width=320, height=180, fps=5, duration_s=2, seed=3)
+
+
+def _frames(path: Path) -> list[np.ndarray]:
+    cap = cv2.VideoCapture(str(path))
+    frames = []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(frame)
+    cap.release()
+    return frames
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".avi"])
+def test_render_writes_a_decodable_video_and_its_truth(tmp_path: Path, suffix: str) -> None:
+    # given a small spec, when rendered
+    video = tmp_path / f"clip{suffix}"
+    truth = render_video(video, SMALL)
+    # then the video decodes to the stated number and size of frames
+    frames = _frames(video)
+    assert len(frames) == SMALL.frame_count == 10
+    assert frames[0].shape == (180, 320, 3)
+    # and the truth file round-trips to the same object
+    assert GroundTruth.load(truth_path(video)) == truth
+    assert len(truth.frames) == 10
+    assert {item.text for item in truth.frames[0].items} == {line.text for line in truth.lines}
+
+
+def test_same_seed_same_video_other_seed_other_video(tmp_path: Path) -> None:
+    a = render_video(tmp_path / "a.avi", SMALL)
+    b = render_video(tmp_path / "b.avi", SMALL)
+    c = render_video(tmp_path / "c.avi", SMALL.model_copy(update={"seed": 4}))
+    assert a.lines == b.lines and a.frames == b.frames
+    assert [f.tobytes() for f in _frames(tmp_path / "a.avi")] == [
+        f.tobytes() for f in _frames(tmp_path / "b.avi")
+    ]
+    assert [ln.text for ln in c.lines] != [ln.text for ln in a.lines]
+
+
+def test_boxes_lie_in_the_frame_and_hold_the_text(tmp_path: Path) -> None:
+    # given a clip on a flat background (so any ink inside a box is the text's)
+    spec = SMALL.model_copy(update={"background": "gradient", "hard_share": 0.0})
+    truth = render_video(tmp_path / "v.avi", spec)
+    frames = _frames(tmp_path / "v.avi")
+    for frame_truth, frame in zip(truth.frames, frames, strict=True):
+        for item in frame_truth.items:
+            x0, y0, x1, y1 = item.box
+            assert 0 <= x0 < x1 <= spec.width and 0 <= y0 < y1 <= spec.height
+            crop = cv2.cvtColor(frame[y0:y1, x0:x1], cv2.COLOR_BGR2GRAY)
+            # then the plate has both ink and paper: strong contrast inside the box
+            assert int(crop.max()) - int(crop.min()) > 120
+
+
+def test_lines_move(tmp_path: Path) -> None:
+    truth = render_video(tmp_path / "v.avi", SMALL)
+    first = {i.line: i.box for i in truth.frames[0].items}
+    last = {i.line: i.box for i in truth.frames[-1].items}
+    assert any(first[k] != last[k] for k in first)
+
+
+def test_hard_share_sets_the_number_of_hard_lines(tmp_path: Path) -> None:
+    spec = SMALL.model_copy(update={"lines": 4, "hard_share": 0.5})
+    truth = render_video(tmp_path / "v.avi", spec)
+    assert sum(line.hard for line in truth.lines) == 2
+    assert {line.kind for line in truth.lines} == {"container", "plate", "sign"}
+
+
+def test_container_numbers_carry_a_valid_iso6346_check_digit(tmp_path: Path) -> None:
+    # the textbook example CSQU 305438 has check digit 3
+    assert container_check_digit("CSQU305438") == 3
+    truth = render_video(tmp_path / "v.avi", SMALL.model_copy(update={"lines": 3, "seed": 0}))
+    for line in truth.lines:
+        if line.kind == "container":
+            assert container_check_digit(line.text[:10]) == int(line.text[10])
+
+
+def test_unknown_container_format_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\.mkv"):
+        render_video(tmp_path / "v.mkv", SMALL)
+
+
+def test_bad_spec_is_rejected() -> None:
+    with pytest.raises(ValueError, match="fps"):
+        VideoSpec(fps=0)
+    with pytest.raises(ValueError, match="colour"):
+        VideoSpec.model_validate({"colour": "red"})
+
+
+def test_accuracy_scoring() -> None:
+    assert edit_distance("kitten", "sitting") == 3
+    assert char_accuracy("pd008hn", "PD 008 HN") == 1.0
+    assert char_accuracy("D0CK12", "DOCK 12") == pytest.approx(5 / 6)
+    assert char_accuracy("", "EXIT") == 0.0
+    # each true line is scored against the prediction that reads it best
+    assert best_match_accuracy(["EXIT", "MSCU1234565"], ["MSCU1234565", "EXIT"]) == 1.0
+    assert best_match_accuracy([], ["EXIT", "STOP"]) == 0.0
+    assert best_match_accuracy(["EXIT", "STEP"], ["EXIT", "STOP"]) == pytest.approx(0.875)
+    assert best_match_accuracy(["anything"], []) == 1.0
