@@ -1,0 +1,530 @@
+"""The device registry: who is enrolled, with which credentials, and how each device is doing.
+
+It lives in the cloud's store (`shared.db.Database`, SQLite or PostgreSQL) so every
+orchestrator replica sees the same fleet. Secrets are kept as `fleet.credentials` says:
+hashes where only verification is needed, the sealed HMAC key where the cloud must sign
+and verify with it. Telemetry is kept twice: the last message in full (for the device
+view) and a downsampled history, one sample per device per bucket (for the charts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.credentials import (
+    KeySealer,
+    mosquitto_hash,
+    new_device_key,
+    new_password,
+    new_token,
+    token_digest,
+)
+from shared.db import Database
+from shared.errors import Conflict, InvalidInput, NotFound
+from shared.messages import (
+    DEVICE_ID_PATTERN,
+    DesiredState,
+    DeviceStatus,
+    DeviceTelemetry,
+    ReportedState,
+)
+
+log = logging.getLogger(__name__)
+
+ENROLLED = Counter("ef_fleet_enrollments_total", "Devices enrolled")
+REVOKED = Counter("ef_fleet_revocations_total", "Devices revoked")
+TELEMETRY_RECORDED = Counter("ef_fleet_telemetry_recorded_total", "Telemetry messages stored")
+DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (at the last enroll/revoke)")
+
+RESERVED_NAMES = frozenset({"cloud", "admin", "operator"})
+GROUP_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+_SCHEMA_V1 = [
+    """CREATE TABLE IF NOT EXISTS fleet_devices (
+        device_id TEXT PRIMARY KEY,
+        grp TEXT NOT NULL,
+        key_sealed TEXT,
+        broker_hash TEXT,
+        token_digest TEXT UNIQUE,
+        enrolled_at {ts} NOT NULL,
+        revoked_at {ts},
+        online {bool} NOT NULL,
+        agent_version TEXT,
+        last_seen {ts},
+        telemetry TEXT,
+        reported TEXT,
+        desired TEXT,
+        fps {double}, latency_p95 {double}, cpu_pct {double},
+        gpu_util {double}, gpu_temp {double}, gpu_power {double},
+        outbox_depth {bigint}, escalations_sent {bigint}, escalation_rate {double},
+        agreement {double},
+        updated_at {ts} NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS fleet_devices_grp ON fleet_devices (grp)",
+    "CREATE INDEX IF NOT EXISTS fleet_devices_updated ON fleet_devices (updated_at)",
+    """CREATE TABLE IF NOT EXISTS fleet_telemetry_history (
+        device_id TEXT NOT NULL,
+        bucket {bigint} NOT NULL,
+        fps {double}, latency_p95 {double}, cpu_pct {double},
+        gpu_util {double}, gpu_temp {double}, gpu_power {double},
+        outbox_depth {bigint}, escalation_rate {double}, agreement {double},
+        PRIMARY KEY (device_id, bucket)
+    )""",
+    """CREATE TABLE IF NOT EXISTS fleet_service_accounts (
+        username TEXT PRIMARY KEY,
+        broker_hash TEXT NOT NULL,
+        created_at {ts} NOT NULL
+    )""",
+]
+
+SUMMARY_COLUMNS = (
+    "fps",
+    "latency_p95",
+    "cpu_pct",
+    "gpu_util",
+    "gpu_temp",
+    "gpu_power",
+    "outbox_depth",
+    "escalation_rate",
+    "agreement",
+)
+
+
+@dataclass(frozen=True)
+class Enrollment:
+    """The secrets of a freshly enrolled device: shown once, never stored in clear."""
+
+    device_id: str
+    group: str
+    device_key: bytes
+    broker_password: str
+    token: str
+
+
+class DeviceSummary(BaseModel):
+    """One row of the fleet view: cheap to list for a thousand devices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device_id: str
+    group: str
+    online: bool
+    agent_version: str | None = None
+    enrolled_at: datetime
+    last_seen: datetime | None = None
+    deployment_id: str | None = Field(None, description="deployment the device reports")
+    deployment_status: str | None = None
+    desired_deployment_id: str | None = None
+    model: str | None = Field(None, description="name@version the device runs")
+    fps: float | None = None
+    latency_p95: float | None = None
+    cpu_pct: float | None = None
+    gpu_util: float | None = None
+    gpu_temp: float | None = None
+    gpu_power: float | None = None
+    outbox_depth: int | None = None
+    escalation_rate: float | None = Field(None, description="escalations sent per minute")
+    agreement: float | None = Field(None, description="edge-vs-cloud agreement, 0..1")
+    updated_at: datetime
+
+
+class DeviceDetail(DeviceSummary):
+    telemetry: dict[str, Any] | None = None
+    reported: dict[str, Any] | None = None
+    desired: dict[str, Any] | None = None
+
+
+class HistoryPoint(BaseModel):
+    ts: datetime
+    fps: float | None = None
+    latency_p95: float | None = None
+    cpu_pct: float | None = None
+    gpu_util: float | None = None
+    gpu_temp: float | None = None
+    gpu_power: float | None = None
+    outbox_depth: int | None = None
+    escalation_rate: float | None = None
+    agreement: float | None = None
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def validate_device_id(device_id: str) -> str:
+    if not re.match(DEVICE_ID_PATTERN, device_id or ""):
+        raise InvalidInput(
+            f"invalid device id {device_id!r}",
+            hint="use 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit",
+        )
+    if device_id in RESERVED_NAMES:
+        raise InvalidInput(f"device id {device_id!r} is reserved for service accounts")
+    return device_id
+
+
+def validate_group(group: str) -> str:
+    if not re.match(GROUP_PATTERN, group or ""):
+        raise InvalidInput(
+            f"invalid group {group!r}", hint="use 1-63 characters of a-z, 0-9, '_' and '-'"
+        )
+    return group
+
+
+class DeviceRegistry:
+    """Enrollment, credentials and last known state of every device, in the cloud's store."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        master_key: str | bytes | None = None,
+        history_bucket_s: int = 60,
+        history_retention_s: int = 24 * 3600,
+    ):
+        self.db = db
+        self.sealer = KeySealer(master_key)
+        self.history_bucket_s = history_bucket_s
+        self.history_retention_s = history_retention_s
+        self._key_cache: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._writes = 0
+        t = db.types
+        db.migrate(
+            "fleet_registry_v1",
+            [
+                s.format(ts=t.timestamp, bool=t.boolean, double=t.double, bigint=t.bigint)
+                for s in _SCHEMA_V1
+            ],
+        )
+
+    # --- enrollment and credentials ---------------------------------------------------
+
+    def enroll(self, device_id: str, group: str = "default") -> Enrollment:
+        """Create the device and its secrets; Conflict if it is enrolled already."""
+        validate_device_id(device_id)
+        validate_group(group)
+        key, password, token = new_device_key(), new_password(), new_token()
+        now = _now()
+        with self.db.transaction():
+            row = self.db.query_one(
+                "SELECT revoked_at FROM fleet_devices WHERE device_id = ?", (device_id,)
+            )
+            if row is not None and row["revoked_at"] is None:
+                raise Conflict(
+                    f"device {device_id!r} is already enrolled",
+                    hint="revoke it first (`edgefleet fleet revoke`) to issue new credentials",
+                )
+            if row is not None:
+                self.db.execute("DELETE FROM fleet_devices WHERE device_id = ?", (device_id,))
+            self.db.execute(
+                "INSERT INTO fleet_devices (device_id, grp, key_sealed, broker_hash, "
+                "token_digest, enrolled_at, online, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    device_id,
+                    group,
+                    self.sealer.seal(key),
+                    mosquitto_hash(password),
+                    token_digest(token),
+                    now,
+                    False,
+                    now,
+                ),
+            )
+        with self._lock:
+            self._key_cache[device_id] = key
+        ENROLLED.inc()
+        DEVICES.set(self.count())
+        log.info("enrolled device", extra={"device_id": device_id, "group": group})
+        return Enrollment(device_id, group, key, password, token)
+
+    def device_key(self, device_id: str) -> bytes | None:
+        """The HMAC key of an enrolled, unrevoked device; None otherwise (cached)."""
+        with self._lock:
+            cached = self._key_cache.get(device_id)
+        if cached is not None:
+            return cached
+        row = self.db.query_one(
+            "SELECT key_sealed FROM fleet_devices WHERE device_id = ? AND revoked_at IS NULL",
+            (device_id,),
+        )
+        if row is None or not row["key_sealed"]:
+            return None
+        key = self.sealer.unseal(row["key_sealed"])
+        with self._lock:
+            self._key_cache[device_id] = key
+        return key
+
+    def authenticate_token(self, token: str) -> str | None:
+        """The device id a REST bearer token belongs to, or None."""
+        if not token or not token.startswith("eft_"):
+            return None
+        row = self.db.query_one(
+            "SELECT device_id FROM fleet_devices WHERE token_digest = ? AND revoked_at IS NULL",
+            (token_digest(token),),
+        )
+        return row["device_id"] if row else None
+
+    def revoke(self, device_id: str) -> None:
+        """Drop every credential of the device; NotFound if it is not enrolled."""
+        now = _now()
+        changed = self.db.execute(
+            "UPDATE fleet_devices SET revoked_at = ?, key_sealed = NULL, broker_hash = NULL, "
+            "token_digest = NULL, online = ?, updated_at = ? "
+            "WHERE device_id = ? AND revoked_at IS NULL",
+            (now, False, now, device_id),
+        )
+        with self._lock:
+            self._key_cache.pop(device_id, None)
+        if not changed:
+            raise NotFound(f"device {device_id!r} is not enrolled")
+        self.db.execute("DELETE FROM fleet_telemetry_history WHERE device_id = ?", (device_id,))
+        REVOKED.inc()
+        DEVICES.set(self.count())
+        log.info("revoked device", extra={"device_id": device_id})
+
+    def broker_accounts(self) -> list[tuple[str, str]]:
+        """(username, `$7$` hash) of every active device, for the broker's password file."""
+        rows = self.db.query(
+            "SELECT device_id, broker_hash FROM fleet_devices "
+            "WHERE revoked_at IS NULL AND broker_hash IS NOT NULL ORDER BY device_id"
+        )
+        return [(r["device_id"], r["broker_hash"]) for r in rows]
+
+    def set_service_password(self, username: str, password: str) -> None:
+        """Store (the hash of) a service account's broker password, e.g. the `cloud` user."""
+        encoded = mosquitto_hash(password)
+        with self.db.transaction():
+            self.db.execute("DELETE FROM fleet_service_accounts WHERE username = ?", (username,))
+            self.db.execute(
+                "INSERT INTO fleet_service_accounts (username, broker_hash, created_at) "
+                "VALUES (?, ?, ?)",
+                (username, encoded, _now()),
+            )
+
+    def ensure_service_account(self, username: str = "cloud") -> str | None:
+        """Create the account with a new password (returned once); None if it exists."""
+        if self.db.query_one(
+            "SELECT username FROM fleet_service_accounts WHERE username = ?", (username,)
+        ):
+            return None
+        password = new_password()
+        self.set_service_password(username, password)
+        return password
+
+    def service_accounts(self) -> list[tuple[str, str]]:
+        rows = self.db.query(
+            "SELECT username, broker_hash FROM fleet_service_accounts ORDER BY username"
+        )
+        return [(r["username"], r["broker_hash"]) for r in rows]
+
+    # --- what devices tell us ---------------------------------------------------------
+
+    def record_status(self, status: DeviceStatus) -> None:
+        self._update(
+            status.device_id,
+            "online = ?, agent_version = ?, last_seen = ?",
+            (status.state == "online", status.agent_version, status.ts),
+        )
+
+    def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
+        """Keep the last message in full plus one downsampled sample per history bucket."""
+        summary = _summarise(telemetry)
+        device_id = telemetry.device_id
+        prev = self.db.query_one(
+            "SELECT escalations_sent, last_seen FROM fleet_devices "
+            "WHERE device_id = ? AND revoked_at IS NULL",
+            (device_id,),
+        )
+        if prev is None:
+            raise NotFound(f"device {device_id!r} is not enrolled")
+        sent = telemetry.escalations.sent
+        rate = None
+        if prev["escalations_sent"] is not None and prev["last_seen"] is not None:
+            dt = (telemetry.ts - prev["last_seen"]).total_seconds()
+            if dt > 0 and sent >= prev["escalations_sent"]:
+                rate = (sent - prev["escalations_sent"]) * 60.0 / dt
+        summary["escalation_rate"] = rate
+        sets = ", ".join(f"{c} = ?" for c in SUMMARY_COLUMNS)
+        self._update(
+            device_id,
+            f"telemetry = ?, escalations_sent = ?, last_seen = ?, online = ?, {sets}",
+            (
+                telemetry.model_dump_json(),
+                sent,
+                telemetry.ts,
+                True,
+                *(summary[c] for c in SUMMARY_COLUMNS),
+            ),
+        )
+        bucket = int(telemetry.ts.timestamp()) // self.history_bucket_s * self.history_bucket_s
+        cols = ", ".join(SUMMARY_COLUMNS)
+        marks = ", ".join("?" for _ in SUMMARY_COLUMNS)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in SUMMARY_COLUMNS)
+        self.db.execute(
+            f"INSERT INTO fleet_telemetry_history (device_id, bucket, {cols}) "
+            f"VALUES (?, ?, {marks}) ON CONFLICT (device_id, bucket) DO UPDATE SET {updates}",
+            (device_id, bucket, *(summary[c] for c in SUMMARY_COLUMNS)),
+        )
+        TELEMETRY_RECORDED.inc()
+        with self._lock:
+            self._writes += 1
+            prune = self._writes % 1000 == 0
+        if prune:
+            self.prune_history()
+
+    def record_reported(self, reported: ReportedState) -> None:
+        self._update(
+            reported.device_id, "reported = ?, last_seen = ?", (reported.model_dump_json(), _now())
+        )
+
+    def set_desired(self, desired: DesiredState | None, device_id: str) -> None:
+        """What the fleet last told the device to run (kept for rollbacks and the views)."""
+        self._update(device_id, "desired = ?", (desired.model_dump_json() if desired else None,))
+
+    def desired(self, device_id: str) -> DesiredState | None:
+        row = self.db.query_one(
+            "SELECT desired FROM fleet_devices WHERE device_id = ?", (device_id,)
+        )
+        if row is None or not row["desired"]:
+            return None
+        return DesiredState.model_validate_json(row["desired"])
+
+    def reported(self, device_id: str) -> ReportedState | None:
+        row = self.db.query_one(
+            "SELECT reported FROM fleet_devices WHERE device_id = ?", (device_id,)
+        )
+        if row is None or not row["reported"]:
+            return None
+        return ReportedState.model_validate_json(row["reported"])
+
+    def prune_history(self) -> int:
+        cutoff = int(_now().timestamp()) - self.history_retention_s
+        return self.db.execute("DELETE FROM fleet_telemetry_history WHERE bucket < ?", (cutoff,))
+
+    # --- views ------------------------------------------------------------------------
+
+    def list_devices(
+        self, group: str | None = None, *, updated_since: datetime | None = None
+    ) -> list[DeviceSummary]:
+        where, params = ["revoked_at IS NULL"], []
+        if group is not None:
+            where.append("grp = ?")
+            params.append(group)
+        if updated_since is not None:
+            where.append("updated_at > ?")
+            params.append(updated_since)
+        rows = self.db.query(
+            f"SELECT * FROM fleet_devices WHERE {' AND '.join(where)} ORDER BY device_id",
+            params,
+        )
+        return [_summary(r) for r in rows]
+
+    def get_device(self, device_id: str) -> DeviceDetail:
+        row = self.db.query_one(
+            "SELECT * FROM fleet_devices WHERE device_id = ? AND revoked_at IS NULL", (device_id,)
+        )
+        if row is None:
+            raise NotFound(f"device {device_id!r} is not enrolled")
+        base = _summary(row).model_dump()
+        return DeviceDetail(
+            **base,
+            telemetry=json.loads(row["telemetry"]) if row["telemetry"] else None,
+            reported=json.loads(row["reported"]) if row["reported"] else None,
+            desired=json.loads(row["desired"]) if row["desired"] else None,
+        )
+
+    def history(self, device_id: str, *, hours: float = 6.0) -> list[HistoryPoint]:
+        self.get_device(device_id)
+        since = int(_now().timestamp() - hours * 3600)
+        rows = self.db.query(
+            f"SELECT bucket, {', '.join(SUMMARY_COLUMNS)} FROM fleet_telemetry_history "
+            "WHERE device_id = ? AND bucket >= ? ORDER BY bucket",
+            (device_id, since),
+        )
+        return [
+            HistoryPoint(
+                ts=datetime.fromtimestamp(r.pop("bucket"), timezone.utc),
+                **{k: v for k, v in r.items()},
+            )
+            for r in rows
+        ]
+
+    def groups(self) -> list[str]:
+        rows = self.db.query(
+            "SELECT DISTINCT grp FROM fleet_devices WHERE revoked_at IS NULL ORDER BY grp"
+        )
+        return [r["grp"] for r in rows]
+
+    def devices_in_group(self, group: str) -> list[str]:
+        rows = self.db.query(
+            "SELECT device_id FROM fleet_devices WHERE grp = ? AND revoked_at IS NULL "
+            "ORDER BY device_id",
+            (group,),
+        )
+        return [r["device_id"] for r in rows]
+
+    def count(self) -> int:
+        row = self.db.query_one("SELECT COUNT(*) AS n FROM fleet_devices WHERE revoked_at IS NULL")
+        return int(row["n"]) if row else 0
+
+    # --- internals --------------------------------------------------------------------
+
+    def _update(self, device_id: str, assignments: str, params: Sequence[Any]) -> None:
+        changed = self.db.execute(
+            f"UPDATE fleet_devices SET {assignments}, updated_at = ? "
+            "WHERE device_id = ? AND revoked_at IS NULL",
+            (*params, _now(), device_id),
+        )
+        if not changed:
+            raise NotFound(f"device {device_id!r} is not enrolled")
+
+
+def _summarise(t: DeviceTelemetry) -> dict[str, Any]:
+    gpu = t.gpu
+    p95 = max((s.latency_ms.p95 for s in t.streams), default=None)
+    return {
+        "fps": sum(s.fps for s in t.streams) if t.streams else None,
+        "latency_p95": p95,
+        "cpu_pct": t.cpu_pct,
+        "gpu_util": gpu.util_pct if gpu else None,
+        "gpu_temp": gpu.temp_c if gpu else None,
+        "gpu_power": gpu.power_w if gpu else None,
+        "outbox_depth": t.outbox_depth,
+        "agreement": t.agreement_rate,
+    }
+
+
+def _summary(row: dict[str, Any]) -> DeviceSummary:
+    reported = json.loads(row["reported"]) if row.get("reported") else None
+    desired = json.loads(row["desired"]) if row.get("desired") else None
+    telemetry_model = None
+    if row.get("telemetry"):
+        model = json.loads(row["telemetry"]).get("model")
+        if model:
+            telemetry_model = f"{model['name']}@{model['version']}"
+    if telemetry_model is None and reported and reported.get("models"):
+        telemetry_model = ",".join(f"{m['name']}@{m['version']}" for m in reported["models"])
+    return DeviceSummary(
+        device_id=row["device_id"],
+        group=row["grp"],
+        online=bool(row["online"]),
+        agent_version=row["agent_version"],
+        enrolled_at=row["enrolled_at"],
+        last_seen=row["last_seen"],
+        deployment_id=reported["deployment_id"] if reported else None,
+        deployment_status=reported["status"] if reported else None,
+        desired_deployment_id=desired["deployment_id"] if desired else None,
+        model=telemetry_model,
+        updated_at=row["updated_at"],
+        **{c: row[c] for c in SUMMARY_COLUMNS},
+    )
