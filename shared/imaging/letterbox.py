@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
+
+from shared.errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,29 @@ class LetterboxTransform:
         out[..., 0] = pts[..., 0] * self.scale_x + self.pad_left
         out[..., 1] = pts[..., 1] * self.scale_y + self.pad_top
         return out
+
+
+def letterbox(
+    rgb: np.ndarray, size: tuple[int, int], pad: int = 114
+) -> tuple[np.ndarray, LetterboxTransform]:
+    """Resize keeping aspect ratio (cv2 INTER_LINEAR) and centre on a pad-valued canvas.
+
+    `size` is (h, w). The image is resized to (new_w, new_h) from `LetterboxTransform.plan`
+    and placed at (pad_left, pad_top); everything else is `pad`. This is the reference
+    the fused kernels are checked against.
+    """
+    arr = np.asarray(rgb)
+    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3 or arr.size == 0:
+        raise InvalidInput(f"letterbox needs RGB uint8 HxWx3, got {arr.dtype} {arr.shape}")
+    if len(size) != 2 or min(int(size[0]), int(size[1])) < 1:
+        raise InvalidInput(f"letterbox size must be two positive ints (h, w), got {size}")
+    if not 0 <= int(pad) <= 255:
+        raise InvalidInput(f"letterbox pad must be 0-255, got {pad}")
+    t = LetterboxTransform.plan(arr.shape[:2], (int(size[0]), int(size[1])))
+    canvas = np.full((t.dst_h, t.dst_w, 3), int(pad), dtype=np.uint8)
+    if (t.new_h, t.new_w) == (t.src_h, t.src_w):
+        resized = arr
+    else:
+        resized = cv2.resize(arr, (t.new_w, t.new_h), interpolation=cv2.INTER_LINEAR)
+    canvas[t.pad_top : t.pad_top + t.new_h, t.pad_left : t.pad_left + t.new_w] = resized
+    return canvas, t
