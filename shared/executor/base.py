@@ -1,0 +1,72 @@
+"""The one seam every backend implements: load bytes, run a batch, close."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output as the backend sees it; None marks a dynamic axis."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a loaded backend declares it can do."""
+
+    backend: str
+    device: str
+    dtypes: tuple[str, ...] = ("float32",)
+    dynamic_shapes: bool = True
+    max_batch_size: int | None = None
+    precision: str = "fp32"
+    providers: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class ModelBlob:
+    """Model bytes already checked against the manifest: backends parse these, never the path.
+
+    Passing the verified bytes (not the path) means the file cannot change between the hash
+    check and the parse.
+    """
+
+    name: str
+    data: bytes
+    sha256: str
+    format: str  # "onnx", "torchscript", "torch-export", "tensorrt-engine"
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """A backend: `load` verified bytes, `infer` one batch, `close`."""
+
+    name: str
+
+    def load(self, blob: ModelBlob) -> None:
+        """Parse and prepare the model; after this `infer` works."""
+
+    def infer(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one forward pass; outputs in the model's output order."""
+
+    def close(self) -> None:
+        """Free the session and its memory."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend declares (device, dtypes, batch limits)."""
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """The model's inputs (after load)."""
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """The model's outputs (after load)."""

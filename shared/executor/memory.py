@@ -1,0 +1,207 @@
+"""The memory budget: admit a model before it loads, refuse new work above a watermark.
+
+Three ways to read memory, one per kind of device:
+- dGPU: NVML (device memory is separate from host RAM);
+- Jetson: /proc/meminfo, because GPU and CPU share the same RAM (unified memory), so a
+  GPU allocation is host memory too and NVML is absent or partial there;
+- CPU only: host RAM, with this process's RSS reported alongside.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from shared.errors import MemoryBudgetExceeded, Overloaded
+from shared.executor.metrics import MEMORY_REFUSED, MEMORY_RESERVED
+from shared.executor.settings import MemorySettings
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """Bytes of the budgeted device at one moment."""
+
+    device: str
+    total: int
+    used: int
+    process_rss: int = 0
+
+    @property
+    def available(self) -> int:
+        return max(0, self.total - self.used)
+
+
+class MemoryProbe(Protocol):
+    """Reads the memory of one device."""
+
+    device: str
+
+    def snapshot(self) -> MemorySnapshot: ...
+
+
+class HostProbe:
+    """CPU-only hosts: host RAM (used = total - available) and this process's RSS."""
+
+    device = "cpu"
+
+    def snapshot(self) -> MemorySnapshot:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        rss = psutil.Process().memory_info().rss
+        return MemorySnapshot(self.device, int(vm.total), int(vm.total - vm.available), int(rss))
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo as bytes per key (values are in kB)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key.strip()] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return out
+
+
+class JetsonProbe:
+    """Jetson unified memory: GPU allocations come out of the same RAM as the CPU's.
+
+    `used` is MemTotal - MemAvailable, which already includes CUDA allocations (they are
+    pinned host pages); NvMap carve-outs show up in it too, as tegrastats reports.
+    """
+
+    device = "jetson"
+
+    def __init__(self, meminfo: Path = Path("/proc/meminfo")) -> None:
+        self.meminfo = meminfo
+
+    def snapshot(self) -> MemorySnapshot:
+        info = parse_meminfo(self.meminfo.read_text())
+        total = info.get("MemTotal", 0)
+        available = info.get("MemAvailable", info.get("MemFree", 0))
+        return MemorySnapshot(self.device, total, total - available)
+
+
+class NvmlProbe:
+    """Discrete GPU: device memory as NVML reports it."""
+
+    def __init__(self, index: int = 0) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.device = f"cuda:{index}"
+
+    def snapshot(self) -> MemorySnapshot:
+        info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        return MemorySnapshot(self.device, int(info.total), int(info.used))
+
+
+def is_jetson() -> bool:
+    return Path("/etc/nv_tegra_release").exists()
+
+
+def detect_probe(gpu: bool, device_id: int = 0) -> MemoryProbe:
+    """The probe for where models will run: Jetson, a dGPU via NVML, or host RAM."""
+    if is_jetson():
+        return JetsonProbe()
+    if gpu:
+        return NvmlProbe(device_id)
+    return HostProbe()
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Estimated bytes a model needs: weights + activations per batch item + workspace."""
+
+    weights: int
+    activations_per_item: int
+    workspace: int = 0
+
+    def need(self, max_batch: int) -> int:
+        return self.weights + self.activations_per_item * max(1, max_batch) + self.workspace
+
+
+class MemoryBudget:
+    """Admits models whose estimated need fits under the watermark; refuses new work above it.
+
+    Reservations cover memory a load will take but which does not show in the device's
+    `used` yet; a reservation is released once the model is loaded (its memory is then
+    visible in `used`) or when the load fails.
+    """
+
+    def __init__(self, probe: MemoryProbe, settings: MemorySettings | None = None) -> None:
+        self.probe = probe
+        self.settings = settings or MemorySettings()
+        self._lock = threading.Lock()
+        self._reserved: dict[str, int] = {}
+
+    @property
+    def device(self) -> str:
+        return self.probe.device
+
+    def capacity(self, snap: MemorySnapshot) -> int:
+        """Bytes usable under the watermark (and the configured limit)."""
+        total = snap.total
+        if self.settings.limit_mb is not None:
+            total = min(total, self.settings.limit_mb * MiB)
+        return int(total * self.settings.watermark)
+
+    def headroom(self) -> int:
+        """Bytes still admissible now, reservations included."""
+        snap = self.probe.snapshot()
+        with self._lock:
+            reserved = sum(self._reserved.values())
+        used = snap.used if self.settings.limit_mb is None else snap.process_rss or snap.used
+        return self.capacity(snap) - used - reserved
+
+    def admit(self, name: str, need: int) -> None:
+        """Reserve `need` bytes for `name` or raise MemoryBudgetExceeded (nothing loaded)."""
+        snap = self.probe.snapshot()
+        used = snap.used if self.settings.limit_mb is None else snap.process_rss or snap.used
+        with self._lock:
+            reserved = sum(self._reserved.values())
+            free = self.capacity(snap) - used - reserved
+            if need > free:
+                MEMORY_REFUSED.labels("admission").inc()
+                raise MemoryBudgetExceeded(
+                    f"model {name} needs ~{need / MiB:.0f} MiB on {snap.device}, "
+                    f"{max(0, free) / MiB:.0f} MiB left under the "
+                    f"{self.settings.watermark:.0%} watermark",
+                    retry_after_s=30.0,
+                )
+            self._reserved[name] = self._reserved.get(name, 0) + need
+            MEMORY_RESERVED.labels(snap.device).set(sum(self._reserved.values()))
+        log.info("memory admitted", extra={"model": name, "need_mib": need // MiB})
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            self._reserved.pop(name, None)
+            MEMORY_RESERVED.labels(self.device).set(sum(self._reserved.values()))
+
+    def check_watermark(self) -> None:
+        """Raise a retryable Overloaded when memory in use is above the watermark."""
+        snap = self.probe.snapshot()
+        used = snap.used if self.settings.limit_mb is None else snap.process_rss or snap.used
+        if used > self.capacity(snap):
+            MEMORY_REFUSED.labels("watermark").inc()
+            raise Overloaded(
+                f"memory on {snap.device} is above the {self.settings.watermark:.0%} watermark",
+                code="memory_watermark",
+                retry_after_s=2.0,
+            )
+
+    def max_batch(self, activations_per_item: int, ceiling: int) -> int:
+        """The largest batch (1..ceiling) whose activations fit in the headroom now."""
+        if activations_per_item <= 0:
+            return ceiling
+        fits = self.headroom() // activations_per_item
+        return int(max(1, min(ceiling, fits)))

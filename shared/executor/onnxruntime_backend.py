@@ -1,0 +1,165 @@
+"""ONNX Runtime backend: CPU, CUDA and TensorRT execution providers."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from shared.errors import EdgefleetError
+from shared.executor.base import Capabilities, ModelBlob, TensorSpec
+from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from shared.executor.settings import ExecutionSettings
+
+log = logging.getLogger(__name__)
+
+_PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+_NUMPY_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(uint8)": "uint8",
+    "tensor(int8)": "int8",
+    "tensor(bool)": "bool",
+}
+
+
+def _dims(shape: list) -> tuple[int | None, ...]:
+    return tuple(d if isinstance(d, int) and d > 0 else None for d in shape)
+
+
+class OnnxRuntimeExecutor:
+    """One `InferenceSession`; `session.run` is thread-safe, so callers may share it."""
+
+    def __init__(self, settings: ExecutionSettings, device: str = "cpu") -> None:
+        if device not in _PROVIDERS:
+            raise ValueError(f"unknown ONNX Runtime device {device!r}")
+        self.settings = settings
+        self.device = device
+        self.name = f"onnxruntime-{device}"
+        self._session = None
+        self._model = "?"
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
+
+    def _session_options(self):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        s = self.settings
+        if s.intra_op_threads:
+            opts.intra_op_num_threads = s.intra_op_threads
+        if s.inter_op_threads:
+            opts.inter_op_num_threads = s.inter_op_threads
+        opts.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[s.graph_optimization]
+        opts.enable_cpu_mem_arena = s.memory_arena
+        opts.log_severity_level = 3
+        return opts
+
+    def _provider_options(self) -> list[dict]:
+        s = self.settings
+        out: list[dict] = []
+        for provider in _PROVIDERS[self.device]:
+            if provider == "TensorrtExecutionProvider":
+                cache = s.engine_cache_dir / "ort-trt"
+                out.append(
+                    {
+                        "device_id": s.device_id,
+                        "trt_fp16_enable": s.precision == "fp16",
+                        "trt_int8_enable": s.precision == "int8",
+                        "trt_engine_cache_enable": True,
+                        "trt_engine_cache_path": str(cache),
+                        "trt_timing_cache_enable": True,
+                        "trt_max_workspace_size": s.memory.workspace_mb << 20,
+                    }
+                )
+            elif provider == "CUDAExecutionProvider":
+                out.append({"device_id": s.device_id})
+            else:
+                out.append({})
+        return out
+
+    def load(self, blob: ModelBlob) -> None:
+        import onnxruntime as ort
+
+        if blob.format != "onnx":
+            raise EdgefleetError(f"{self.name} runs ONNX models, not {blob.format}")
+        started = time.perf_counter()
+        providers = _PROVIDERS[self.device]
+        missing = [p for p in providers if p not in ort.get_available_providers()]
+        if missing:
+            raise EdgefleetError(
+                f"{self.name}: ONNX Runtime lacks {', '.join(missing)}",
+                hint="install onnxruntime-gpu for CUDA/TensorRT providers",
+            )
+        self._session = ort.InferenceSession(
+            blob.data,
+            sess_options=self._session_options(),
+            providers=providers,
+            provider_options=self._provider_options(),
+        )
+        self._model = blob.name
+        self._inputs = [
+            TensorSpec(i.name, _dims(i.shape), _NUMPY_DTYPES.get(i.type, "float32"))
+            for i in self._session.get_inputs()
+        ]
+        self._outputs = [
+            TensorSpec(o.name, _dims(o.shape), _NUMPY_DTYPES.get(o.type, "float32"))
+            for o in self._session.get_outputs()
+        ]
+        MODEL_LOAD_SECONDS.labels(blob.name, self.name).observe(time.perf_counter() - started)
+        log.info(
+            "model session ready",
+            extra={"model": blob.name, "backend": self.name, "providers": providers},
+        )
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """Custom metadata of the ONNX file (e.g. the PP-OCR character list)."""
+        if self._session is None:
+            return {}
+        return dict(self._session.get_modelmeta().custom_metadata_map)
+
+    def infer(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if self._session is None:
+            raise EdgefleetError(f"{self.name}: infer() before load()")
+        started = time.perf_counter()
+        outputs = self._session.run(None, batch)
+        INFER_SECONDS.labels(self._model, self.name).observe(time.perf_counter() - started)
+        return outputs
+
+    def close(self) -> None:
+        self._session = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        first = self._inputs[0].shape if self._inputs else ()
+        return Capabilities(
+            backend=self.name,
+            device="cpu" if self.device == "cpu" else f"cuda:{self.settings.device_id}",
+            dtypes=("float32", "float16") if self.device != "cpu" else ("float32",),
+            dynamic_shapes=any(d is None for d in first),
+            max_batch_size=first[0] if first and first[0] is not None else None,
+            precision=self.settings.precision if self.device == "tensorrt" else "fp32",
+            providers=tuple(_PROVIDERS[self.device]),
+        )
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(self._outputs)

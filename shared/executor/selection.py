@@ -1,0 +1,97 @@
+"""Pure backend choice: a chain of filters that names the winner and why each other lost.
+
+Logged at start, so "why is it on CPU?" answers itself. No imports of any runtime here:
+availability is probed elsewhere (`registry.probe_backends`) and passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.errors import EdgefleetError
+
+
+@dataclass(frozen=True)
+class BackendTraits:
+    """Static facts about a backend: what files it runs, in which precisions."""
+
+    formats: frozenset[str]
+    precisions: frozenset[str]
+    gpu: bool
+
+
+TRAITS: dict[str, BackendTraits] = {
+    "tensorrt": BackendTraits(
+        frozenset({"onnx", "tensorrt-engine"}), frozenset({"fp32", "fp16", "int8"}), True
+    ),
+    "onnxruntime-tensorrt": BackendTraits(
+        frozenset({"onnx"}), frozenset({"fp32", "fp16", "int8"}), True
+    ),
+    "onnxruntime-cuda": BackendTraits(frozenset({"onnx"}), frozenset({"fp32"}), True),
+    "onnxruntime-cpu": BackendTraits(frozenset({"onnx"}), frozenset({"fp32"}), False),
+    "torch-cuda": BackendTraits(
+        frozenset({"torchscript", "torch-export"}), frozenset({"fp32", "fp16", "bf16"}), True
+    ),
+    "torch-cpu": BackendTraits(
+        frozenset({"torchscript", "torch-export"}), frozenset({"fp32", "bf16"}), False
+    ),
+}
+
+
+class NeedsBackend(Protocol):
+    """What selection needs to know about a model (a `ModelSpec` satisfies it)."""
+
+    @property
+    def format(self) -> str: ...
+
+
+class NoBackendAvailable(EdgefleetError):
+    code = "no_backend"
+    http_status = 503
+    hint = "install a backend that runs this model format, or change `backends` in the settings"
+
+
+def select_backend(
+    available: Mapping[str, str | None],
+    preference: Sequence[str],
+    model_spec: NeedsBackend,
+    precision: str = "fp32",
+) -> tuple[str, list[tuple[str, str]]]:
+    """Pick the first backend in `preference` that is available and fits the model.
+
+    `available` maps a backend name to None (usable here) or the reason it is not.
+    Returns (chosen, rejected) where rejected lists (name, reason) for every other
+    candidate in preference order. Raises NoBackendAvailable with all reasons if none fits.
+    """
+    rejected: list[tuple[str, str]] = []
+    chosen: str | None = None
+    fmt = model_spec.format
+    for name in preference:
+        if chosen is not None:
+            rejected.append((name, f"lower preference than {chosen}"))
+            continue
+        traits = TRAITS.get(name)
+        if traits is None:
+            rejected.append((name, "unknown backend"))
+        elif name not in available:
+            rejected.append((name, "not probed on this host"))
+        elif available[name] is not None:
+            rejected.append((name, str(available[name])))
+        elif fmt not in traits.formats:
+            rejected.append((name, f"does not run {fmt} models"))
+        elif precision not in traits.precisions:
+            rejected.append((name, f"does not support {precision}"))
+        else:
+            chosen = name
+    if chosen is None:
+        reasons = "; ".join(f"{n}: {r}" for n, r in rejected) or "no backend in preference"
+        raise NoBackendAvailable(f"no backend can run this {fmt} model at {precision}: {reasons}")
+    return chosen, rejected
+
+
+def explain(chosen: str, rejected: Sequence[tuple[str, str]]) -> str:
+    """One log line: the winner and each loser with its reason."""
+    others = ", ".join(f"{n} ({r})" for n, r in rejected)
+    return f"backend {chosen}" + (f"; not chosen: {others}" if others else "")

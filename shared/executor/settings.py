@@ -1,0 +1,99 @@
+"""Execution settings: backend preference, threads, precision, batching and memory budget.
+
+These are plain pydantic models (not settings sources): each process nests them in its own
+settings tree, so one YAML file configures the executor of the edge agent or the cloud.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_BACKENDS = [
+    "tensorrt",
+    "onnxruntime-tensorrt",
+    "onnxruntime-cuda",
+    "onnxruntime-cpu",
+    "torch-cuda",
+    "torch-cpu",
+]
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BatcherSettings(_Closed):
+    """Triton-style dynamic batching in front of a model."""
+
+    enabled: bool = Field(True, description="queue requests and run them in batches")
+    preferred_batch_size: int = Field(
+        4, ge=1, le=256, description="a batch leaves as soon as this many requests wait"
+    )
+    max_batch_size: int = Field(8, ge=1, le=256, description="never put more in one batch")
+    max_delay_ms: float = Field(
+        5.0, ge=0, le=10_000, description="the oldest request waits at most this long"
+    )
+    max_queue: int = Field(
+        64, ge=1, le=100_000, description="requests waiting beyond this are refused (overloaded)"
+    )
+    timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="a request not answered within this fails (timeout)"
+    )
+    workers: int = Field(1, ge=1, le=16, description="threads that run batches")
+
+
+class MemorySettings(_Closed):
+    """The memory budget of the device the models run on."""
+
+    watermark: float = Field(
+        0.85, gt=0, le=1.0, description="above this share of memory in use, new work is refused"
+    )
+    limit_mb: int | None = Field(
+        None, ge=1, description="cap the budget below the device total (MiB); none = device total"
+    )
+    workspace_mb: int = Field(
+        256, ge=0, description="scratch memory a GPU backend reserves per model (MiB)"
+    )
+    activation_factor: float = Field(
+        24.0,
+        gt=0,
+        description="activations per batch item, as a multiple of one input tensor's bytes",
+    )
+
+
+class ExecutionSettings(_Closed):
+    """How models are executed on this host."""
+
+    backends: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_BACKENDS),
+        description="backend preference, best first; the first one that fits is chosen",
+    )
+    precision: Literal["fp32", "fp16", "int8"] = Field(
+        "fp32", description="numeric precision; fp16/int8 need a GPU backend"
+    )
+    device_id: int = Field(0, ge=0, description="GPU index for CUDA/TensorRT backends")
+    intra_op_threads: int = Field(
+        0, ge=0, le=256, description="ONNX Runtime intra-op threads (0 = runtime default)"
+    )
+    inter_op_threads: int = Field(
+        0, ge=0, le=256, description="ONNX Runtime inter-op threads (0 = runtime default)"
+    )
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
+        "all", description="ONNX Runtime graph optimisation level"
+    )
+    memory_arena: bool = Field(True, description="ONNX Runtime CPU memory arena on/off")
+    warmup: bool = Field(True, description="run one inference in load() before declaring ready")
+    engine_cache_dir: Path = Field(
+        Path.home() / ".cache" / "edgefleet" / "engines",
+        description="where TensorRT engines and timing caches are kept",
+    )
+    calibration_dir: Path | None = Field(
+        None, description="folder of real images for INT8 calibration"
+    )
+    batching: BatcherSettings = Field(
+        default_factory=BatcherSettings, description="dynamic batching"
+    )
+    memory: MemorySettings = Field(default_factory=MemorySettings, description="memory budget")

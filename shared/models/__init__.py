@@ -1,0 +1,44 @@
+"""Models: the registry of trusted files and `load_model`, the one way to get a model.
+
+model = load_model("ppocr")              # edge default: PP-OCRv4, det at 640
+lines = model.predict(image_rgb)         # list[shared.messages.Detection]
+"""
+
+from __future__ import annotations
+
+from shared.errors import ConfigError
+from shared.executor.memory import MemoryBudget
+from shared.executor.settings import ExecutionSettings
+from shared.models.base import Model
+from shared.models.registry import ModelRegistry, ModelSpec
+
+__all__ = ["ExecutionSettings", "Model", "ModelRegistry", "ModelSpec", "load_model"]
+
+
+def load_model(
+    name: str = "ppocr",
+    *,
+    settings: ExecutionSettings | None = None,
+    registry: ModelRegistry | None = None,
+    budget: MemoryBudget | None = None,
+) -> Model:
+    """Verify, load and warm up the named model; ready to `predict` when it returns.
+
+    Raises ModelNotFound, ModelIntegrityError (hash or format refused before parsing),
+    MemoryBudgetExceeded, or NoBackendAvailable — each with a hint.
+    """
+    settings = settings or ExecutionSettings()
+    registry = registry or ModelRegistry.default()
+    spec = registry.get(name)
+    if spec.task == "ocr":
+        from shared.models.ocr import OcrModel
+
+        return OcrModel(spec, registry, settings, budget)
+    if spec.task in {"yolo", "classification"}:
+        from shared.models.vision import build_vision_model
+
+        return build_vision_model(spec, registry, settings, budget)
+    raise ConfigError(
+        f"{name} is a {spec.task} component, not a loadable model; load the pipeline that "
+        "uses it (e.g. ppocr)"
+    )

@@ -1,0 +1,135 @@
+"""The model template: pre_process -> forward -> post_process, behind a dynamic batcher."""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Any
+
+import numpy as np
+
+from shared.executor.batcher import DynamicBatcher
+from shared.executor.memory import MemoryBudget
+from shared.executor.settings import ExecutionSettings
+from shared.messages import Detection, ModelInfo
+from shared.models.preprocess import check_image
+from shared.models.registry import ModelSpec
+from shared.models.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class Model(abc.ABC):
+    """A loaded, warmed-up model. `predict` is thread-safe and goes through the batcher.
+
+    Subclasses implement the three template steps; `predict_many` chains them for a list
+    of images (one batch), and the batcher feeds `predict_many` with concurrent requests.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        sessions: list[Session],
+        settings: ExecutionSettings,
+        budget: MemoryBudget,
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.budget = budget
+        self._sessions = sessions
+        main = sessions[0]
+        self.info = ModelInfo(
+            name=spec.name,
+            version=spec.version,
+            sha256=main.sha256,
+            backend=main.backend,
+            precision=main.executor.capabilities.precision
+            if main.executor.capabilities.precision in {"fp32", "fp16", "int8", "bf16"}
+            else None,
+        )
+        self._batcher: DynamicBatcher[np.ndarray, list[Detection]] | None = None
+        if settings.batching.enabled:
+            per_item = sum(s.footprint.activations_per_item for s in sessions)
+            cap = settings.batching.max_batch_size
+            self._batcher = DynamicBatcher(
+                self.predict_many,
+                settings.batching,
+                name=spec.name,
+                max_batch=lambda: budget.max_batch(per_item, cap),
+            )
+
+    # --- the template -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def pre_process(self, images: list[np.ndarray]) -> Any:
+        """RGB uint8 images -> what `forward` needs (tensors and the transforms)."""
+
+    @abc.abstractmethod
+    def forward(self, prepared: Any) -> Any:
+        """Run the executor(s)."""
+
+    @abc.abstractmethod
+    def post_process(self, raw: Any, prepared: Any) -> list[list[Detection]]:
+        """Raw outputs -> detections per image, in source pixels."""
+
+    # --- the public API ----------------------------------------------------------------
+
+    def predict_many(self, images: list[np.ndarray]) -> list[list[Detection]]:
+        """One batch, run directly (no queue): detections per image, in input order."""
+        checked = [check_image(image) for image in images]
+        if not checked:
+            return []
+        prepared = self.pre_process(checked)
+        return self.post_process(self.forward(prepared), prepared)
+
+    def predict(self, image_rgb: np.ndarray, *, timeout_s: float | None = None) -> list[Detection]:
+        """Detections for one RGB uint8 HxWx3 image; batched with concurrent callers.
+
+        Raises InvalidInput, Overloaded (queue full or memory watermark: retry later) or
+        InferenceTimeout.
+        """
+        check_image(image_rgb)
+        self.budget.check_watermark()
+        if self._batcher is None:
+            return self.predict_many([image_rgb])[0]
+        return self._batcher(image_rgb, timeout_s=timeout_s)
+
+    async def predict_async(
+        self, image_rgb: np.ndarray, *, timeout_s: float | None = None
+    ) -> list[Detection]:
+        """`predict` for asyncio callers (the event loop is never blocked)."""
+        check_image(image_rgb)
+        self.budget.check_watermark()
+        if self._batcher is None:
+            import asyncio
+
+            return (await asyncio.to_thread(self.predict_many, [image_rgb]))[0]
+        return await self._batcher.submit_async(image_rgb, timeout_s=timeout_s)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Estimated bytes: weights + activations at the max batch + workspace, all sessions."""
+        batch = self.settings.batching.max_batch_size if self._batcher else 1
+        return sum(s.footprint.need(batch) for s in self._sessions)
+
+    @property
+    def batcher(self) -> DynamicBatcher | None:
+        return self._batcher
+
+    @property
+    def backends(self) -> dict[str, str]:
+        """Component name -> backend, for readiness pages."""
+        return {s.spec.name: s.backend for s in self._sessions}
+
+    def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.close()
+            self._batcher = None
+        for session in self._sessions:
+            session.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Pure output decoders: numpy in, boxes/labels/text out. No model or session here."""

@@ -1,0 +1,256 @@
+"""The PP-OCR pipeline: DB text detection -> (angle classifier) -> CTC recognition.
+
+`ppocr` (edge): detector at max side 640, no angle classifier.
+`ppocr-heavy` (cloud): detector at max side 960, angle classifier on, wider recogniser
+input, and a second read of each line from a slightly padded crop (the surer one wins).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from shared.errors import ConfigError
+from shared.executor.memory import MemoryBudget
+from shared.executor.settings import ExecutionSettings
+from shared.imaging.letterbox import LetterboxTransform
+from shared.messages import Detection
+from shared.models.base import Model
+from shared.models.decoders.angle import angle_flips
+from shared.models.decoders.ctc import ctc_greedy, ppocr_charset
+from shared.models.decoders.db import DBParams, db_boxes, order_quad
+from shared.models.preprocess import det_plan, normalise, stack_canvases
+from shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
+from shared.models.session import Session, open_session
+
+KEYS_FILE = Path(__file__).with_name("ppocr_keys_v4.txt")
+
+
+@dataclass
+class _DetBatch:
+    images: list[np.ndarray]
+    plans: list[LetterboxTransform]
+    tensor: np.ndarray
+
+
+def crop_quad(image: np.ndarray, quad: np.ndarray) -> np.ndarray:
+    """Perspective-rectify the quad (tl, tr, br, bl) into an upright text-line image."""
+    q = quad.astype(np.float32)
+    w = max(1, round(max(np.linalg.norm(q[0] - q[1]), np.linalg.norm(q[3] - q[2]))))
+    h = max(1, round(max(np.linalg.norm(q[0] - q[3]), np.linalg.norm(q[1] - q[2]))))
+    dst = np.array([[0, 0], [w, 0], [w, h], [0, h]], dtype=np.float32)
+    m = cv2.getPerspectiveTransform(q, dst)
+    crop = cv2.warpPerspective(
+        image, m, (w, h), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE
+    )
+    if h / w >= 1.5:  # a vertical line: read it as horizontal
+        crop = np.ascontiguousarray(np.rot90(crop))
+    return crop
+
+
+def pad_quad(quad: np.ndarray, ratio: float) -> np.ndarray:
+    """Grow a quad outwards by `ratio` of its height on every side (for the second read)."""
+    q = quad.astype(np.float32)
+    along = q[1] - q[0]
+    across = q[3] - q[0]
+    height = float(np.linalg.norm(across)) or 1.0
+    u = along / (float(np.linalg.norm(along)) or 1.0)
+    v = across / height
+    pad = ratio * height
+    return np.array(
+        [q[0] - pad * (u + v), q[1] + pad * (u - v), q[2] + pad * (u + v), q[3] - pad * (u - v)],
+        dtype=np.float32,
+    )
+
+
+def load_charset(session: Session) -> list[str]:
+    """The recogniser's dictionary: from the ONNX metadata (`character`), else the keys file."""
+    meta = getattr(session.executor, "metadata", {}) or {}
+    chars = meta.get("character")
+    lines = chars.splitlines() if chars else KEYS_FILE.read_text(encoding="utf-8").splitlines()
+    return ppocr_charset(lines)
+
+
+class OcrModel(Model):
+    """Text lines (text, score, box, polygon) of each image."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        registry: ModelRegistry,
+        settings: ExecutionSettings,
+        budget: MemoryBudget | None = None,
+    ) -> None:
+        if spec.ocr is None:
+            raise ConfigError(f"{spec.name}: task ocr needs an `ocr:` section in the manifest")
+        opts: OcrOptions = spec.ocr
+        self.opts = opts
+        cap = settings.batching.max_batch_size
+        side = ceil32(opts.det_max_side)
+        sessions = []
+        try:
+            det = open_session(
+                registry.get(opts.det),
+                registry,
+                settings,
+                item_shape=(3, side, side),
+                warmup_shape=(1, 3, 96, 96),
+                max_batch=cap,
+                budget=budget,
+            )
+            sessions.append(det)
+            rec = open_session(
+                registry.get(opts.rec),
+                registry,
+                settings,
+                item_shape=(8, 3, opts.rec_height, opts.rec_min_width * 2),
+                warmup_shape=(1, 3, opts.rec_height, opts.rec_min_width),
+                max_batch=cap,
+                budget=det.budget,
+            )
+            sessions.append(rec)
+            cls = None
+            if opts.cls:
+                cls_spec = registry.get(opts.cls)
+                ch, cw = cls_spec.input.height or 48, cls_spec.input.width or 192
+                cls = open_session(
+                    cls_spec,
+                    registry,
+                    settings,
+                    item_shape=(8, 3, ch, cw),
+                    warmup_shape=(1, 3, ch, cw),
+                    max_batch=cap,
+                    budget=det.budget,
+                )
+                sessions.append(cls)
+        except BaseException:
+            for s in sessions:
+                s.close()
+            raise
+        self.det, self.rec, self.cls = det, rec, cls
+        self.charset = load_charset(rec)
+        ds = det.spec
+        self._det_norm = (ds.mean, ds.std, ds.input.scale, ds.input.color == "BGR")
+        self._det_fill = np.zeros(3, np.float32)  # normalised 0: mid-grey, no edges
+        self._db = DBParams(
+            thresh=opts.det_thresh,
+            box_thresh=opts.box_thresh,
+            unclip_ratio=opts.unclip_ratio,
+            max_candidates=opts.max_candidates,
+        )
+        super().__init__(spec, sessions, settings, det.budget)
+
+    # --- template ----------------------------------------------------------------------
+
+    def pre_process(self, images: list[np.ndarray]) -> _DetBatch:
+        plans = [det_plan(img.shape[:2], self.opts.det_max_side) for img in images]
+        tensor = stack_canvases(images, plans, self._det_fill, *self._det_norm)
+        return _DetBatch(images, plans, tensor)
+
+    def forward(self, prepared: _DetBatch) -> np.ndarray:
+        return self.det.run(prepared.tensor)[0]
+
+    def post_process(self, raw: np.ndarray, prepared: _DetBatch) -> list[list[Detection]]:
+        quads_per_image: list[np.ndarray] = []
+        crops: list[np.ndarray] = []
+        owners: list[tuple[int, int]] = []
+        for i, (image, plan) in enumerate(zip(prepared.images, prepared.plans, strict=True)):
+            prob = raw[i, 0, : plan.dst_h, : plan.dst_w]
+            quads, _ = db_boxes(prob, self._db)
+            kept = []
+            for quad in quads:
+                src = order_quad(plan.points_to_source(quad))
+                src[:, 0] = np.clip(src[:, 0], 0, plan.src_w - 1)
+                src[:, 1] = np.clip(src[:, 1], 0, plan.src_h - 1)
+                if np.linalg.norm(src[0] - src[1]) <= 3 or np.linalg.norm(src[0] - src[3]) <= 3:
+                    continue
+                kept.append(src)
+            quads_per_image.append(np.array(kept, np.float32).reshape(-1, 4, 2))
+            for j, quad in enumerate(kept):
+                crops.append(crop_quad(image, quad))
+                owners.append((i, j))
+                if self.opts.tta:
+                    crops.append(crop_quad(image, pad_quad(quad, 0.12)))
+                    owners.append((i, j))
+        if crops and self.cls is not None:
+            crops = self.classify_angles(crops)
+        reads = self.recognise(crops) if crops else []
+        best: dict[tuple[int, int], tuple[str, float]] = {}
+        for owner, (text, score) in zip(owners, reads, strict=True):
+            if owner not in best or score > best[owner][1]:
+                best[owner] = (text, score)
+        results: list[list[Detection]] = []
+        for i, quads in enumerate(quads_per_image):
+            lines = []
+            for j, quad in enumerate(quads):
+                text, score = best.get((i, j), ("", 0.0))
+                if not text.strip() or score < self.opts.text_score:
+                    continue
+                lines.append(_line(quad, text.strip(), score))
+            lines.sort(key=lambda d: (round(d.box[1] / 12), d.box[0]))  # reading order
+            results.append(lines)
+        return results
+
+    # --- stages ------------------------------------------------------------------------
+
+    def classify_angles(self, crops: list[np.ndarray]) -> list[np.ndarray]:
+        """Flip lines the angle classifier is sure are upside down."""
+        spec = self.cls.spec
+        h, w = spec.input.height or 48, spec.input.width or 192
+        norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
+        out = list(crops)
+        step = self.opts.rec_batch
+        for start in range(0, len(crops), step):
+            chunk = crops[start : start + step]
+            batch = np.zeros((len(chunk), 3, h, w), np.float32)
+            for k, crop in enumerate(chunk):
+                rw = min(w, max(1, math.ceil(h * crop.shape[1] / crop.shape[0])))
+                batch[k, :, :, :rw] = normalise(cv2.resize(crop, (rw, h)), *norm)
+            probs = self.cls.run(batch)[0]
+            for k, flip in enumerate(
+                angle_flips(probs, spec.labels or ["0", "180"], self.opts.cls_threshold)
+            ):
+                if flip:
+                    out[start + k] = np.ascontiguousarray(chunk[k][::-1, ::-1])
+        return out
+
+    def recognise(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
+        """(text, confidence) per crop; lines of similar width are batched together."""
+        spec = self.rec.spec
+        h = self.opts.rec_height
+        norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
+        ratios = np.array([c.shape[1] / max(1, c.shape[0]) for c in crops])
+        order = np.argsort(ratios, kind="stable")
+        out: list[tuple[str, float]] = [("", 0.0)] * len(crops)
+        step = self.opts.rec_batch
+        for start in range(0, len(crops), step):
+            idx = order[start : start + step]
+            width = math.ceil(h * float(ratios[idx].max()))
+            width = int(min(self.opts.rec_max_width, max(self.opts.rec_min_width, width)))
+            batch = np.zeros((len(idx), 3, h, width), np.float32)
+            for k, ci in enumerate(idx):
+                rw = min(width, max(1, math.ceil(h * ratios[ci])))
+                batch[k, :, :, :rw] = normalise(cv2.resize(crops[ci], (rw, h)), *norm)
+            probs = self.rec.run(batch)[0]
+            for ci, read in zip(idx, ctc_greedy(probs, self.charset), strict=True):
+                out[int(ci)] = read
+        return out
+
+
+def ceil32(value: int) -> int:
+    return int(math.ceil(value / 32) * 32)
+
+
+def _line(quad: np.ndarray, text: str, score: float) -> Detection:
+    x1, y1 = float(quad[:, 0].min()), float(quad[:, 1].min())
+    x2, y2 = float(quad[:, 0].max()), float(quad[:, 1].max())
+    return Detection(
+        text=text,
+        score=float(min(1.0, max(0.0, score))),
+        box=(round(x1, 1), round(y1, 1), round(x2, 1), round(y2, 1)),
+        polygon=[(round(float(x), 1), round(float(y), 1)) for x, y in quad],
+    )

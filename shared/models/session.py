@@ -1,0 +1,88 @@
+"""Open one verified model file on the best backend, inside the memory budget, warmed up."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.executor.base import Executor
+from shared.executor.memory import Footprint, MemoryBudget, detect_probe
+from shared.executor.metrics import MODEL_WARMUP_SECONDS
+from shared.executor.registry import create_executor, probe_backends
+from shared.executor.selection import TRAITS, explain, select_backend
+from shared.executor.settings import ExecutionSettings
+from shared.models.registry import ModelRegistry, ModelSpec
+
+log = logging.getLogger(__name__)
+
+_BUDGETS: dict[tuple, MemoryBudget] = {}
+
+
+def default_budget(settings: ExecutionSettings, gpu: bool) -> MemoryBudget:
+    """One budget per device and policy in this process, shared by every model on it."""
+    key = (gpu, settings.device_id, settings.memory.model_dump_json())
+    if key not in _BUDGETS:
+        _BUDGETS[key] = MemoryBudget(detect_probe(gpu, settings.device_id), settings.memory)
+    return _BUDGETS[key]
+
+
+@dataclass
+class Session:
+    """A loaded executor and what it costs."""
+
+    spec: ModelSpec
+    executor: Executor
+    backend: str
+    sha256: str
+    footprint: Footprint
+    budget: MemoryBudget
+
+    @property
+    def input_name(self) -> str:
+        return self.spec.input.name or self.executor.inputs[0].name
+
+    def run(self, batch: np.ndarray) -> list[np.ndarray]:
+        return self.executor.infer({self.input_name: batch})
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+def open_session(
+    spec: ModelSpec,
+    registry: ModelRegistry,
+    settings: ExecutionSettings,
+    *,
+    item_shape: tuple[int, ...],
+    warmup_shape: tuple[int, ...] | None,
+    max_batch: int,
+    budget: MemoryBudget | None = None,
+) -> Session:
+    """Verify, choose a backend (logged with reasons), admit memory, load, warm up."""
+    blob = registry.read_verified(spec)  # hash first: nothing parses an unverified file
+    chosen, rejected = select_backend(probe_backends(), settings.backends, spec, settings.precision)
+    log.info(explain(chosen, rejected), extra={"model": spec.name})
+    gpu = TRAITS[chosen].gpu
+    budget = budget or default_budget(settings, gpu)
+    footprint = Footprint(
+        weights=len(blob.data),
+        activations_per_item=int(np.prod(item_shape) * 4 * settings.memory.activation_factor),
+        workspace=(settings.memory.workspace_mb << 20) if gpu else 0,
+    )
+    budget.admit(spec.name, footprint.need(max_batch))
+    try:
+        executor = create_executor(chosen, settings)
+        executor.load(blob)
+        if settings.warmup and warmup_shape is not None:
+            started = time.perf_counter()
+            name = spec.input.name or executor.inputs[0].name
+            executor.infer({name: np.zeros(warmup_shape, np.float32)})
+            MODEL_WARMUP_SECONDS.labels(spec.name, chosen).observe(time.perf_counter() - started)
+    finally:
+        # once loaded its memory shows in the device's `used`; the reservation only
+        # covered the window in which it did not yet
+        budget.release(spec.name)
+    return Session(spec, executor, chosen, blob.sha256, footprint, budget)

@@ -1,0 +1,149 @@
+"""User models from a manifest: YOLO-family detection and image classification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from shared.errors import ConfigError
+from shared.executor.memory import MemoryBudget
+from shared.executor.settings import ExecutionSettings
+from shared.imaging.letterbox import LetterboxTransform
+from shared.messages import Detection
+from shared.models.base import Model
+from shared.models.decoders.classification import top_k
+from shared.models.decoders.yolo import decode_yolo
+from shared.models.preprocess import normalise, pad_norm_value, stack_canvases
+from shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
+from shared.models.session import Session, open_session
+
+
+def _input_hw(spec: ModelSpec, session: Session | None, default: int) -> tuple[int, int]:
+    """Input size: the manifest's, else the model's static shape, else `default`."""
+    h, w = spec.input.height, spec.input.width
+    if session is not None and (h is None or w is None):
+        shape = session.executor.inputs[0].shape
+        if len(shape) == 4:
+            dims = shape[2:] if spec.input.layout == "NCHW" else shape[1:3]
+            h = h or dims[0]
+            w = w or dims[1]
+    return int(h or default), int(w or default)
+
+
+class _SingleSessionModel(Model):
+    default_size = 640
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        registry: ModelRegistry,
+        settings: ExecutionSettings,
+        budget: MemoryBudget | None = None,
+    ) -> None:
+        h, w = spec.input.height or self.default_size, spec.input.width or self.default_size
+        session = open_session(
+            spec,
+            registry,
+            settings,
+            item_shape=(spec.input.channels, h, w),
+            warmup_shape=None,
+            max_batch=settings.batching.max_batch_size,
+            budget=budget,
+        )
+        self.session = session
+        self.hw = _input_hw(spec, session, self.default_size)
+        cap = session.executor.capabilities.max_batch_size
+        self.static_batch = cap  # None = dynamic batch axis
+        self._norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
+        if settings.warmup:
+            self._run(np.zeros((1, spec.input.channels, *self.hw), np.float32))
+        super().__init__(spec, [session], settings, session.budget)
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        """First output for the batch; models with a fixed batch of 1 run image by image."""
+        if self.spec.input.layout == "NHWC":
+            batch = np.ascontiguousarray(batch.transpose(0, 2, 3, 1))
+        if self.static_batch in (None, batch.shape[0]):
+            return self.session.run(batch)[0]
+        parts = [self.session.run(batch[i : i + 1])[0] for i in range(batch.shape[0])]
+        return np.concatenate(parts, axis=0)
+
+    def forward(self, prepared):
+        return self._run(prepared.tensor)
+
+
+@dataclass
+class _Prepared:
+    tensor: np.ndarray
+    plans: list[LetterboxTransform]
+
+
+class YoloModel(_SingleSessionModel):
+    """YOLO v5 / v8 / v11 detection: letterbox in, boxes (label, score, xyxy) out."""
+
+    def __init__(self, spec, registry, settings, budget=None) -> None:
+        self.opts = spec.yolo or YoloOptions()
+        super().__init__(spec, registry, settings, budget)
+        self._fill = pad_norm_value(spec.input.pad_value, *self._norm)
+
+    def pre_process(self, images: list[np.ndarray]) -> _Prepared:
+        plans = [LetterboxTransform.plan(img.shape[:2], self.hw) for img in images]
+        return _Prepared(stack_canvases(images, plans, self._fill, *self._norm), plans)
+
+    def post_process(self, raw: np.ndarray, prepared: _Prepared) -> list[list[Detection]]:
+        labels = self.spec.labels
+        results = []
+        for out, plan in zip(raw, prepared.plans, strict=True):
+            dets = decode_yolo(
+                out,
+                layout=self.opts.layout,
+                num_classes=len(labels) if labels else None,
+                conf_threshold=self.opts.conf_threshold,
+                iou_threshold=self.opts.iou_threshold,
+                max_det=self.opts.max_det,
+            )
+            boxes = plan.boxes_to_source(dets.boxes)
+            results.append(
+                [
+                    Detection(
+                        label=labels[c] if labels and c < len(labels) else str(int(c)),
+                        score=float(min(1.0, max(0.0, s))),
+                        box=tuple(round(float(v), 2) for v in b),
+                    )
+                    for b, s, c in zip(boxes, dets.scores, dets.class_ids, strict=True)
+                ]
+            )
+        return results
+
+
+class ClassificationModel(_SingleSessionModel):
+    """Image classification: resized in, top-k (label, probability) out."""
+
+    default_size = 224
+
+    def pre_process(self, images: list[np.ndarray]) -> _Prepared:
+        h, w = self.hw
+        batch = np.stack(
+            [
+                normalise(cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA), *self._norm)
+                for img in images
+            ]
+        )
+        return _Prepared(batch, [])
+
+    def post_process(self, raw: np.ndarray, prepared: _Prepared) -> list[list[Detection]]:
+        ranked = top_k(np.asarray(raw).reshape(raw.shape[0], -1), self.spec.labels, self.spec.top_k)
+        return [
+            [Detection(label=label, score=min(1.0, max(0.0, p))) for label, p in row]
+            for row in ranked
+        ]
+
+
+def build_vision_model(spec, registry, settings, budget=None) -> Model:
+    if spec.task == "yolo":
+        return YoloModel(spec, registry, settings, budget)
+    if spec.task == "classification":
+        return ClassificationModel(spec, registry, settings, budget)
+    raise ConfigError(f"{spec.name}: task {spec.task} is not a vision model")
