@@ -1,1 +1,175 @@
-"""Native and CUDA kernels with a numpy reference."""
+"""Fused pre-processing and NMS kernels: CUDA, native C (NEON or portable), reference.
+
+One interface whatever runs underneath. The backend is chosen once, on first use, by a
+chain of availability filters (CUDA -> native C -> numpy/OpenCV reference); the winner
+and the reason each other candidate was passed over are logged, and `backend()` says
+which is active. `use_backend()` forces one (tests, benchmarks, debugging).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+from shared.errors import InvalidInput
+from shared.imaging.letterbox import LetterboxTransform
+
+__all__ = [
+    "BackendChoice",
+    "backend",
+    "bgr_to_tensor",
+    "choose_backend",
+    "i420_to_tensor",
+    "keypoint_nms",
+    "nms",
+    "nv12_to_tensor",
+    "rgb_to_tensor",
+    "use_backend",
+]
+
+logger = logging.getLogger(__name__)
+BACKENDS = ("cuda", "native", "reference")
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The active backend's name, its module, and why the others were passed over."""
+
+    name: str
+    module: ModuleType
+    rejected: tuple[tuple[str, str], ...]
+
+
+def _probe(candidate: str) -> tuple[ModuleType | None, str]:
+    """Import one backend; (module, '') or (None, why not)."""
+    try:
+        if candidate == "cuda":
+            mod = importlib.import_module("shared.kernels.cuda_backend")
+            ok, why = mod.available()
+            return (mod, "") if ok else (None, why)
+        if candidate == "native":
+            return importlib.import_module("shared.kernels.native"), ""
+        return importlib.import_module("shared.kernels.reference"), ""
+    except ImportError as exc:  # extension not built, pycuda missing, ...
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def choose_backend(order: tuple[str, ...] = BACKENDS) -> BackendChoice:
+    """The first available backend in `order`, with the reasons for skipping the others."""
+    rejected: list[tuple[str, str]] = []
+    for candidate in order:
+        mod, why = _probe(candidate)
+        if mod is None:
+            rejected.append((candidate, why))
+            continue
+        name = mod.name() if candidate == "native" else candidate
+        return BackendChoice(name, mod, tuple(rejected))
+    raise InvalidInput(f"no kernel backend available: {rejected}")
+
+
+_lock = threading.Lock()
+_choice: BackendChoice | None = None
+
+
+def _active() -> BackendChoice:
+    global _choice
+    if _choice is None:
+        with _lock:
+            if _choice is None:
+                choice = choose_backend()
+                logger.info(
+                    "kernels backend %s",
+                    choice.name,
+                    extra={"backend": choice.name, "rejected": dict(choice.rejected)},
+                )
+                for cand, why in choice.rejected:
+                    logger.info("kernels backend %s not used: %s", cand, why)
+                _choice = choice
+    return _choice
+
+
+def use_backend(name: str | None) -> str:
+    """Force 'cuda', 'native' or 'reference' (None: choose again); returns the active name."""
+    global _choice
+    if name is not None and name not in BACKENDS:
+        raise InvalidInput(f"unknown kernel backend {name!r}; one of {BACKENDS}")
+    with _lock:
+        _choice = None if name is None else choose_backend((name,))
+    return backend()
+
+
+def backend() -> str:
+    """Which implementation is active: 'cuda', 'neon', 'c' or 'reference'."""
+    return _active().name
+
+
+def _to_tensor(fmt, frame, size, mean, std, pad, dtype, out):
+    return _active().module.frame_to_tensor(frame, fmt, size, mean, std, pad, dtype, out)
+
+
+def nv12_to_tensor(
+    frame, size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), pad=114, dtype=np.float32, out=None
+) -> tuple[np.ndarray, LetterboxTransform]:
+    """NV12 frame (H*3/2, W) uint8 -> (1, 3, h, w) tensor in one pass, and its letterbox.
+
+    Scaled by min(h/H, w/W) with bilinear (cv2 INTER_LINEAR) sampling, centred on a
+    `pad`-valued canvas, normalised as (x / 255 - mean) / std; written into `out` if given.
+    """
+    return _to_tensor("nv12", frame, size, mean, std, pad, dtype, out)
+
+
+def i420_to_tensor(
+    frame, size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), pad=114, dtype=np.float32, out=None
+) -> tuple[np.ndarray, LetterboxTransform]:
+    """As `nv12_to_tensor` for planar I420 (Y, then U, then V) frames."""
+    return _to_tensor("i420", frame, size, mean, std, pad, dtype, out)
+
+
+def bgr_to_tensor(
+    frame, size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), pad=114, dtype=np.float32, out=None
+) -> tuple[np.ndarray, LetterboxTransform]:
+    """As `nv12_to_tensor` for packed (H, W, 3) BGR frames (OpenCV's order); RGB out."""
+    return _to_tensor("bgr", frame, size, mean, std, pad, dtype, out)
+
+
+def rgb_to_tensor(
+    frame, size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), pad=114, dtype=np.float32, out=None
+) -> tuple[np.ndarray, LetterboxTransform]:
+    """As `nv12_to_tensor` for packed (H, W, 3) RGB frames."""
+    return _to_tensor("rgb", frame, size, mean, std, pad, dtype, out)
+
+
+def nms(
+    boxes, scores, iou_threshold, score_threshold=0.0, class_ids=None, max_det=300
+) -> np.ndarray:
+    """Greedy class-aware NMS; kept indices (int64), highest score first, ties by index.
+
+    `boxes` float32 (N, 4) xyxy, `scores` float32 (N,); candidates need
+    score >= score_threshold; a box is dropped when a kept box of its class has
+    IoU > iou_threshold. Boxes of different `class_ids` never suppress each other.
+    """
+    return _active().module.nms(boxes, scores, iou_threshold, score_threshold, class_ids, max_det)
+
+
+def keypoint_nms(
+    keypoints,
+    scores,
+    oks_threshold=0.5,
+    score_threshold=0.0,
+    boxes=None,
+    sigmas=None,
+    max_det=300,
+) -> np.ndarray:
+    """Greedy pose NMS by OKS; `keypoints` float32 (N, K, 3) x/y/visibility.
+
+    `sigmas` default to COCO's for K=17 (0.1 each otherwise); the pose scale is the
+    area of `boxes` when given, else of the box around the visible keypoints.
+    """
+    return _active().module.keypoint_nms(
+        keypoints, scores, oks_threshold, score_threshold, boxes, sigmas, max_det
+    )

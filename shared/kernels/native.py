@@ -1,0 +1,123 @@
+"""The native C backend: validates in Python, then runs `shared.kernels._native`.
+
+Everything the C code relies on (dtype, shape, contiguity, finite values) is checked
+here with typed errors; the extension repeats the length checks as a second line.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from shared.errors import InvalidInput
+from shared.imaging.letterbox import LetterboxTransform
+from shared.kernels import _native, checks
+
+FORMAT_CODES = {"nv12": 0, "i420": 1, "bgr": 2, "rgb": 3}
+IMPL_AUTO, IMPL_PORTABLE = 0, 1
+_FIXED_POINT = float(255 * (1 << 22))  # colour levels x the two 2^11 bilinear weights
+
+_threads = max(1, min(4, os.cpu_count() or 1))
+
+
+def set_threads(n: int) -> None:
+    """How many threads one pre-processing call may use (rows are split between them)."""
+    global _threads
+    if not isinstance(n, int) or n < 1:
+        raise InvalidInput(f"threads must be a positive integer, got {n!r}")
+    _threads = n
+
+
+def name() -> str:
+    return "neon" if _native.have_neon() else "c"
+
+
+def frame_to_tensor(
+    frame: np.ndarray,
+    fmt: str,
+    size: object,
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    pad: object = 114,
+    dtype: object = np.float32,
+    out: np.ndarray | None = None,
+    *,
+    impl: int = IMPL_AUTO,
+    threads: int | None = None,
+) -> tuple[np.ndarray, LetterboxTransform]:
+    """Fused colour conversion, letterbox resize, normalisation and NCHW layout."""
+    h, w = checks.frame_hw(frame, fmt)
+    hw = checks.model_size(size)
+    norm = checks.normalise(mean, std, pad)
+    dt = checks.out_dtype(dtype)
+    buf = checks.out_buffer(out, hw, dt)
+    t = LetterboxTransform.plan((h, w), hw)
+    scale = [1.0 / (_FIXED_POINT * s) for s in norm.std]
+    bias = [-m / s for m, s in zip(norm.mean, norm.std, strict=True)]
+    pad_value = [(norm.pad / 255.0 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)]
+    _native.preprocess(
+        frame,
+        FORMAT_CODES[fmt],
+        h,
+        w,
+        t.dst_h,
+        t.dst_w,
+        t.new_h,
+        t.new_w,
+        t.pad_top,
+        t.pad_left,
+        scale,
+        bias,
+        pad_value,
+        buf,
+        int(dt == np.float16),
+        impl,
+        _threads if threads is None else threads,
+    )
+    return buf, t
+
+
+def nms(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    iou_threshold: float,
+    score_threshold: float = 0.0,
+    class_ids: np.ndarray | None = None,
+    max_det: int = 300,
+    *,
+    impl: int = IMPL_AUTO,
+) -> np.ndarray:
+    a = checks.nms_args(boxes, scores, iou_threshold, score_threshold, class_ids, max_det)
+    keep = np.empty(min(len(a.scores), a.max_det), np.int64)
+    n = _native.nms(
+        a.boxes, a.scores, a.class_ids, a.iou_threshold, a.score_threshold, a.max_det, keep, impl
+    )
+    return keep[:n].copy() if n < len(keep) else keep
+
+
+def keypoint_nms(
+    keypoints: np.ndarray,
+    scores: np.ndarray,
+    oks_threshold: float = 0.5,
+    score_threshold: float = 0.0,
+    boxes: np.ndarray | None = None,
+    sigmas: np.ndarray | None = None,
+    max_det: int = 300,
+) -> np.ndarray:
+    a = checks.keypoint_nms_args(
+        keypoints, scores, oks_threshold, score_threshold, boxes, sigmas, max_det
+    )
+    keep = np.empty(min(len(a.scores), a.max_det), np.int64)
+    n = _native.keypoint_nms(
+        a.keypoints,
+        a.scores,
+        a.areas,
+        a.sigmas,
+        a.keypoints.shape[1],
+        a.oks_threshold,
+        a.score_threshold,
+        a.max_det,
+        keep,
+    )
+    return keep[:n].copy() if n < len(keep) else keep

@@ -1,0 +1,151 @@
+"""The numpy/OpenCV reference: it defines what correct output is for every kernel.
+
+Pre-processing is exactly the chain a user writes with OpenCV: colour conversion
+(BT.601 as `cv2.COLOR_YUV2RGB_NV12`), `cv2.resize` with `INTER_LINEAR` to the letterbox
+size, a `pad`-valued canvas, `(x / 255 - mean) / std`, NCHW. NMS is greedy and defines
+the tie-break and the arithmetic the native and CUDA kernels reproduce bit for bit:
+candidates are those with `score >= score_threshold`, visited by score (higher first)
+then index (lower first); a candidate is dropped when a kept box of the same class has
+`inter > iou_threshold * union`, all in float32 (inter and union as computed below).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from shared.imaging.letterbox import LetterboxTransform
+from shared.kernels import checks
+
+_CVT = {
+    "nv12": cv2.COLOR_YUV2RGB_NV12,
+    "i420": cv2.COLOR_YUV2RGB_I420,
+    "bgr": cv2.COLOR_BGR2RGB,
+}
+OKS_EPS = float(np.spacing(1))
+
+
+def to_rgb(frame: np.ndarray, fmt: str) -> np.ndarray:
+    """The frame as an (H, W, 3) uint8 RGB image."""
+    if fmt == "rgb":
+        return frame
+    return cv2.cvtColor(frame, _CVT[fmt])
+
+
+def letterbox_normalise(
+    rgb: np.ndarray,
+    size: tuple[int, int],
+    norm: checks.Normalise,
+    dtype: np.dtype,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, LetterboxTransform]:
+    t = LetterboxTransform.plan(rgb.shape[:2], size)
+    resized = cv2.resize(rgb, (t.new_w, t.new_h), interpolation=cv2.INTER_LINEAR)
+    canvas = np.full((t.dst_h, t.dst_w, 3), norm.pad, np.uint8)
+    canvas[t.pad_top : t.pad_top + t.new_h, t.pad_left : t.pad_left + t.new_w] = resized
+    mean = np.asarray(norm.mean, np.float32)
+    std = np.asarray(norm.std, np.float32)
+    x = (canvas.astype(np.float32) / np.float32(255.0) - mean) / std
+    tensor = np.ascontiguousarray(x.transpose(2, 0, 1)[None], dtype=dtype)
+    if out is not None:
+        out[...] = tensor
+        tensor = out
+    return tensor, t
+
+
+def frame_to_tensor(
+    frame: np.ndarray,
+    fmt: str,
+    size: object,
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    pad: object = 114,
+    dtype: object = np.float32,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, LetterboxTransform]:
+    """Reference pre-processing of a frame in `fmt` (nv12, i420, bgr, rgb)."""
+    checks.frame_hw(frame, fmt)
+    hw = checks.model_size(size)
+    norm = checks.normalise(mean, std, pad)
+    dt = checks.out_dtype(dtype)
+    buf = None if out is None else checks.out_buffer(out, hw, dt)
+    return letterbox_normalise(to_rgb(frame, fmt), hw, norm, dt, buf)
+
+
+def nms(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    iou_threshold: float,
+    score_threshold: float = 0.0,
+    class_ids: np.ndarray | None = None,
+    max_det: int = 300,
+) -> np.ndarray:
+    """Greedy NMS; the kept indices, highest score first (ties: lower index first)."""
+    a = checks.nms_args(boxes, scores, iou_threshold, score_threshold, class_ids, max_det)
+    order = _order(a.scores, a.score_threshold)
+    b = a.boxes
+    thr = np.float32(a.iou_threshold)
+    zero = np.float32(0)
+    areas = np.maximum(b[:, 2] - b[:, 0], zero) * np.maximum(b[:, 3] - b[:, 1], zero)
+    kept: list[int] = []
+    for i in order:
+        if len(kept) >= a.max_det:
+            break
+        if kept:
+            k = np.asarray(kept)
+            w = np.maximum(np.minimum(b[k, 2], b[i, 2]) - np.maximum(b[k, 0], b[i, 0]), zero)
+            h = np.maximum(np.minimum(b[k, 3], b[i, 3]) - np.maximum(b[k, 1], b[i, 1]), zero)
+            inter = w * h
+            union = (areas[k] + areas[i]) - inter
+            hit = inter > thr * union
+            if a.class_ids is not None:
+                hit &= a.class_ids[k] == a.class_ids[i]
+            if hit.any():
+                continue
+        kept.append(int(i))
+    return np.asarray(kept, dtype=np.int64)
+
+
+def _order(scores: np.ndarray, score_threshold: float) -> np.ndarray:
+    cand = np.flatnonzero(scores >= np.float32(score_threshold))
+    return cand[np.argsort(-scores[cand], kind="stable")]
+
+
+def keypoint_nms(
+    keypoints: np.ndarray,
+    scores: np.ndarray,
+    oks_threshold: float = 0.5,
+    score_threshold: float = 0.0,
+    boxes: np.ndarray | None = None,
+    sigmas: np.ndarray | None = None,
+    max_det: int = 300,
+) -> np.ndarray:
+    """Greedy pose NMS by object keypoint similarity (COCO OKS), same order as `nms`.
+
+    OKS(kept, cand) = mean over the kept pose's visible keypoints (v > 0) of
+    exp(-d^2 / (2 sigma)^2 / (area + eps) / 2), with the kept pose's area (its box, or the
+    box around its visible keypoints); a candidate is dropped when OKS > oks_threshold.
+    """
+    a = checks.keypoint_nms_args(
+        keypoints, scores, oks_threshold, score_threshold, boxes, sigmas, max_det
+    )
+    kp = a.keypoints.astype(np.float64)
+    var = (2.0 * a.sigmas) ** 2
+    kept: list[int] = []
+    for i in _order(a.scores, a.score_threshold):
+        if len(kept) >= a.max_det:
+            break
+        suppressed = False
+        for k in kept:
+            vis = a.keypoints[k, :, 2] > 0
+            nvis = int(vis.sum())
+            if nvis == 0:
+                continue
+            d2 = (kp[k, :, 0] - kp[i, :, 0]) ** 2 + (kp[k, :, 1] - kp[i, :, 1]) ** 2
+            e = d2 / var / (a.areas[k] + OKS_EPS) / 2.0
+            if float(np.exp(-e)[vis].sum()) / nvis > a.oks_threshold:
+                suppressed = True
+                break
+        if not suppressed:
+            kept.append(int(i))
+    return np.asarray(kept, dtype=np.int64)

@@ -1,0 +1,250 @@
+"""Native kernels against the numpy/OpenCV reference, and their handling of bad input.
+
+Tolerances: pre-processing within 1/255 per channel on the [0, 1] scale (before
+mean/std); NMS must keep the identical indices in the identical order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shared.kernels as kernels
+from shared.errors import InvalidInput
+from shared.imaging.letterbox import LetterboxTransform
+from shared.kernels import _native, native, reference
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+TOL = 1.0 / 255.0
+
+
+def frame(fmt: str, h: int, w: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if fmt in ("nv12", "i420"):
+        return rng.integers(0, 256, (h * 3 // 2, w), dtype=np.uint8)
+    return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def unit_scale_diff(a: np.ndarray, b: np.ndarray, std=STD) -> float:
+    """Largest difference on the [0, 1] scale, i.e. undoing the division by std."""
+    s = np.asarray(std, np.float32)[None, :, None, None]
+    return float(np.abs((a.astype(np.float32) - b.astype(np.float32)) * s).max())
+
+
+CASES = [
+    ("nv12", 1080, 1920, (640, 640)),
+    ("nv12", 2, 2, (5, 7)),
+    ("nv12", 2, 1000, (64, 64)),
+    ("nv12", 1000, 2, (64, 64)),
+    ("nv12", 36, 100, (640, 384)),
+    ("i420", 720, 1280, (384, 640)),
+    ("i420", 4, 6, (4, 6)),
+    ("bgr", 1, 1, (8, 8)),
+    ("bgr", 3, 5, (33, 17)),
+    ("bgr", 999, 3, (320, 320)),
+    ("rgb", 7, 1, (16, 16)),
+    ("rgb", 481, 641, (640, 640)),
+]
+
+
+@pytest.mark.parametrize(("fmt", "h", "w", "size"), CASES)
+@pytest.mark.parametrize("impl", [native.IMPL_AUTO, native.IMPL_PORTABLE])
+def test_native_matches_reference(fmt, h, w, size, impl):
+    # Given a random frame, when both backends convert it,
+    f = frame(fmt, h, w)
+    got, t = native.frame_to_tensor(f, fmt, size, MEAN, STD, 114, impl=impl)
+    want, t_ref = reference.frame_to_tensor(f, fmt, size, MEAN, STD, 114)
+    # then geometry is the planned letterbox and values agree within one level.
+    assert t == t_ref == LetterboxTransform.plan((h, w), size)
+    assert got.shape == (1, 3, *size) and got.dtype == np.float32
+    assert unit_scale_diff(got, want) <= TOL
+
+
+@pytest.mark.parametrize("fmt", ["nv12", "bgr"])
+def test_float16_output_and_out_buffer(fmt):
+    f = frame(fmt, 120, 160, seed=3)
+    out = np.full((1, 3, 96, 128), np.nan, np.float16)
+    got, _ = native.frame_to_tensor(f, fmt, (96, 128), MEAN, STD, 0, np.float16, out)
+    want, _ = reference.frame_to_tensor(f, fmt, (96, 128), MEAN, STD, 0, np.float16)
+    assert got is out and not np.isnan(out).any()
+    # float16 adds its own rounding (~1e-3 relative at |x| ~ 2): one level plus that.
+    assert unit_scale_diff(got, want) <= TOL + 2e-3
+
+
+def test_padding_value_and_threads_agree():
+    f = frame("nv12", 360, 640, seed=5)
+    one, t = native.frame_to_tensor(f, "nv12", (640, 640), pad=0, threads=1)
+    two, _ = native.frame_to_tensor(f, "nv12", (640, 640), pad=0, threads=2)
+    np.testing.assert_array_equal(one, two)
+    assert (one[:, :, : t.pad_top] == 0).all() and (one[:, :, t.pad_top + t.new_h :] == 0).all()
+
+
+def test_public_entry_points_use_the_active_backend():
+    assert kernels.backend() in ("neon", "c")
+    f = frame("nv12", 64, 96)
+    tensor, t = kernels.nv12_to_tensor(f, (32, 32))
+    want, _ = reference.frame_to_tensor(f, "nv12", (32, 32))
+    assert unit_scale_diff(tensor, want, (1, 1, 1)) <= TOL and t.new_w == 32
+    for fn, fmt in [
+        (kernels.i420_to_tensor, "i420"),
+        (kernels.bgr_to_tensor, "bgr"),
+        (kernels.rgb_to_tensor, "rgb"),
+    ]:
+        f = frame(fmt, 50, 70)
+        got, _ = fn(f, (40, 40), MEAN, STD)
+        assert (
+            unit_scale_diff(got, reference.frame_to_tensor(f, fmt, (40, 40), MEAN, STD)[0]) <= TOL
+        )
+
+
+def test_backend_choice_explains_itself_and_can_be_forced():
+    choice = kernels.choose_backend()
+    assert choice.name in ("neon", "c")
+    assert any(name == "cuda" and why for name, why in choice.rejected)
+    try:
+        assert kernels.use_backend("reference") == "reference"
+        idx = kernels.nms(np.zeros((1, 4), np.float32), np.ones(1, np.float32), 0.5)
+        assert idx.tolist() == [0]
+    finally:
+        kernels.use_backend(None)
+    with pytest.raises(InvalidInput):
+        kernels.use_backend("tpu")
+
+
+# --- NMS -------------------------------------------------------------------------------
+
+
+def random_boxes(n: int, seed: int, spread: float = 1000.0):
+    rng = np.random.default_rng(seed)
+    xy = rng.uniform(0, spread, (n, 2)).astype(np.float32)
+    wh = rng.uniform(1, spread / 8, (n, 2)).astype(np.float32)
+    boxes = np.concatenate([xy, xy + wh], axis=1).astype(np.float32)
+    scores = rng.random(n, dtype=np.float32)
+    return boxes, scores, rng.integers(0, 5, n).astype(np.int64)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 17, 300, 2000])
+@pytest.mark.parametrize("iou", [0.0, 0.3, 0.5, 0.9])
+def test_nms_matches_reference(n, iou):
+    boxes, scores, cls = random_boxes(n, seed=n)
+    for kwargs in ({}, {"class_ids": cls}, {"score_threshold": 0.4, "max_det": 50}):
+        want = reference.nms(boxes, scores, iou, **kwargs)
+        for impl in (native.IMPL_AUTO, native.IMPL_PORTABLE):
+            got = native.nms(boxes, scores, iou, impl=impl, **kwargs)
+            assert got.dtype == np.int64
+            np.testing.assert_array_equal(got, want)
+
+
+def test_nms_ties_identical_boxes_and_degenerate_boxes():
+    # All-identical boxes with equal scores: the lowest index survives.
+    boxes = np.tile(np.array([[10, 10, 50, 50]], np.float32), (6, 1))
+    scores = np.full(6, 0.7, np.float32)
+    assert (
+        native.nms(boxes, scores, 0.5).tolist() == [0] == reference.nms(boxes, scores, 0.5).tolist()
+    )
+    # Different classes never suppress each other; order is score then index.
+    cls = np.array([0, 1, 0, 1, 2, 2], np.int32)
+    assert native.nms(boxes, scores, 0.5, class_ids=cls).tolist() == [0, 1, 4]
+    # Zero-area boxes overlap nothing.
+    zero = np.zeros((3, 4), np.float32)
+    assert native.nms(zero, scores[:3], 0.5).tolist() == [0, 1, 2]
+    # Higher score first regardless of index.
+    s = np.array([0.1, 0.9, 0.5], np.float32)
+    assert native.nms(zero, s, 0.5).tolist() == [1, 2, 0]
+
+
+def test_keypoint_nms_matches_reference():
+    rng = np.random.default_rng(7)
+    base = rng.uniform(0, 200, (40, 17, 3)).astype(np.float32)
+    base[:, :, 2] = rng.random((40, 17)) > 0.3
+    # Half the poses are jittered copies of the others, so some must be suppressed.
+    kp = np.concatenate([base, base + rng.normal(0, 2, base.shape).astype(np.float32)])
+    kp[:, :, 2] = np.concatenate([base[:, :, 2], base[:, :, 2]])
+    kp = np.ascontiguousarray(kp, np.float32)
+    scores = rng.random(80, dtype=np.float32)
+    for thr in (0.3, 0.5, 0.8):
+        want = reference.keypoint_nms(kp, scores, thr)
+        np.testing.assert_array_equal(native.keypoint_nms(kp, scores, thr), want)
+        assert 40 <= len(want) < 80
+    boxes = np.concatenate([kp[:, :, :2].min(1), kp[:, :, :2].max(1)], 1).astype(np.float32)
+    np.testing.assert_array_equal(
+        native.keypoint_nms(kp, scores, 0.5, boxes=boxes, max_det=10),
+        reference.keypoint_nms(kp, scores, 0.5, boxes=boxes, max_det=10),
+    )
+    assert kernels.keypoint_nms(kp[:0], scores[:0]).tolist() == []
+
+
+# --- bad input -------------------------------------------------------------------------
+
+NV12 = frame("nv12", 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((NV12[:-1], (4, 4)), {}),  # wrong buffer length (rows not H*3/2)
+        ((NV12[:, :7].copy(), (4, 4)), {}),  # odd width for 4:2:0
+        ((NV12[:, ::2], (4, 4)), {}),  # non-contiguous
+        ((NV12.astype(np.float32), (4, 4)), {}),  # wrong dtype
+        ((NV12.tolist(), (4, 4)), {}),  # not an array
+        ((NV12, (0, 640)), {}),  # zero-size output
+        ((NV12, (4,)), {}),
+        ((NV12, (4, 4)), {"std": (1, 0, 1)}),
+        ((NV12, (4, 4)), {"mean": (0, float("nan"), 0)}),
+        ((NV12, (4, 4)), {"pad": 300}),
+        ((NV12, (4, 4)), {"dtype": np.int8}),
+        ((NV12, (4, 4)), {"out": np.empty((1, 3, 4, 5), np.float32)}),
+        ((NV12, (4, 4)), {"out": np.empty((1, 3, 4, 4), np.float16)}),
+        ((NV12, (4, 4)), {"out": np.empty((1, 3, 4, 8), np.float32)[..., ::2]}),
+    ],
+)
+def test_bad_frames_are_typed_errors(args, kwargs):
+    with pytest.raises(InvalidInput):
+        kernels.nv12_to_tensor(*args, **kwargs)
+    with pytest.raises(InvalidInput):
+        reference.frame_to_tensor(args[0], "nv12", *args[1:], **kwargs)
+
+
+def test_bad_nms_inputs_are_typed_errors():
+    boxes, scores, cls = random_boxes(10, seed=1)
+    nan_scores = scores.copy()
+    nan_scores[3] = np.nan
+    nan_boxes = boxes.copy()
+    nan_boxes[2, 1] = np.nan
+    bad = [
+        (boxes, nan_scores, 0.5, {}),
+        (nan_boxes, scores, 0.5, {}),
+        (boxes.astype(np.float64), scores, 0.5, {}),
+        (boxes, scores.astype(np.float64), 0.5, {}),
+        (boxes[:, :3].copy(), scores, 0.5, {}),
+        (boxes[::2], scores[::2], 0.5, {}),
+        (boxes, scores[:9], 0.5, {}),
+        (boxes, scores, float("nan"), {}),
+        (boxes, scores, 0.5, {"class_ids": cls.astype(np.float32)}),
+        (boxes, scores, 0.5, {"class_ids": cls[:5]}),
+        (boxes, scores, 0.5, {"max_det": -1}),
+    ]
+    for b, s, iou, kw in bad:
+        with pytest.raises(InvalidInput):
+            kernels.nms(b, s, iou, **kw)
+    kp = np.zeros((2, 17, 3), np.float32)
+    with pytest.raises(InvalidInput):
+        kernels.keypoint_nms(kp, np.array([0.5, np.nan], np.float32))
+    with pytest.raises(InvalidInput):
+        kernels.keypoint_nms(kp[:, :, :2].copy(), np.ones(2, np.float32))
+
+
+def test_extension_checks_lengths_itself():
+    # Called directly (bypassing the Python checks) it raises ValueError, never crashes.
+    out = np.empty((1, 3, 4, 4), np.float32)
+    args = [0, 8, 8, 4, 4, 4, 4, 0, 0, [1, 1, 1], [0, 0, 0], [0, 0, 0], out, 0, 0, 1]
+    with pytest.raises(ValueError):
+        _native.preprocess(NV12[:-3], *args)
+    with pytest.raises(ValueError):
+        _native.preprocess(NV12, *args[:12], np.empty(5, np.float32), *args[13:])
+    with pytest.raises(ValueError):
+        _native.preprocess(NV12, 0, 8, 8, 4, 4, 5, 4, 0, 0, *args[9:])  # image taller than canvas
+    keep = np.empty(1, np.int64)
+    with pytest.raises(ValueError):
+        _native.nms(np.zeros(8, np.float32), np.zeros(3, np.float32), None, 0.5, 0.0, 3, keep, 0)
