@@ -192,10 +192,13 @@ def _decode_with_pillow(data: ByteSource, fmt: str, limits: ImageLimits) -> np.n
 def _orientation(im: Image.Image) -> int:
     """The EXIF orientation, or 1 when EXIF is absent or corrupt (logged, never fatal)."""
     try:
-        value = im.getexif().get(_EXIF_ORIENTATION, 1)
+        exif = im.getexif()
+        value = exif.get(_EXIF_ORIENTATION, 1)
     except Exception as exc:  # corrupt EXIF must not lose the image
         logger.warning("corrupt EXIF ignored", extra={"error": repr(exc)})
         return 1
+    if not exif and len(im.info.get("exif") or b"") > 6:  # present, but nothing parsed
+        logger.warning("unreadable EXIF ignored", extra={"exif_bytes": len(im.info["exif"])})
     if not isinstance(value, int) or not 1 <= value <= 8:
         logger.warning("invalid EXIF orientation ignored", extra={"orientation": repr(value)})
         return 1
