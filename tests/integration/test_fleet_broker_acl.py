@@ -126,7 +126,7 @@ def fleet(tmp_path: Path):
 
 
 def test_device_publishes_only_under_its_own_id(fleet) -> None:
-    registry, enrollments, cloud_password, _, _, _, client = fleet
+    _, enrollments, cloud_password, _, _, _, client = fleet
     # given the cloud service account subscribed to everything, and cam-01 connected
     cloud = client("cloud", cloud_password)
     assert cloud.connect() == 0

@@ -1,0 +1,578 @@
+"""Rollouts: a desired state to a group, canaries first, the rest after a healthy soak.
+
+A deployment (image tag + model refs + pipeline config, aimed at a group) goes to its
+canaries as a signed, retained `DesiredState` on `ef/v1/{device}/desired`. The devices
+answer on `reported`; `on_reported` and `tick` move the deployment along:
+
+    canary ──all canaries healthy for soak_s, within bounds──▶ rolling ──all healthy──▶ completed
+      │                                                          └─ some failed ─▶ failed
+      └─ a canary failed / out of bounds ─▶ rolled_back (auto-rollback: canaries get their
+                                            previous state back) or halted (no auto-rollback)
+
+Retained messages are what make offline devices safe: a device that was away gets the
+last desired state the moment it subscribes again. State lives in the database, so a
+restarted orchestrator (or another replica) carries on where this one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import secrets
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from prometheus_client import Counter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fleet.registry import DeviceRegistry, validate_group
+from shared.db import Database
+from shared.errors import Conflict, InvalidInput, NotFound
+from shared.messages import DesiredState, ModelRef, ReportedState
+from shared.topics import Topics
+from shared.wire import WireMessage, encode
+
+log = logging.getLogger(__name__)
+
+ROLLOUTS = Counter("ef_fleet_rollouts_total", "Rollouts by final outcome", ["outcome"])
+DESIRED_SENT = Counter("ef_fleet_desired_published_total", "Desired states published", ["kind"])
+
+# A docker image reference with an explicit tag or digest (no implicit `latest` in a rollout).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*(?::[0-9]+)?/)"
+IMAGE_RE = re.compile(
+    rf"^{_DOMAIN}?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(?:@sha256:[a-f0-9]{64})?|@sha256:[a-f0-9]{64})$"
+)
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+ACTIVE = ("canary", "rolling")
+Status = Literal["canary", "rolling", "completed", "failed", "rolled_back", "halted"]
+Publish = Callable[[WireMessage, bool], None]
+
+_SCHEMA_V1 = [
+    """CREATE TABLE IF NOT EXISTS fleet_deployments (
+        id TEXT PRIMARY KEY,
+        grp TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        canary_count {bigint} NOT NULL,
+        auto_rollback {bool} NOT NULL,
+        soak_s {double} NOT NULL,
+        min_fps {double},
+        max_latency_p95_ms {double},
+        status TEXT NOT NULL,
+        error TEXT,
+        created_at {ts} NOT NULL,
+        updated_at {ts} NOT NULL
+    )""",
+    # at most one active rollout per group, even across orchestrator replicas
+    "CREATE UNIQUE INDEX IF NOT EXISTS fleet_deployments_one_active ON fleet_deployments (grp) "
+    "WHERE status IN ('canary', 'rolling')",
+    """CREATE TABLE IF NOT EXISTS fleet_deployment_targets (
+        deployment_id TEXT NOT NULL,
+        device_id TEXT NOT NULL,
+        role TEXT NOT NULL,
+        state TEXT NOT NULL,
+        previous TEXT,
+        healthy_at {ts},
+        error TEXT,
+        updated_at {ts} NOT NULL,
+        PRIMARY KEY (deployment_id, device_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS fleet_targets_device ON fleet_deployment_targets (device_id)",
+]
+
+
+class ModelSpec(BaseModel):
+    """A model of a deployment: `url` and `sha256` may be left out to take them from the store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, description="model name")
+    version: str = Field(min_length=1, max_length=64, description="model version")
+    url: str | None = Field(None, max_length=2048, description="download URL (http/https)")
+    sha256: str | None = Field(None, description="lowercase hex SHA-256 of the file")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hash(cls, value: str | None) -> str | None:
+        if value is not None and not SHA256_RE.match(value):
+            raise ValueError("sha256 must be 64 lowercase hex characters")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("url must be http:// or https://")
+        return value
+
+
+class DeploymentRequest(BaseModel):
+    """What an operator asks for (`POST /v1/deployments`, `edgefleet fleet deploy`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group: str = Field(description="device group to roll out to")
+    image: str = Field(max_length=256, description="container image with an explicit tag")
+    models: list[ModelSpec] = Field(default_factory=list, max_length=16)
+    config: dict[str, Any] = Field(default_factory=dict, description="pipeline settings")
+    canary_percent: float = Field(10.0, gt=0, le=100, description="share of the group first")
+    auto_rollback: bool = Field(True, description="give canaries their previous state on failure")
+    soak_s: float = Field(30.0, ge=0, le=86400, description="healthy time before the rest follow")
+    min_fps: float | None = Field(None, ge=0, description="canary bound: total fps at least")
+    max_latency_p95_ms: float | None = Field(None, gt=0, description="canary bound: p95 at most")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not IMAGE_RE.match(value):
+            raise ValueError(
+                "not an image reference with an explicit tag, e.g. ghcr.io/acme/edge:1.4.2"
+            )
+        return value
+
+
+class TargetView(BaseModel):
+    device_id: str
+    role: Literal["canary", "rest"]
+    state: str
+    healthy_at: datetime | None = None
+    error: str | None = None
+
+
+class DeploymentView(BaseModel):
+    id: str
+    group: str
+    image: str
+    models: list[ModelRef]
+    config: dict[str, Any]
+    status: Status
+    error: str | None = None
+    auto_rollback: bool
+    soak_s: float
+    created_at: datetime
+    updated_at: datetime
+    canaries: list[str]
+    targets: list[TargetView]
+    counts: dict[str, int] = Field(description="targets per state")
+
+
+def parse_request(data: Any) -> DeploymentRequest:
+    """Validate a request body; InvalidInput (422) naming the first bad field."""
+    try:
+        return DeploymentRequest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise InvalidInput(f"{where}: {first['msg']}") from None
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class RolloutController:
+    """Creates deployments and moves them along as devices report."""
+
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        db: Database,
+        publish: Publish,
+        *,
+        resolve_model: Callable[[str, str], ModelRef] | None = None,
+        topics: Topics = Topics(),
+    ):
+        self.registry = registry
+        self.db = db
+        self.publish = publish
+        self.resolve_model = resolve_model
+        self.topics = topics
+        self._lock = threading.RLock()
+        self._timer: threading.Thread | None = None
+        self._stop = threading.Event()
+        t = db.types
+        db.migrate(
+            "fleet_rollout_v1",
+            [
+                s.format(ts=t.timestamp, bool=t.boolean, double=t.double, bigint=t.bigint)
+                for s in _SCHEMA_V1
+            ],
+        )
+
+    # --- creating ---------------------------------------------------------------------
+
+    def create(self, request: DeploymentRequest | dict[str, Any]) -> DeploymentView:
+        """Validate, then send the new state to the canaries; the fleet is untouched on error."""
+        req = request if isinstance(request, DeploymentRequest) else parse_request(request)
+        validate_group(req.group)
+        devices = self.registry.devices_in_group(req.group)
+        if not devices:
+            raise NotFound(
+                f"group {req.group!r} has no enrolled devices",
+                hint="enroll devices with `edgefleet fleet enroll DEVICE --group G`",
+            )
+        models = [self._resolve(m) for m in req.models]
+        online = {d.device_id for d in self.registry.list_devices(req.group) if d.online}
+        ordered = sorted(devices, key=lambda d: (d not in online, d))
+        canary_count = min(len(devices), max(1, math.ceil(len(devices) * req.canary_percent / 100)))
+        canaries = ordered[:canary_count]
+        dep_id = "dep-" + secrets.token_hex(6)
+        spec = {
+            "image": req.image,
+            "models": [m.model_dump() for m in models],
+            "config": req.config,
+        }
+        now = _now()
+        with self._lock, self.db.transaction():
+            self._refuse_if_active(req.group)
+            try:
+                self.db.execute(
+                    "INSERT INTO fleet_deployments (id, grp, spec, canary_count, auto_rollback, "
+                    "soak_s, min_fps, max_latency_p95_ms, status, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        dep_id,
+                        req.group,
+                        json.dumps(spec),
+                        canary_count,
+                        req.auto_rollback,
+                        req.soak_s,
+                        req.min_fps,
+                        req.max_latency_p95_ms,
+                        "canary",
+                        now,
+                        now,
+                    ),
+                )
+            except Conflict:
+                raise self._active_conflict(req.group) from None
+            for device in devices:
+                previous = self.registry.desired(device)
+                self.db.execute(
+                    "INSERT INTO fleet_deployment_targets (deployment_id, device_id, role, state, "
+                    "previous, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        dep_id,
+                        device,
+                        "canary" if device in canaries else "rest",
+                        "pending",
+                        previous.model_dump_json() if previous else None,
+                        now,
+                    ),
+                )
+        log.info(
+            "rollout created",
+            extra={"deployment_id": dep_id, "group": req.group, "canaries": canaries},
+        )
+        for device in canaries:
+            self._send(dep_id, device, spec)
+        self.tick()
+        return self.get(dep_id)
+
+    def _resolve(self, spec: ModelSpec) -> ModelRef:
+        if spec.url and spec.sha256:
+            return ModelRef(name=spec.name, version=spec.version, url=spec.url, sha256=spec.sha256)
+        if self.resolve_model is None:
+            raise InvalidInput(
+                f"model {spec.name}@{spec.version} needs url and sha256 (no model store here)"
+            )
+        ref = self.resolve_model(spec.name, spec.version)
+        if spec.sha256 and spec.sha256 != ref.sha256:
+            raise InvalidInput(
+                f"model {spec.name}@{spec.version}: sha256 does not match the stored file"
+            )
+        return ref
+
+    def _refuse_if_active(self, group: str) -> None:
+        if self.db.query_one(
+            "SELECT id FROM fleet_deployments WHERE grp = ? AND status IN ('canary', 'rolling')",
+            (group,),
+        ):
+            raise self._active_conflict(group)
+
+    def _active_conflict(self, group: str) -> Conflict:
+        row = self.db.query_one(
+            "SELECT id FROM fleet_deployments WHERE grp = ? AND status IN ('canary', 'rolling')",
+            (group,),
+        )
+        active = row["id"] if row else "another rollout"
+        return Conflict(
+            f"group {group!r} already has an active rollout ({active})",
+            hint="wait for it to finish, or roll it back, before starting another",
+        )
+
+    # --- publishing -------------------------------------------------------------------
+
+    def _send(self, dep_id: str, device: str, spec: dict[str, Any]) -> None:
+        desired = DesiredState(
+            device_id=device,
+            deployment_id=dep_id,
+            image=spec["image"],
+            models=[ModelRef.model_validate(m) for m in spec["models"]],
+            config=spec["config"],
+        )
+        self._publish_desired(device, desired, kind="rollout")
+        self._set_target(dep_id, device, state="sent")
+
+    def _publish_desired(self, device: str, desired: DesiredState | None, *, kind: str) -> None:
+        key = self.registry.device_key(device)
+        if key is None:
+            log.warning("device revoked during rollout; skipped", extra={"device_id": device})
+            return
+        topic = self.topics.desired(device)
+        if desired is None:
+            # nothing to go back to: clear the retained state; the device keeps what it runs
+            self.publish(WireMessage(topic, b"", ()), True)
+        else:
+            self.publish(encode(desired, key, topic), True)
+        self.registry.set_desired(desired, device)
+        DESIRED_SENT.labels(kind).inc()
+
+    # --- device reports and the state machine ------------------------------------------
+
+    def on_reported(self, reported: ReportedState) -> None:
+        """Record a device's report and move its deployment along."""
+        with self._lock:
+            row = self.db.query_one(
+                "SELECT t.role, t.state, d.status FROM fleet_deployment_targets t "
+                "JOIN fleet_deployments d ON d.id = t.deployment_id "
+                "WHERE t.deployment_id = ? AND t.device_id = ?",
+                (reported.deployment_id, reported.device_id),
+            )
+            if row is None or row["state"] == "rolled_back":
+                return
+            dep_id, device = reported.deployment_id, reported.device_id
+            if reported.status == "healthy":
+                if row["state"] != "healthy":
+                    self._set_target(dep_id, device, state="healthy", healthy_at=_now())
+            elif reported.status in ("failed", "rolled_back"):
+                self._set_target(dep_id, device, state="failed", error=reported.error)
+                if row["role"] == "canary" and row["status"] == "canary":
+                    self._fail(dep_id, f"canary {device} failed: {reported.error or 'no reason'}")
+                    return
+                if row["role"] == "rest" and self._auto_rollback(dep_id):
+                    self._restore(dep_id, device)
+            elif row["state"] in ("pending", "sent"):
+                self._set_target(dep_id, device, state="applying")
+            self._advance(dep_id)
+
+    def tick(self, now: datetime | None = None) -> None:
+        """Evaluate soak times and bounds of every active deployment."""
+        rows = self.db.query(
+            "SELECT id FROM fleet_deployments WHERE status IN ('canary', 'rolling')"
+        )
+        for row in rows:
+            with self._lock:
+                self._advance(row["id"], now or _now())
+
+    def start(self, interval_s: float = 1.0) -> None:
+        """Call `tick` every `interval_s` on a daemon thread (until `stop`)."""
+        if self._timer is not None:
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.tick()
+                except Exception:  # a bad tick must not kill the timer; it is logged
+                    log.exception("rollout tick failed")
+
+        self._timer = threading.Thread(target=loop, name="rollout-timer", daemon=True)
+        self._timer.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join(timeout=5)
+            self._timer = None
+
+    def _advance(self, dep_id: str, now: datetime | None = None) -> None:
+        now = now or _now()
+        dep = self._row(dep_id)
+        targets = self._targets(dep_id)
+        if dep["status"] == "canary":
+            canaries = [t for t in targets if t["role"] == "canary"]
+            if any(t["state"] == "failed" for t in canaries):
+                self._fail(dep_id, "a canary failed")
+                return
+            if not all(t["state"] == "healthy" for t in canaries):
+                return
+            for t in canaries:
+                problem = self._out_of_bounds(dep, t)
+                if problem:
+                    self._fail(dep_id, f"canary {t['device_id']}: {problem}")
+                    return
+            soaked = all((now - t["healthy_at"]).total_seconds() >= dep["soak_s"] for t in canaries)
+            if not soaked or not all(self._has_fresh_telemetry(dep, t) for t in canaries):
+                return
+            if not self._set_status(dep_id, "rolling", expect="canary"):
+                return
+            spec = json.loads(dep["spec"])
+            log.info("canaries healthy; rolling out to the group", extra={"deployment_id": dep_id})
+            for t in targets:
+                if t["role"] == "rest":
+                    self._send(dep_id, t["device_id"], spec)
+            targets = self._targets(dep_id)
+        if self._row(dep_id)["status"] == "rolling":
+            rest = [t for t in targets if t["role"] == "rest"]
+            if all(t["state"] in ("healthy", "failed", "rolled_back") for t in rest):
+                failed = [t["device_id"] for t in rest if t["state"] != "healthy"]
+                outcome = "failed" if failed else "completed"
+                error = f"failed on {', '.join(failed)}" if failed else None
+                if self._set_status(dep_id, outcome, expect="rolling", error=error):
+                    ROLLOUTS.labels(outcome).inc()
+
+    def _bounded(self, dep: dict[str, Any]) -> bool:
+        return dep["min_fps"] is not None or dep["max_latency_p95_ms"] is not None
+
+    def _fresh_summary(self, dep: dict[str, Any], target: dict[str, Any]) -> dict | None:
+        """The device's telemetry taken after it reported healthy, or None."""
+        detail = self.registry.get_device(target["device_id"])
+        tel = detail.telemetry
+        if not tel:
+            return None
+        ts = datetime.fromisoformat(tel["ts"].replace("Z", "+00:00"))
+        return detail.model_dump() if ts >= target["healthy_at"] else None
+
+    def _has_fresh_telemetry(self, dep: dict[str, Any], target: dict[str, Any]) -> bool:
+        return not self._bounded(dep) or self._fresh_summary(dep, target) is not None
+
+    def _out_of_bounds(self, dep: dict[str, Any], target: dict[str, Any]) -> str | None:
+        if not self._bounded(dep):
+            return None
+        summary = self._fresh_summary(dep, target)
+        if summary is None:
+            return None
+        fps, p95 = summary["fps"], summary["latency_p95"]
+        if dep["min_fps"] is not None and (fps is None or fps < dep["min_fps"]):
+            return f"fps {fps} below the bound {dep['min_fps']}"
+        limit = dep["max_latency_p95_ms"]
+        if limit is not None and p95 is not None and p95 > limit:
+            return f"p95 latency {p95} ms above the bound {dep['max_latency_p95_ms']} ms"
+        return None
+
+    def _fail(self, dep_id: str, reason: str) -> None:
+        """Stop the rollout; with auto-rollback, the canaries get their previous state back."""
+        auto = self._auto_rollback(dep_id)
+        outcome = "rolled_back" if auto else "halted"
+        if not self._set_status(dep_id, outcome, expect="canary", error=reason):
+            return
+        ROLLOUTS.labels(outcome).inc()
+        log.warning("rollout stopped", extra={"deployment_id": dep_id, "reason": reason})
+        if auto:
+            for t in self._targets(dep_id):
+                if t["role"] == "canary" and t["state"] != "pending":
+                    self._restore(dep_id, t["device_id"])
+
+    def _restore(self, dep_id: str, device: str) -> None:
+        row = self.db.query_one(
+            "SELECT previous FROM fleet_deployment_targets WHERE deployment_id = ? "
+            "AND device_id = ?",
+            (dep_id, device),
+        )
+        previous = DesiredState.model_validate_json(row["previous"]) if row["previous"] else None
+        if previous is not None:  # re-signed with a fresh timestamp
+            previous = previous.model_copy(update={"ts": _now()})
+        self._publish_desired(device, previous, kind="rollback")
+        self._set_target(dep_id, device, state="rolled_back")
+
+    # --- views ------------------------------------------------------------------------
+
+    def get(self, dep_id: str) -> DeploymentView:
+        dep = self._row(dep_id)
+        spec = json.loads(dep["spec"])
+        targets = [
+            TargetView(
+                device_id=t["device_id"],
+                role=t["role"],
+                state=t["state"],
+                healthy_at=t["healthy_at"],
+                error=t["error"],
+            )
+            for t in self._targets(dep_id)
+        ]
+        counts: dict[str, int] = {}
+        for t in targets:
+            counts[t.state] = counts.get(t.state, 0) + 1
+        return DeploymentView(
+            id=dep["id"],
+            group=dep["grp"],
+            image=spec["image"],
+            models=[ModelRef.model_validate(m) for m in spec["models"]],
+            config=spec["config"],
+            status=dep["status"],
+            error=dep["error"],
+            auto_rollback=bool(dep["auto_rollback"]),
+            soak_s=dep["soak_s"],
+            created_at=dep["created_at"],
+            updated_at=dep["updated_at"],
+            canaries=[t.device_id for t in targets if t.role == "canary"],
+            targets=targets,
+            counts=counts,
+        )
+
+    def list(self, limit: int = 20) -> list[DeploymentView]:
+        rows = self.db.query(
+            "SELECT id FROM fleet_deployments ORDER BY created_at DESC LIMIT ?", (limit,)
+        )
+        return [self.get(r["id"]) for r in rows]
+
+    def active(self, group: str) -> DeploymentView | None:
+        row = self.db.query_one(
+            "SELECT id FROM fleet_deployments WHERE grp = ? AND status IN ('canary', 'rolling')",
+            (group,),
+        )
+        return self.get(row["id"]) if row else None
+
+    # --- storage helpers --------------------------------------------------------------
+
+    def _row(self, dep_id: str) -> dict[str, Any]:
+        row = self.db.query_one("SELECT * FROM fleet_deployments WHERE id = ?", (dep_id,))
+        if row is None:
+            raise NotFound(f"deployment {dep_id!r} not found")
+        return row
+
+    def _targets(self, dep_id: str) -> list[dict[str, Any]]:
+        return self.db.query(
+            "SELECT * FROM fleet_deployment_targets WHERE deployment_id = ? "
+            "ORDER BY role, device_id",
+            (dep_id,),
+        )
+
+    def _auto_rollback(self, dep_id: str) -> bool:
+        return bool(self._row(dep_id)["auto_rollback"])
+
+    def _set_status(
+        self, dep_id: str, status: Status, *, expect: str, error: str | None = None
+    ) -> bool:
+        """Conditional update: only one caller (thread or replica) wins each transition."""
+        return (
+            self.db.execute(
+                "UPDATE fleet_deployments SET status = ?, error = COALESCE(?, error), "
+                "updated_at = ? WHERE id = ? AND status = ?",
+                (status, error, _now(), dep_id, expect),
+            )
+            == 1
+        )
+
+    def _set_target(
+        self,
+        dep_id: str,
+        device: str,
+        *,
+        state: str,
+        healthy_at: datetime | None = None,
+        error: str | None = None,
+    ) -> None:
+        self.db.execute(
+            "UPDATE fleet_deployment_targets SET state = ?, healthy_at = COALESCE(?, healthy_at), "
+            "error = COALESCE(?, error), updated_at = ? WHERE deployment_id = ? AND device_id = ?",
+            (state, healthy_at, error, _now(), dep_id, device),
+        )
