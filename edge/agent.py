@@ -1,0 +1,419 @@
+"""The edge agent: wires sources, pipeline, policy, outbox, uplink, telemetry and health.
+
+Lifecycle: `start()` opens the outbox (recovering a corrupt one), loads and warms the
+model, connects, starts one capture thread per stream and the pipeline. `stop()` is the
+graceful SIGTERM path: stop capture, drain the pipeline, give the uplink a moment to
+flush, checkpoint the outbox to disk, publish `offline`, disconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from edge.model import Predictor, open_model
+from edge.outbox import Outbox
+from edge.pipeline import Pipeline, Work
+from edge.policy import Escalation, EscalationPolicy
+from edge.settings import EdgeSettings, SourceSettings
+from edge.sources import VideoSource, make_source
+from edge.sources.capture import Capture
+from edge.telemetry import WindowStats, gpu_probe, host_usage
+from edge.uplink import Uplink
+from edge.verdicts import MatchedVerdict, VerdictBook
+from shared.errors import EdgefleetError
+from shared.messages import (
+    CloudVerdict,
+    DesiredState,
+    Detection,
+    DeviceTelemetry,
+    EscalationCase,
+    EscalationCounters,
+    ModelInfo,
+    ModelRef,
+    ReportedState,
+    StreamTelemetry,
+)
+from shared.topics import Channel
+from shared.wire import Verified
+
+log = logging.getLogger(__name__)
+
+ResultCallback = Callable[[str, int, list[Detection]], None]
+
+
+class Agent:
+    """One edge agent process. Implements `edge.control.AgentControl` for the updater."""
+
+    def __init__(
+        self,
+        settings: EdgeSettings,
+        *,
+        model: Predictor | None = None,
+        source_factory: Callable[[SourceSettings], VideoSource] = make_source,
+    ):
+        self.settings = settings
+        self.key = settings.key_bytes()
+        self._model: Predictor | None = model
+        self._model_ref: ModelRef | None = None
+        self._source_factory = source_factory
+        self._swap_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._started_at = time.monotonic()
+        self.stats = WindowStats()
+        self.verdicts = VerdictBook()
+        self.policy = EscalationPolicy(settings.policy)
+        self.on_result: list[ResultCallback] = []
+        self.escalations_created = 0
+        self.outbox: Outbox | None = None
+        self.uplink: Uplink | None = None
+        self.pipeline: Pipeline | None = None
+        self.captures: list[Capture] = []
+        self.health = None
+        self._gpu = None
+        self._updater: Any = None
+        self._desired_pool: ThreadPoolExecutor | None = None
+        self._telemetry_thread = threading.Thread(
+            target=self._telemetry_loop, name="telemetry", daemon=True
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> Agent:
+        s = self.settings
+        self.outbox = Outbox(
+            s.outbox.path,
+            max_messages=s.outbox.max_messages,
+            max_bytes=s.outbox.max_bytes,
+            synchronous=s.outbox.synchronous,
+        )
+        if self.outbox.recovered_from is not None:
+            log.error("outbox was corrupt; the old file is at %s", self.outbox.recovered_from)
+        if self._model is None:
+            self._model = open_model(s.model)
+        log.info("model %s ready", self._model.info.model_dump_json())
+        self._updater = self._make_updater()
+        self.uplink = Uplink(
+            s.mqtt,
+            s.uplink,
+            device_id=s.device_id,
+            key=self.key,
+            outbox=self.outbox,
+            agent_version=s.agent_version,
+            on_message=self._on_message,
+        ).start()
+        self.captures = [Capture(cfg, self._source_factory(cfg)) for cfg in s.streams]
+        self.pipeline = Pipeline(
+            self.captures, self.current_model, self.policy, self._sink, self.stats, s.pipeline
+        )
+        self.pipeline.start()
+        for capture in self.captures:
+            log.info("stream %s: %s", capture.stream_id, capture.source.describe())
+            capture.start()
+        self._gpu = gpu_probe()
+        host_usage()  # prime psutil's CPU counter
+        if s.health.enabled:
+            from edge.health import HealthServer
+
+            self.health = HealthServer(
+                s.health.host,
+                s.health.port,
+                health=self.health_report,
+                ready=self.readiness,
+                verdicts=self.recent_verdicts,
+            ).start()
+            log.info("health on http://%s:%d/healthz", s.health.host, self.health.port)
+        self._telemetry_thread.start()
+        return self
+
+    def stop(self, *, drain_timeout_s: float = 10.0, flush_timeout_s: float = 5.0) -> None:
+        """Graceful: stop capture, drain, flush, publish offline, close."""
+        self._stop.set()
+        for capture in self.captures:
+            capture.stop(timeout=2.0)
+        if self.pipeline is not None:
+            self.pipeline.stop(drain_timeout_s)
+        if self._telemetry_thread.is_alive():
+            self._telemetry_thread.join(2.0)
+        if self.uplink is not None:
+            if self.uplink.connected.is_set():
+                self.uplink.flush(flush_timeout_s)
+            self.uplink.stop(publish_offline=True)
+        if self._desired_pool is not None:
+            self._desired_pool.shutdown(wait=True, cancel_futures=True)
+        if self.outbox is not None:
+            self.outbox.checkpoint()
+            self.outbox.close()
+        if self.health is not None:
+            self.health.stop()
+        if self._gpu is not None:
+            self._gpu.close()
+        if self._model is not None:
+            self._model.close()
+        log.info("agent stopped")
+
+    def run_forever(self) -> None:
+        """Start, then block until SIGTERM/SIGINT, then stop gracefully."""
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        self.start()
+        try:
+            while not stop.wait(0.5):
+                if (
+                    self.captures
+                    and all(c.finished for c in self.captures)
+                    and (self.pipeline is not None and self.pipeline.idle)
+                ):
+                    log.info("every stream has ended")
+                    break
+        finally:
+            self.stop()
+
+    # --- the pipeline's output ---------------------------------------------------------
+
+    def current_model(self) -> Predictor:
+        assert self._model is not None
+        return self._model
+
+    def _sink(self, work: Work, escalation: Escalation | None) -> None:
+        frame = work.frame
+        for callback in self.on_result:
+            callback(frame.stream_id, frame.index, work.detections)
+        if escalation is None or self.outbox is None:
+            return
+        case = EscalationCase(
+            device_id=self.settings.device_id,
+            stream_id=frame.stream_id,
+            frame_index=frame.index,
+            reason=escalation.reason,
+            edge_result=work.detections[:1000],
+            model=work.model or self.current_model().info,
+            content_type="image/jpeg",
+            crop=escalation.crop,
+        )
+        topic = self.uplink.topics.escalations(self.settings.device_id) if self.uplink else ""
+        if self.outbox.put("escalation", topic, case.model_dump_json().encode(), escalation.jpeg):
+            self.escalations_created += 1
+            self.verdicts.expect(case.case_id, frame.stream_id, case.edge_result)
+        if self.uplink is not None:
+            self.uplink.wake()
+
+    # --- incoming: verdicts and desired state ------------------------------------------
+
+    def _on_message(self, channel: Channel, verified: Verified) -> None:
+        message = verified.message
+        if channel is Channel.RESULTS and isinstance(message, CloudVerdict):
+            self.verdicts.receive(message)
+        elif channel is Channel.DESIRED and isinstance(message, DesiredState):
+            if self._updater is None:
+                log.warning(
+                    "desired state %s received but no updater is installed", message.deployment_id
+                )
+                return
+            assert self._desired_pool is not None
+            self._desired_pool.submit(self._apply_desired, message)
+
+    def _apply_desired(self, desired: DesiredState) -> None:
+        try:
+            self._updater.handle(desired)
+        except Exception:  # the updater reports its own failures; never kill the agent
+            log.exception("applying desired state %s failed", desired.deployment_id)
+
+    def _make_updater(self) -> Any:
+        try:
+            from edge.updater import DesiredStateApplier
+        except ModuleNotFoundError as exc:
+            if exc.name != "edge.updater":
+                raise
+            return None
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self._desired_pool = ThreadPoolExecutor(1, thread_name_prefix="desired")
+        return DesiredStateApplier(self, self.settings.state_dir)
+
+    def recent_verdicts(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "verdict": m.verdict.model_dump(mode="json"),
+                "stream_id": m.stream_id,
+                "edge_result": None
+                if m.edge_result is None
+                else [d.model_dump(mode="json") for d in m.edge_result],
+                "agrees": m.agrees,
+            }
+            for m in list(self.verdicts.recent)
+        ]
+
+    def add_verdict_callback(self, callback: Callable[[MatchedVerdict], None]) -> None:
+        self.verdicts.callbacks.append(callback)
+
+    # --- AgentControl ------------------------------------------------------------------
+
+    def publish_reported(self, state: ReportedState) -> None:
+        assert self.outbox is not None and self.uplink is not None
+        topic = self.uplink.topics.reported(self.settings.device_id)
+        self.outbox.put("reported", topic, state.model_dump_json().encode(), retain=True)
+        self.uplink.wake()
+
+    def swap_model(self, name: str, path: Path, sha256: str) -> ModelInfo:
+        """Load + warm the new model beside the old one; swap only once it answers."""
+        from shared.models import load_model
+        from shared.models.registry import ModelRegistry
+
+        with self._swap_lock:
+            registry = ModelRegistry.default()
+            spec = registry.get(name)
+            if spec.file is None:
+                raise EdgefleetError(
+                    f"{name} is a pipeline of several files; deploy its components instead"
+                )
+            path = Path(path).resolve()
+            registry.add(
+                spec.model_copy(
+                    update={"file": path.name, "sha256": sha256, "base_dir": path.parent}
+                )
+            )
+            pipelines = [
+                s.name
+                for s in registry.specs()
+                if s.ocr and name in (s.ocr.det, s.ocr.rec, s.ocr.cls)
+            ]
+            target = self.settings.model.name if self.settings.model.name in pipelines else name
+            try:
+                new = load_model(target, settings=self.settings.model.execution, registry=registry)
+            except EdgefleetError:
+                raise
+            except Exception as exc:  # a backend's own error: wrap it, the old model stays
+                raise EdgefleetError(f"loading {name} from {path} failed: {exc}") from exc
+            old, self._model = self._model, new
+            self._model_ref = ModelRef(
+                name=name, version=spec.version, url=path.as_uri(), sha256=sha256
+            )
+            log.info("model swapped to %s (%s)", name, sha256[:12])
+        if old is not None:
+            threading.Timer(5.0, old.close).start()  # let in-flight frames finish on it
+        return new.info
+
+    def current_models(self) -> list[ModelRef]:
+        if self._model_ref is not None:
+            return [self._model_ref]
+        info = self.current_model().info
+        if info.sha256 is None:
+            return []
+        return [
+            ModelRef(
+                name=info.name, version=info.version, url=f"builtin:{info.name}", sha256=info.sha256
+            )
+        ]
+
+    # --- telemetry and health ----------------------------------------------------------
+
+    def _telemetry_loop(self) -> None:
+        interval = self.settings.telemetry_interval_s
+        next_at = time.monotonic() + interval
+        while not self._stop.wait(min(0.5, max(0.0, next_at - time.monotonic()))):
+            for capture in self.captures:
+                capture.check_stall()
+            if time.monotonic() >= next_at:
+                next_at += interval
+                try:
+                    self.send_telemetry(interval)
+                except Exception:  # telemetry must never stop the agent
+                    log.exception("telemetry failed")
+
+    def telemetry(self, window_s: float) -> DeviceTelemetry:
+        assert self.outbox is not None
+        streams = []
+        for capture in self.captures:
+            frames, latency = self.stats.take(capture.stream_id)
+            streams.append(
+                StreamTelemetry(
+                    stream_id=capture.stream_id,
+                    state=capture.state,
+                    fps=round(frames / window_s, 3),
+                    frames_dropped=capture.dropped,
+                    latency_ms=latency,
+                    reconnects=capture.reconnects,
+                )
+            )
+        cpu, ram = host_usage()
+        pending = self.outbox.depth("escalation")
+        return DeviceTelemetry(
+            device_id=self.settings.device_id,
+            seq=self.outbox.next_seq(),
+            uptime_s=round(time.monotonic() - self._started_at, 3),
+            streams=streams,
+            escalations=EscalationCounters(
+                sent=self.uplink.sent.get("escalation", 0) if self.uplink else 0,
+                pending=pending,
+                dropped=self.outbox.dropped.get("escalation", 0),
+            ),
+            outbox_depth=self.outbox.depth(),
+            outbox_dropped=self.outbox.dropped_total,
+            cpu_pct=min(100.0 * 64, cpu),
+            ram_used_mb=round(ram, 1),
+            gpu=self._gpu.sample() if self._gpu else None,
+            model=self.current_model().info,
+            agreement_rate=self.verdicts.agreement_rate,
+        )
+
+    def send_telemetry(self, window_s: float) -> DeviceTelemetry:
+        message = self.telemetry(window_s)
+        assert self.outbox is not None and self.uplink is not None
+        topic = self.uplink.topics.telemetry(self.settings.device_id)
+        self.outbox.put(
+            "telemetry",
+            topic,
+            message.model_dump_json().encode(),
+            qos=self.settings.uplink.telemetry_qos,
+        )
+        self.uplink.wake()
+        return message
+
+    def health_report(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "device_id": self.settings.device_id,
+            "uptime_s": round(time.monotonic() - self._started_at, 3),
+            "broker_connected": bool(self.uplink and self.uplink.connected.is_set()),
+            "streams": [
+                {
+                    "stream_id": c.stream_id,
+                    "state": c.state,
+                    "frames": c.frames,
+                    "dropped": c.dropped,
+                    "invalid": c.invalid,
+                    "reconnects": c.reconnects,
+                    "last_error": c.last_error,
+                }
+                for c in self.captures
+            ],
+            "outbox": {
+                "depth": self.outbox.depth() if self.outbox else 0,
+                "bytes": self.outbox.size_bytes if self.outbox else 0,
+                "dropped": self.outbox.dropped if self.outbox else {},
+                "recovered_from": str(self.outbox.recovered_from)
+                if self.outbox and self.outbox.recovered_from
+                else None,
+            },
+            "escalations_created": self.escalations_created,
+            "suppressed": dict(self.policy.suppressed),
+            "agreement_rate": self.verdicts.agreement_rate,
+        }
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        reasons = []
+        if self._model is None:
+            reasons.append("model not loaded")
+        not_live = [c.stream_id for c in self.captures if c.state != "live"]
+        if not_live:
+            reasons.append(f"streams not live: {', '.join(not_live)}")
+        if self.outbox is None or not self.outbox.writable():
+            reasons.append("outbox not writable")
+        return (not reasons, reasons)

@@ -1,0 +1,317 @@
+"""The disk outbox: every outgoing message is stored here first and removed only on PUBACK.
+
+SQLite in WAL mode. fsync policy: `synchronous=FULL` by default — in WAL mode that fsyncs
+the log on every commit, so a message whose `put` returned survives a power cut, not just
+a crash of the agent (NORMAL would survive `kill -9` but may lose the last commits when
+power fails; it is offered as `outbox.synchronous: normal` for flash that wears fast).
+
+Bounded by count and bytes; when full it drops by priority — telemetry first, then other
+status messages, escalations last — oldest first within a priority, and counts each drop.
+A corrupt file is moved aside at start and a fresh one is created: the agent starts anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge
+
+log = logging.getLogger(__name__)
+
+DEPTH = Gauge("ef_edge_outbox_depth", "Messages waiting in the outbox")
+BYTES = Gauge("ef_edge_outbox_bytes", "Bytes waiting in the outbox")
+PUT = Counter("ef_edge_outbox_put_total", "Messages accepted into the outbox", ["kind"])
+ACKED = Counter("ef_edge_outbox_acked_total", "Messages removed on PUBACK", ["kind"])
+DROPPED = Counter("ef_edge_outbox_dropped_total", "Messages dropped by the size bound", ["kind"])
+CORRUPT = Counter("ef_edge_outbox_corrupt_total", "Corrupt outbox files moved aside at start")
+
+# Drop order when full: lowest priority first.
+PRIORITY = {"telemetry": 0, "reported": 1, "escalation": 2}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    body BLOB NOT NULL,
+    image BLOB,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_drop ON messages (priority, id);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class OutboxItem:
+    """One stored message: the model JSON (`body`), the image for escalations, where to send."""
+
+    id: int
+    kind: str
+    topic: str
+    body: bytes
+    image: bytes | None
+    qos: int
+    retain: bool
+    created: float
+
+
+class Outbox:
+    """Thread-safe: the pipeline puts, the uplink reads and acks, telemetry counts."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_messages: int = 100_000,
+        max_bytes: int = 512 * 1024 * 1024,
+        synchronous: str = "full",
+    ):
+        self.path = Path(path)
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.synchronous = synchronous
+        self.recovered_from: Path | None = None
+        self._lock = threading.Lock()
+        self._db = self._open()
+        count, size = self._db.execute(
+            "SELECT count(*), coalesce(sum(size), 0) FROM messages"
+        ).fetchone()
+        self._count, self._bytes = int(count), int(size)
+        self.dropped = {kind: self._counter(f"dropped_{kind}") for kind in PRIORITY}
+        self._publish_gauges()
+
+    # --- opening and recovery ----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+        row = db.execute("PRAGMA quick_check").fetchone()
+        if row is None or row[0] != "ok":
+            db.close()
+            raise sqlite3.DatabaseError(f"quick_check: {row[0] if row else 'no answer'}")
+        db.executescript(_SCHEMA)
+        return db
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        try:
+            db = self._connect()
+        except sqlite3.DatabaseError as exc:
+            self.recovered_from = self._move_aside(exc)
+            fresh = True
+            db = self._connect()
+        if fresh:
+            # Telemetry seq starts at the wall clock in ms, so a new (or recovered) outbox
+            # never repeats a seq the cloud has already seen from this device.
+            db.execute(
+                "INSERT OR IGNORE INTO counters VALUES ('telemetry_seq', ?)",
+                (int(time.time() * 1000),),
+            )
+        return db
+
+    def _move_aside(self, exc: Exception) -> Path:
+        target = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(str(self.path) + suffix)
+            if part.exists():
+                part.replace(Path(str(target) + suffix))
+        CORRUPT.inc()
+        log.error(
+            "outbox %s is corrupt (%s): moved aside to %s, starting with an empty outbox",
+            self.path,
+            exc,
+            target,
+        )
+        return target
+
+    # --- counters ----------------------------------------------------------------------
+
+    def _counter(self, name: str) -> int:
+        row = self._db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def next_seq(self) -> int:
+        """The next telemetry seq, persisted before it is returned (never repeats)."""
+        with self._lock:
+            row = self._db.execute(
+                "INSERT INTO counters VALUES ('telemetry_seq', 1) ON CONFLICT(name) "
+                "DO UPDATE SET value = value + 1 RETURNING value"
+            ).fetchone()
+            return int(row[0])
+
+    # --- put / read / ack --------------------------------------------------------------
+
+    def put(
+        self,
+        kind: str,
+        topic: str,
+        body: bytes,
+        image: bytes | None = None,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+    ) -> int:
+        """Store one message durably (per the fsync policy) and return its id.
+
+        Returns 0 when the outbox is full of messages that rank higher (the drop is counted).
+        """
+        if kind not in PRIORITY:
+            raise ValueError(f"unknown outbox kind {kind!r}")
+        size = len(body) + len(image or b"") + len(topic)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if not self._make_room(size, PRIORITY[kind]):
+                    self._count_drop(kind)
+                    self._db.execute("COMMIT")
+                    return 0
+                cur = self._db.execute(
+                    "INSERT INTO messages (kind, priority, topic, body, image, qos, retain, "
+                    "size, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (kind, PRIORITY[kind], topic, body, image, qos, int(retain), size, time.time()),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._count += 1
+            self._bytes += size
+            self._publish_gauges()
+        PUT.labels(kind).inc()
+        return int(cur.lastrowid or 0)
+
+    def _make_room(self, size: int, priority: int) -> bool:
+        """Drop by policy until one more message of `size` fits (inside the transaction).
+
+        False when the newcomer itself is the one to drop (all stored messages rank higher).
+        """
+        while self._count > 0 and (
+            self._count + 1 > self.max_messages or self._bytes + size > self.max_bytes
+        ):
+            row = self._db.execute(
+                "SELECT id, kind, size FROM messages ORDER BY priority, id LIMIT 1"
+            ).fetchone()
+            if row is None:
+                break
+            if PRIORITY[row[1]] > priority:
+                return False  # everything stored matters more than the newcomer
+            self._db.execute("DELETE FROM messages WHERE id = ?", (row[0],))
+            self._count_drop(row[1])
+            self._count -= 1
+            self._bytes -= int(row[2])
+            log.warning("outbox full: dropped %s message %d", row[1], row[0])
+        return True
+
+    def _count_drop(self, kind: str) -> None:
+        self._db.execute(
+            "INSERT INTO counters VALUES (?, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1",
+            (f"dropped_{kind}",),
+        )
+        self.dropped[kind] = self.dropped.get(kind, 0) + 1
+        DROPPED.labels(kind).inc()
+
+    def read(self, after_id: int, up_to_id: int | None = None, limit: int = 64) -> list[OutboxItem]:
+        """Messages with after_id < id (<= up_to_id), oldest first."""
+        query = (
+            "SELECT id, kind, topic, body, image, qos, retain, created FROM messages WHERE id > ?"
+        )
+        args: tuple[int, ...] = (after_id,)
+        if up_to_id is not None:
+            query += " AND id <= ?"
+            args = (after_id, up_to_id)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
+        return [
+            OutboxItem(
+                r[0],
+                r[1],
+                r[2],
+                bytes(r[3]),
+                None if r[4] is None else bytes(r[4]),
+                r[5],
+                bool(r[6]),
+                r[7],
+            )
+            for r in rows
+        ]
+
+    def ack(self, ids: list[int]) -> int:
+        """Remove acknowledged messages; returns how many were still there."""
+        if not ids:
+            return 0
+        removed = 0
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for message_id in ids:
+                    row = self._db.execute(
+                        "DELETE FROM messages WHERE id = ? RETURNING kind, size", (message_id,)
+                    ).fetchone()
+                    if row is not None:
+                        removed += 1
+                        self._count -= 1
+                        self._bytes -= int(row[1])
+                        ACKED.labels(row[0]).inc()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._publish_gauges()
+        return removed
+
+    def max_id(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()
+        return int(row[0])
+
+    def depth(self, kind: str | None = None) -> int:
+        if kind is None:
+            return self._count
+        with self._lock:
+            row = self._db.execute(
+                "SELECT count(*) FROM messages WHERE kind = ?", (kind,)
+            ).fetchone()
+        return int(row[0])
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    def writable(self) -> bool:
+        """Whether a write transaction can start now (for /readyz)."""
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("ROLLBACK")
+            return True
+        except sqlite3.Error:
+            return False
+
+    def checkpoint(self) -> None:
+        """Fold the WAL into the main file (on shutdown)."""
+        with self._lock:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _publish_gauges(self) -> None:
+        DEPTH.set(self._count)
+        BYTES.set(self._bytes)

@@ -1,0 +1,183 @@
+"""Escalation policy: which frames become cases, how often, and what image goes with them.
+
+A frame is a candidate when the model was unsure (a score inside the band), found nothing
+where something is expected, failed, or was picked by the drift sample. Candidates then
+pass de-duplication (a 64-bit dHash within a time window: a parked car is sent once) and a
+per-stream token bucket (a flood of hard frames cannot saturate the uplink).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+from prometheus_client import Counter
+
+from edge.settings import PolicySettings
+from shared.messages import Detection
+
+CANDIDATES = Counter("ef_edge_escalation_candidates_total", "Frames that qualified", ["reason"])
+SUPPRESSED = Counter(
+    "ef_edge_escalations_suppressed_total", "Candidates not sent", ["stream", "why"]
+)
+
+
+class TokenBucket:
+    """`rate_per_s` tokens per second, at most `burst` saved up."""
+
+    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float]):
+        self.rate, self.burst, self._clock = rate_per_s, float(burst), clock
+        self.tokens = float(burst)
+        self._last = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self.tokens = min(self.burst, self.tokens + (now - self._last) * self.rate)
+        self._last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+def dhash(image: np.ndarray) -> int:
+    """64-bit difference hash of a BGR/RGB image (robust to noise, JPEG and small shifts)."""
+    gray = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
+    small = cv2.resize(gray, (9, 8), interpolation=cv2.INTER_AREA).astype(np.int16)
+    bits = (small[:, 1:] > small[:, :-1]).flatten()
+    return int(np.packbits(bits).view(">u8")[0])
+
+
+def hamming(a: int, b: int) -> int:
+    return (a ^ b).bit_count()
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """A decision to send: why, the image bytes and the crop they show (None = frame)."""
+
+    reason: str
+    jpeg: bytes
+    crop: tuple[int, int, int, int] | None
+
+
+class EscalationPolicy:
+    """Thread-safe; one instance for all streams (state is kept per stream)."""
+
+    def __init__(self, settings: PolicySettings, *, clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self._clock = clock
+        self._rng = random.Random(settings.seed)
+        self._buckets: dict[str, TokenBucket] = {}
+        self._recent: dict[str, deque[tuple[float, int]]] = {}
+        self._lock = threading.Lock()
+        self.suppressed: dict[str, int] = {"rate": 0, "duplicate": 0}
+
+    def reason(
+        self, detections: list[Detection], *, expect_result: bool, failed: bool
+    ) -> str | None:
+        """Why this result is worth a second opinion, or None."""
+        s = self.settings
+        if failed:
+            return "error" if s.escalate_errors else None
+        if any(s.unsure_low <= d.score < s.unsure_high for d in detections):
+            return "unsure"
+        if expect_result and s.escalate_empty and not detections:
+            return "empty"
+        with self._lock:
+            sampled = s.sample_share > 0 and self._rng.random() < s.sample_share
+        return "sampled" if sampled else None
+
+    def admit(self, stream_id: str, image: np.ndarray) -> bool:
+        """De-duplicate and rate-limit one candidate; counts what it suppresses."""
+        s = self.settings
+        digest = dhash(image)
+        now = self._clock()
+        with self._lock:
+            recent = self._recent.setdefault(stream_id, deque())
+            while recent and now - recent[0][0] > s.dedup_window_s:
+                recent.popleft()
+            if any(hamming(digest, h) <= s.dedup_max_distance for _, h in recent):
+                self._suppress(stream_id, "duplicate")
+                return False
+            bucket = self._buckets.get(stream_id)
+            if bucket is None:
+                bucket = TokenBucket(s.rate_per_min / 60.0, s.burst, self._clock)
+                self._buckets[stream_id] = bucket
+            if not bucket.take():
+                self._suppress(stream_id, "rate")
+                return False
+            if s.dedup_window_s > 0:
+                recent.append((now, digest))
+            return True
+
+    def _suppress(self, stream_id: str, why: str) -> None:
+        self.suppressed[why] += 1
+        SUPPRESSED.labels(stream_id, why).inc()
+
+    def decide(
+        self,
+        stream_id: str,
+        image: np.ndarray,
+        detections: list[Detection],
+        *,
+        expect_result: bool = False,
+        failed: bool = False,
+    ) -> Escalation | None:
+        """The escalation for this frame (BGR image), or None."""
+        reason = self.reason(detections, expect_result=expect_result, failed=failed)
+        if reason is None:
+            return None
+        CANDIDATES.labels(reason).inc()
+        if not self.admit(stream_id, image):
+            return None
+        crop = (
+            self.crop_box(image.shape[:2], detections) if self.settings.attach == "crop" else None
+        )
+        return Escalation(reason, self.encode(image, crop), crop)
+
+    def crop_box(
+        self, hw: tuple[int, int], detections: list[Detection]
+    ) -> tuple[int, int, int, int] | None:
+        """The union of the result boxes plus a margin, clipped; None if there are none."""
+        boxes = [d.box for d in detections if d.box is not None]
+        if not boxes:
+            return None
+        h, w = hw
+        arr = np.asarray(boxes, dtype=np.float64)
+        x1, y1 = arr[:, 0].min(), arr[:, 1].min()
+        x2, y2 = arr[:, 2].max(), arr[:, 3].max()
+        mx = (x2 - x1) * self.settings.crop_margin
+        my = (y2 - y1) * self.settings.crop_margin
+        box = (
+            int(max(0, x1 - mx)),
+            int(max(0, y1 - my)),
+            int(min(w, np.ceil(x2 + mx))),
+            int(min(h, np.ceil(y2 + my))),
+        )
+        if box[2] - box[0] < 2 or box[3] - box[1] < 2:
+            return None
+        return box
+
+    def encode(self, image: np.ndarray, crop: tuple[int, int, int, int] | None) -> bytes:
+        """JPEG of the frame or crop, downscaled to max_image_side."""
+        if crop is not None:
+            image = image[crop[1] : crop[3], crop[0] : crop[2]]
+        h, w = image.shape[:2]
+        side = self.settings.max_image_side
+        if max(h, w) > side:
+            scale = side / max(h, w)
+            size = (max(1, round(w * scale)), max(1, round(h * scale)))
+            image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+        ok, buf = cv2.imencode(
+            ".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, self.settings.jpeg_quality]
+        )
+        if not ok:
+            raise ValueError("JPEG encoding failed")
+        return buf.tobytes()

@@ -1,0 +1,216 @@
+"""Settings of one edge agent: one pydantic tree, from `edge.yaml` plus `EDGEFLEET_...`.
+
+Every field has a default so that `device_id`, a device key and one stream are enough.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from shared.config import EdgefleetSettings
+from shared.errors import ConfigError
+from shared.executor.settings import ExecutionSettings
+from shared.messages import DEVICE_ID_PATTERN
+from shared.mqtt import MqttSettings
+
+SourceKind = Literal["auto", "file", "rtsp", "udp", "http", "v4l2", "gstreamer"]
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceSettings(_Closed):
+    """One video stream."""
+
+    id: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="stream id, used in telemetry and cases"
+    )
+    url: str = Field(
+        min_length=1,
+        description="file path, rtsp://, udp://, http(s):// MJPEG URL, /dev/videoN or a "
+        "GStreamer pipeline ending in appsink",
+    )
+    kind: SourceKind = Field("auto", description="source type; auto guesses from the url")
+    realtime: bool = Field(
+        True,
+        description="files only: play at the file's frame rate and drop what the pipeline "
+        "cannot keep up with; false = every frame, for evaluation",
+    )
+    loop: bool = Field(False, description="files only: start again at the end")
+    expect_result: bool = Field(
+        False, description="an empty result on this stream is suspicious (escalated as `empty`)"
+    )
+    stall_timeout_s: float = Field(
+        5.0, gt=0, description="no frame for this long: the stream is `stalled` and reconnected"
+    )
+    open_timeout_s: float = Field(10.0, gt=0, description="give up opening after this long")
+    reconnect_min_s: float = Field(0.5, gt=0, description="first reconnect delay")
+    reconnect_max_s: float = Field(30.0, gt=0, description="reconnect delay cap (with jitter)")
+    max_invalid_frames: int = Field(
+        25, ge=1, description="this many garbage frames in a row count as a stream error"
+    )
+
+
+class ModelSettings(_Closed):
+    name: str = Field("ppocr", min_length=1, description="model (pack) name in the registry")
+    execution: ExecutionSettings | None = Field(
+        None, description="executor settings; none = the registry's defaults"
+    )
+
+
+class PolicySettings(_Closed):
+    """When a frame becomes an escalation case, and what is sent."""
+
+    unsure_low: float = Field(0.3, ge=0, le=1, description="lower edge of the unsure band")
+    unsure_high: float = Field(0.7, ge=0, le=1, description="upper edge of the unsure band")
+    escalate_empty: bool = Field(
+        True, description="escalate empty results on streams with expect_result"
+    )
+    sample_share: float = Field(
+        0.01, ge=0, le=1, description="share of confident frames sent anyway (drift checks)"
+    )
+    escalate_errors: bool = Field(True, description="escalate frames the model failed on")
+    rate_per_min: float = Field(
+        30.0, gt=0, description="per-stream escalations per minute (token bucket refill)"
+    )
+    burst: int = Field(5, ge=1, description="per-stream token bucket size")
+    dedup_window_s: float = Field(
+        10.0, ge=0, description="near-identical frames within this window are sent once"
+    )
+    dedup_max_distance: int = Field(
+        4, ge=0, le=64, description="Hamming distance of 64-bit dHashes counted as identical"
+    )
+    attach: Literal["frame", "crop"] = Field(
+        "frame", description="send the whole frame or the crop around the results"
+    )
+    crop_margin: float = Field(0.15, ge=0, le=2, description="crop margin, share of crop size")
+    max_image_side: int = Field(1280, ge=32, description="downscale larger images to this")
+    jpeg_quality: int = Field(85, ge=1, le=100, description="JPEG quality of sent images")
+    seed: int | None = Field(None, description="sampling seed (for reproducible runs)")
+
+    @model_validator(mode="after")
+    def _band(self) -> PolicySettings:
+        if self.unsure_low > self.unsure_high:
+            raise ValueError("unsure_low must not exceed unsure_high")
+        return self
+
+
+class OutboxSettings(_Closed):
+    path: Path = Field(Path("edgefleet-outbox.db"), description="SQLite outbox file")
+    max_messages: int = Field(100_000, ge=10, description="outbox count bound")
+    max_bytes: int = Field(512 * 1024 * 1024, ge=64 * 1024, description="outbox size bound")
+    synchronous: Literal["full", "normal"] = Field(
+        "full",
+        description="full: every commit is fsynced (survives a power cut); normal: survives "
+        "a crash of the agent, may lose the last commits on a power cut",
+    )
+
+
+class UplinkSettings(_Closed):
+    replay_rate_per_s: float = Field(
+        200.0, gt=0, description="backlog messages per second after an outage (live goes first)"
+    )
+    resend_after_s: float = Field(
+        120.0, gt=0, description="an unacknowledged message is published again after this"
+    )
+    restamp_after_s: float = Field(
+        120.0, gt=0, description="messages older than this get a fresh ts and signature when sent"
+    )
+    telemetry_qos: Literal[0, 1] = Field(1, description="QoS of telemetry")
+
+
+class PipelineSettings(_Closed):
+    infer_workers: int = Field(
+        2, ge=1, le=16, description="threads calling the model (the batcher merges them)"
+    )
+    queue_size: int = Field(4, ge=1, le=1024, description="bound of each inter-stage queue")
+
+
+class HealthSettings(_Closed):
+    enabled: bool = Field(True, description="serve /healthz, /readyz, /metrics")
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8081, ge=0, le=65535, description="port (0 = any free port)")
+
+
+class EdgeSettings(EdgefleetSettings):
+    """Settings of `edgefleet edge run`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EDGEFLEET_EDGE_", extra="forbid", env_nested_delimiter="__"
+    )
+
+    device_id: str = Field(pattern=DEVICE_ID_PATTERN, description="this device's id")
+    device_key: SecretStr | None = Field(
+        None, description="device key (signs messages); or give device_key_file"
+    )
+    device_key_file: Path | None = Field(
+        None,
+        description="enrollment bundle (YAML/JSON with `device_key`) or a file holding the key",
+    )
+    agent_version: str = Field("0.1.0", max_length=64, description="reported in status")
+    mqtt: MqttSettings = Field(default_factory=MqttSettings, description="broker connection")
+    streams: list[SourceSettings] = Field(
+        default_factory=list, max_length=64, description="video streams"
+    )
+    model: ModelSettings = Field(default_factory=ModelSettings, description="the edge model")
+    policy: PolicySettings = Field(default_factory=PolicySettings, description="escalation")
+    outbox: OutboxSettings = Field(default_factory=OutboxSettings, description="disk outbox")
+    uplink: UplinkSettings = Field(default_factory=UplinkSettings, description="MQTT uplink")
+    pipeline: PipelineSettings = Field(default_factory=PipelineSettings, description="threads")
+    telemetry_interval_s: float = Field(10.0, gt=0, description="telemetry period")
+    health: HealthSettings = Field(default_factory=HealthSettings, description="local HTTP")
+    state_dir: Path = Field(Path("edgefleet-state"), description="updater state, downloads")
+
+    @model_validator(mode="after")
+    def _check(self) -> EdgeSettings:
+        if self.device_key is None and self.device_key_file is None:
+            raise ValueError("set device_key or device_key_file (from `edgefleet fleet enroll`)")
+        ids = [s.id for s in self.streams]
+        if len(ids) != len(set(ids)):
+            raise ValueError("stream ids must be unique")
+        return self
+
+    def key_bytes(self) -> bytes:
+        """The device key as bytes; ConfigError if the bundle cannot be read."""
+        if self.device_key is not None:
+            return _key_text_to_bytes(self.device_key.get_secret_value())
+        path = self.device_key_file
+        assert path is not None
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read device_key_file {path}: {exc.strerror}") from None
+        return _key_text_to_bytes(_key_from_bundle(text, path))
+
+
+def _key_from_bundle(text: str, path: Path) -> str:
+    try:
+        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError):
+        data = None
+    if isinstance(data, dict):
+        for name in ("device_key", "key"):
+            if isinstance(data.get(name), str):
+                return data[name]
+        device = data.get("device")
+        if isinstance(device, dict) and isinstance(device.get("key"), str):
+            return device["key"]
+        raise ConfigError(f"{path}: no `device_key` in the enrollment bundle")
+    key = text.strip()
+    if not key:
+        raise ConfigError(f"{path}: the device key file is empty")
+    return key
+
+
+def _key_text_to_bytes(key: str) -> bytes:
+    """The key's bytes: the UTF-8 of the key text, as the fleet issues and the cloud uses it."""
+    if not key:
+        raise ConfigError("the device key is empty")
+    return key.encode()

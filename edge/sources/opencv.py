@@ -1,0 +1,120 @@
+"""Every source OpenCV can open: files, RTSP, UDP/MPEG-TS, HTTP MJPEG, V4L2, GStreamer."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from edge.settings import SourceSettings
+from edge.sources.base import VideoSource
+from shared.errors import SourceDisconnected
+from shared.logs import redact_url
+
+log = logging.getLogger(__name__)
+
+_BACKENDS = {
+    "file": cv2.CAP_FFMPEG,
+    "rtsp": cv2.CAP_FFMPEG,
+    "udp": cv2.CAP_FFMPEG,
+    "http": cv2.CAP_FFMPEG,
+    "v4l2": cv2.CAP_V4L2,
+    "gstreamer": cv2.CAP_GSTREAMER,
+}
+
+
+def guess_kind(url: str) -> str:
+    """Source kind from the url: scheme, /dev/video*, a GStreamer pipeline, else a file."""
+    lowered = url.strip().lower()
+    if "!" in url and "appsink" in lowered:
+        return "gstreamer"
+    for scheme, kind in (
+        ("rtsp://", "rtsp"),
+        ("rtsps://", "rtsp"),
+        ("udp://", "udp"),
+        ("rtp://", "udp"),
+        ("http://", "http"),
+        ("https://", "http"),
+    ):
+        if lowered.startswith(scheme):
+            return kind
+    if re.fullmatch(r"/dev/video\d+|\d+", lowered):
+        return "v4l2"
+    return "file"
+
+
+class OpenCvSource(VideoSource):
+    """A cv2.VideoCapture with open/read timeouts, so a dead peer cannot block forever."""
+
+    def __init__(self, settings: SourceSettings):
+        self.settings = settings
+        self.kind = guess_kind(settings.url) if settings.kind == "auto" else settings.kind
+        self._cap: cv2.VideoCapture | None = None
+        self._fps: float | None = None
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+    @property
+    def native_fps(self) -> float | None:
+        return self._fps
+
+    def describe(self) -> str:
+        return f"{self.kind} {redact_url(self.settings.url)}"
+
+    def open(self) -> None:
+        self.close()
+        url = self.settings.url
+        if self.kind == "file" and not Path(url).is_file():
+            raise SourceDisconnected(f"no such video file: {url}", hint="check the stream url")
+        if self.kind == "gstreamer" and "GStreamer:                   YES" not in _build_info():
+            raise SourceDisconnected(
+                "this OpenCV has no GStreamer support",
+                hint="use the Jetson image (OpenCV built with GStreamer) or an rtsp/file url",
+            )
+        target: str | int = url
+        if self.kind == "v4l2":
+            target = int(url.removeprefix("/dev/video"))
+        params = [
+            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+            int(self.settings.open_timeout_s * 1000),
+            cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+            int(self.settings.stall_timeout_s * 1000),
+        ]
+        cap = cv2.VideoCapture(target, _BACKENDS[self.kind], params)
+        if not cap.isOpened():
+            cap.release()
+            what = "not a readable video" if self.kind == "file" else "cannot be opened"
+            raise SourceDisconnected(f"{self.describe()}: {what}")
+        fps = cap.get(cv2.CAP_PROP_FPS)
+        self._fps = fps if 0 < fps < 1000 else None
+        self._cap = cap
+
+    def read(self) -> np.ndarray | None:
+        if self._cap is None:
+            raise SourceDisconnected(f"{self.describe()}: not open")
+        ok, frame = self._cap.read()
+        if not ok:
+            if self.kind == "file":
+                return None
+            raise SourceDisconnected(f"{self.describe()}: no frame (stream ended or timed out)")
+        return frame
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None
+
+
+_BUILD_INFO: str | None = None
+
+
+def _build_info() -> str:
+    global _BUILD_INFO
+    if _BUILD_INFO is None:
+        _BUILD_INFO = cv2.getBuildInformation()
+    return _BUILD_INFO

@@ -1,0 +1,190 @@
+"""Device telemetry: per-stream fps/drops/latency, escalations, outbox, CPU/RAM and GPU.
+
+GPU figures come from NVML on a discrete GPU and from `tegrastats` on a Jetson (where
+NVML is not available); on a CPU-only host the `gpu` field is absent.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from shared.messages import GpuTelemetry, Latency
+
+log = logging.getLogger(__name__)
+
+
+# --- per-stream window statistics ---------------------------------------------------------
+
+
+@dataclass
+class StreamWindow:
+    """Frames done and their end-to-end latencies since the last telemetry message."""
+
+    frames: int = 0
+    latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+
+
+class WindowStats:
+    """Thread-safe per-stream counters, read and reset once per telemetry period."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._windows: dict[str, StreamWindow] = {}
+        self.escalated: dict[str, int] = {}
+
+    def record(self, stream_id: str, latency_ms: float) -> None:
+        with self._lock:
+            window = self._windows.setdefault(stream_id, StreamWindow())
+            window.frames += 1
+            window.latencies_ms.append(latency_ms)
+
+    def take(self, stream_id: str) -> tuple[int, Latency]:
+        """Frames and latency percentiles of the window that ends now."""
+        with self._lock:
+            window = self._windows.pop(stream_id, StreamWindow())
+        return window.frames, latency_of(list(window.latencies_ms))
+
+
+def latency_of(values_ms: list[float]) -> Latency:
+    if not values_ms:
+        return Latency(p50=0.0, p95=0.0, p99=0.0)
+    p50, p95, p99 = np.percentile(np.asarray(values_ms), [50, 95, 99])
+    return Latency(p50=round(float(p50), 3), p95=round(float(p95), 3), p99=round(float(p99), 3))
+
+
+# --- host ---------------------------------------------------------------------------------
+
+
+def host_usage() -> tuple[float, float]:
+    """(CPU % since the previous call, RAM used in MiB) of the whole device."""
+    return float(psutil.cpu_percent(interval=None)), psutil.virtual_memory().used / 2**20
+
+
+# --- tegrastats (Jetson) ------------------------------------------------------------------
+
+_RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
+_GR3D = re.compile(r"\bGR3D_FREQ (\d+)%")
+_TEMP = re.compile(r"\b([A-Za-z0-9_]+)@(-?\d+(?:\.\d+)?)C\b")
+_RAIL = re.compile(r"\b([A-Z][A-Z0-9_]*) (\d+)mW/(\d+)mW")
+
+
+def parse_tegrastats(line: str) -> GpuTelemetry | None:
+    """GPU figures of one tegrastats line (JetPack 5/6, Orin Nano/NX/AGX); None if not one.
+
+    On Jetson the GPU shares the RAM, so memory is the RAM figure. Power is `VDD_IN` (the
+    module input) where the board reports it, else the sum of the reported rails.
+    Sensors that are off read -256 C and are ignored.
+    """
+    ram = _RAM.search(line)
+    gr3d = _GR3D.search(line)
+    if ram is None and gr3d is None:
+        return None
+    temps = {name.lower(): float(value) for name, value in _TEMP.findall(line)}
+    temps = {name: value for name, value in temps.items() if value > -200}
+    temp = temps.get("gpu", temps.get("tj"))
+    rails = {name: int(now) for name, now, _avg in _RAIL.findall(line)}
+    rails.pop("NC", None)
+    if "VDD_IN" in rails:
+        power_mw: float | None = rails["VDD_IN"]
+    else:
+        power_mw = sum(rails.values()) if rails else None
+    return GpuTelemetry(
+        util_pct=float(gr3d.group(1)) if gr3d else None,
+        mem_used_mb=float(ram.group(1)) if ram else None,
+        mem_total_mb=float(ram.group(2)) if ram else None,
+        temp_c=temp,
+        power_w=None if power_mw is None else round(power_mw / 1000.0, 3),
+    )
+
+
+class TegrastatsProbe:
+    """Runs `tegrastats --interval` in the background and keeps its last line."""
+
+    def __init__(self, binary: str, interval_ms: int = 1000):
+        self._last: str | None = None
+        self._proc = subprocess.Popen(
+            [binary, "--interval", str(interval_ms)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._thread = threading.Thread(target=self._read, name="tegrastats", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._last = line.strip()
+
+    def sample(self) -> GpuTelemetry | None:
+        return parse_tegrastats(self._last) if self._last else None
+
+    def close(self) -> None:
+        self._proc.terminate()
+
+
+class NvmlProbe:
+    """GPU 0 through NVML (nvidia-ml-py) on a discrete GPU."""
+
+    def __init__(self, index: int = 0):
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def sample(self) -> GpuTelemetry | None:
+        nv = self._nvml
+        try:
+            util = nv.nvmlDeviceGetUtilizationRates(self._handle)
+            mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
+            temp = nv.nvmlDeviceGetTemperature(self._handle, nv.NVML_TEMPERATURE_GPU)
+            try:
+                power = nv.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+            except nv.NVMLError:
+                power = None
+        except nv.NVMLError as exc:
+            log.warning("NVML read failed: %s", exc)
+            return None
+        return GpuTelemetry(
+            util_pct=float(util.gpu),
+            mem_used_mb=mem.used / 2**20,
+            mem_total_mb=mem.total / 2**20,
+            temp_c=float(temp),
+            power_w=power,
+        )
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()
+
+
+class NoGpu:
+    """CPU-only host: no GPU figures (a null object instead of None checks)."""
+
+    def sample(self) -> GpuTelemetry | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def gpu_probe() -> TegrastatsProbe | NvmlProbe | NoGpu:
+    """Tegrastats on a Jetson, NVML where a driver answers, else nothing."""
+    tegrastats = shutil.which("tegrastats")
+    if Path("/etc/nv_tegra_release").exists() and tegrastats:
+        return TegrastatsProbe(tegrastats)
+    try:
+        return NvmlProbe()
+    except Exception as exc:  # no library, no driver or no device: a CPU host
+        log.info("no GPU telemetry: %s", exc)
+        return NoGpu()
