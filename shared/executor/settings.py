@@ -64,6 +64,20 @@ class MemorySettings(_Closed):
     )
 
 
+class TensorRTSettings(_Closed):
+    """Engine building: optimisation profile for dynamic height/width, builder effort."""
+
+    min_hw: tuple[int, int] = Field((32, 32), description="smallest H, W of dynamic inputs")
+    opt_hw: tuple[int, int] = Field((640, 640), description="H, W TensorRT tunes kernels for")
+    max_hw: tuple[int, int] = Field((1024, 1024), description="largest H, W of dynamic inputs")
+    builder_optimization_level: int = Field(
+        3, ge=0, le=5, description="TensorRT builder effort (higher builds slower, runs faster)"
+    )
+    calibration_images: int = Field(
+        512, ge=1, description="at most this many images feed INT8 calibration"
+    )
+
+
 class ExecutionSettings(_Closed):
     """How models are executed on this host."""
 
@@ -92,6 +106,9 @@ class ExecutionSettings(_Closed):
     )
     calibration_dir: Path | None = Field(
         None, description="folder of real images for INT8 calibration"
+    )
+    tensorrt: TensorRTSettings = Field(
+        default_factory=TensorRTSettings, description="TensorRT engine building"
     )
     batching: BatcherSettings = Field(
         default_factory=BatcherSettings, description="dynamic batching"

@@ -1,0 +1,547 @@
+"""Native TensorRT backend: build engines from ONNX (FP16/INT8), cache them, run them.
+
+What needs no GPU (the engine cache key, optimisation-profile planning, calibration
+batching) is plain Python at the top of this module and unit-tested everywhere; what
+needs TensorRT and CUDA imports them inside the functions, so this module imports on
+any host and TensorRT loads only when this backend is chosen.
+
+An engine is valid only for the TensorRT version and GPU it was built on, so the cache
+key is (ONNX sha256, TensorRT version, GPU name, compute capability, precision,
+profile): a device never rebuilds an engine it already has, and never loads one built
+for another GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from shared.errors import ConfigError, EdgefleetError
+from shared.executor.base import Capabilities, ModelBlob, TensorSpec
+from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from shared.executor.settings import ExecutionSettings
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
+ProgressFn = Callable[[str, int, int], None]
+
+
+class EngineBuildError(EdgefleetError):
+    code = "engine_build_failed"
+    http_status = 500
+    hint = "check the ONNX opset against this TensorRT version; the log has TensorRT's errors"
+
+
+def tensorrt_available() -> bool:
+    return importlib.util.find_spec("tensorrt") is not None
+
+
+# --- pure logic: profiles, cache keys, calibration batches ---------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileShape:
+    """min/opt/max shapes of one input in an optimisation profile."""
+
+    name: str
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+
+def plan_profile(
+    inputs: Sequence[TensorSpec],
+    *,
+    max_batch: int,
+    opt_batch: int | None = None,
+    min_hw: tuple[int, int] = (32, 32),
+    opt_hw: tuple[int, int] = (640, 640),
+    max_hw: tuple[int, int] = (1024, 1024),
+) -> list[ProfileShape]:
+    """One optimisation profile: dynamic batch 1..max_batch (tuned at opt_batch), dynamic
+    H/W of NCHW inputs in min_hw..max_hw (tuned at opt_hw); fixed dimensions stay fixed.
+    """
+    if max_batch < 1:
+        raise ConfigError(f"max_batch must be at least 1, got {max_batch}")
+    opt_b = min(max_batch, opt_batch or max_batch)
+    if opt_b < 1:
+        raise ConfigError(f"opt_batch must be at least 1, got {opt_batch}")
+    for label, hw in (("min_hw", min_hw), ("opt_hw", opt_hw), ("max_hw", max_hw)):
+        if min(hw) < 1:
+            raise ConfigError(f"{label} must be positive, got {hw}")
+    if not (min_hw[0] <= opt_hw[0] <= max_hw[0] and min_hw[1] <= opt_hw[1] <= max_hw[1]):
+        raise ConfigError(f"need min_hw <= opt_hw <= max_hw, got {min_hw}, {opt_hw}, {max_hw}")
+    out = []
+    for spec in inputs:
+        lo, mid, hi = [], [], []
+        for axis, dim in enumerate(spec.shape):
+            if dim is not None:
+                lo.append(dim)
+                mid.append(dim)
+                hi.append(dim)
+            elif axis == 0:
+                lo.append(1)
+                mid.append(opt_b)
+                hi.append(max_batch)
+            elif len(spec.shape) == 4 and axis in (2, 3):
+                k = axis - 2
+                lo.append(min_hw[k])
+                mid.append(opt_hw[k])
+                hi.append(max_hw[k])
+            else:
+                raise ConfigError(
+                    f"input {spec.name} has a dynamic axis {axis} of shape {spec.shape} that a "
+                    "profile cannot plan; export the model with that axis fixed"
+                )
+        out.append(ProfileShape(spec.name, tuple(lo), tuple(mid), tuple(hi)))
+    return out
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """Everything an engine depends on; its digest names the cached file."""
+
+    onnx_sha256: str
+    trt_version: str
+    gpu_name: str
+    compute_capability: str
+    precision: str
+    profile: tuple[ProfileShape, ...]
+
+    def canonical(self) -> str:
+        data = asdict(self)
+        data["profile"] = [asdict(p) for p in self.profile]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical().encode()).hexdigest()
+
+    def filename(self, model: str) -> str:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
+        return f"{safe}-{self.precision}-{self.digest()[:16]}.engine"
+
+    def timing_cache_name(self) -> str:
+        """Timing caches are per TensorRT version and GPU, shared across models."""
+        gpu = re.sub(r"[^A-Za-z0-9]+", "_", self.gpu_name).strip("_").lower()
+        return f"timing-{gpu}-sm{self.compute_capability}-trt{self.trt_version}.cache"
+
+    def calibration_cache_name(self, model: str) -> str:
+        """INT8 scales depend on the model and the data, not on the GPU."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
+        return f"{safe}-{self.onnx_sha256[:16]}.calib"
+
+
+def image_files(folder: Path) -> list[Path]:
+    """Calibration images in a folder, in a stable (sorted) order."""
+    if not folder.is_dir():
+        raise ConfigError(f"calibration folder {folder} does not exist")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ConfigError(f"calibration folder {folder} holds no images")
+    return files
+
+
+def calibration_batches(
+    files: Sequence[Path],
+    batch_size: int,
+    load: Callable[[Path], np.ndarray],
+    *,
+    max_images: int = 512,
+) -> Iterator[np.ndarray]:
+    """Fixed-size float32 batches for the calibrator.
+
+    Images that fail to load are skipped (logged); the last partial batch is filled by
+    repeating images from the start, so every batch has the profile's shape.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"calibration batch size must be at least 1, got {batch_size}")
+    tensors: list[np.ndarray] = []
+    for path in files[:max_images]:
+        try:
+            tensors.append(np.asarray(load(path), dtype=np.float32))
+        except EdgefleetError as exc:
+            log.warning("calibration image skipped", extra={"path": str(path), "why": str(exc)})
+    if not tensors:
+        raise ConfigError("no calibration image could be loaded")
+    shapes = {t.shape for t in tensors}
+    if len(shapes) != 1:
+        raise ConfigError(f"calibration tensors differ in shape: {sorted(shapes)}")
+    for start in range(0, len(tensors), batch_size):
+        chunk = tensors[start : start + batch_size]
+        k = 0
+        while len(chunk) < batch_size:
+            chunk.append(tensors[k % len(tensors)])
+            k += 1
+        yield np.ascontiguousarray(np.stack(chunk))
+
+
+def letterbox_loader(
+    hw: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+) -> Callable[[Path], np.ndarray]:
+    """Image file -> CHW float32 as the model sees it (RGB, letterboxed, normalised)."""
+
+    def load(path: Path) -> np.ndarray:
+        from shared.imaging.decode import decode_file
+        from shared.imaging.letterbox import LetterboxTransform
+        from shared.models.preprocess import letterbox_into, pad_norm_value
+
+        rgb = decode_file(path)
+        plan = LetterboxTransform.plan(rgb.shape[:2], hw)
+        canvas = np.empty((3, *hw), np.float32)
+        canvas[:] = pad_norm_value(114, list(mean), list(std), 1 / 255, False).reshape(3, 1, 1)
+        letterbox_into(canvas, rgb, plan, list(mean), list(std), 1 / 255, False)
+        return canvas
+
+    return load
+
+
+# --- CUDA plumbing (cuda-python), used only where TensorRT runs ------------------------------
+
+
+def _cudart():
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart
+        except ImportError:
+            raise EdgefleetError(
+                "the TensorRT backend needs cuda-python for device memory",
+                hint="pip install cuda-python (JetPack: the matching cuda-python wheel)",
+            ) from None
+    return cudart
+
+
+def _check(result):
+    err, *rest = result
+    if int(err) != 0:
+        raise EdgefleetError(f"CUDA call failed with error {int(err)}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def gpu_identity(device_id: int = 0) -> tuple[str, str]:
+    """(GPU name, compute capability 'M.m'): NVML on dGPUs, the CUDA runtime on Jetson."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device_id)
+            name = pynvml.nvmlDeviceGetName(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        finally:
+            pynvml.nvmlShutdown()
+        return (name.decode() if isinstance(name, bytes) else str(name)), f"{major}.{minor}"
+    except Exception:  # NVML is absent on Jetson: ask CUDA itself
+        props = _check(_cudart().cudaGetDeviceProperties(device_id))
+        name = props.name.decode(errors="replace").rstrip("\x00")
+        return name, f"{props.major}.{props.minor}"
+
+
+# --- building -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    path: Path
+    key: EngineKey
+    cached: bool
+    build_s: float
+
+
+def _network_inputs(network) -> list[TensorSpec]:
+    specs = []
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        shape = tuple(int(d) if int(d) >= 0 else None for d in tensor.shape)
+        specs.append(TensorSpec(tensor.name, shape))
+    return specs
+
+
+def build_or_load_engine(
+    blob: ModelBlob,
+    settings: ExecutionSettings,
+    *,
+    max_batch: int | None = None,
+    opt_batch: int | None = None,
+    spatial: tuple[int, int] | None = None,
+    mean: Sequence[float] = (0.0, 0.0, 0.0),
+    std: Sequence[float] = (1.0, 1.0, 1.0),
+    on_progress: ProgressFn | None = None,
+) -> BuildResult:
+    """The cached engine for this ONNX on this GPU, building it (and caching) if absent."""
+    import tensorrt as trt
+
+    if blob.format != "onnx":
+        raise EngineBuildError(f"{blob.name}: engines are built from ONNX, not {blob.format}")
+    trt_logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(trt_logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, trt_logger)
+    if not parser.parse(blob.data):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise EngineBuildError(f"{blob.name}: TensorRT cannot parse the ONNX: {errors}")
+    ts = settings.tensorrt
+    hw = spatial or ts.opt_hw
+    profile_plan = plan_profile(
+        _network_inputs(network),
+        max_batch=max_batch or settings.batching.max_batch_size,
+        opt_batch=opt_batch or settings.batching.preferred_batch_size,
+        min_hw=(min(ts.min_hw[0], hw[0]), min(ts.min_hw[1], hw[1])),
+        opt_hw=hw,
+        max_hw=(max(ts.max_hw[0], hw[0]), max(ts.max_hw[1], hw[1])),
+    )
+    gpu_name, cc = gpu_identity(settings.device_id)
+    key = EngineKey(
+        blob.sha256, trt.__version__, gpu_name, cc, settings.precision, tuple(profile_plan)
+    )
+    cache_dir = settings.engine_cache_dir
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / key.filename(blob.name)
+    if path.exists():
+        log.info("engine cache hit", extra={"model": blob.name, "engine": str(path)})
+        return BuildResult(path, key, True, 0.0)
+
+    started = time.perf_counter()
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.memory.workspace_mb << 20)
+    config.builder_optimization_level = ts.builder_optimization_level
+    profile = builder.create_optimization_profile()
+    for p in profile_plan:
+        profile.set_shape(p.name, p.min, p.opt, p.max)
+    config.add_optimization_profile(profile)
+    if settings.precision in {"fp16", "int8"}:
+        config.set_flag(trt.BuilderFlag.FP16)
+    calibrator = None
+    if settings.precision == "int8":
+        if settings.calibration_dir is None:
+            raise ConfigError("INT8 needs `calibration_dir`: a folder of real images")
+        first = profile_plan[0]
+        calibrator = make_entropy_calibrator(
+            calibration_batches(
+                image_files(settings.calibration_dir),
+                first.opt[0],
+                letterbox_loader((first.opt[2], first.opt[3]), mean, std),
+                max_images=ts.calibration_images,
+            ),
+            batch_size=first.opt[0],
+            cache_path=cache_dir / key.calibration_cache_name(blob.name),
+        )
+        config.set_flag(trt.BuilderFlag.INT8)
+        config.int8_calibrator = calibrator
+        config.set_calibration_profile(profile)
+    timing_path = cache_dir / key.timing_cache_name()
+    timing = config.create_timing_cache(timing_path.read_bytes() if timing_path.exists() else b"")
+    config.set_timing_cache(timing, ignore_mismatch=True)
+    if on_progress is not None and hasattr(trt, "IProgressMonitor"):
+        config.progress_monitor = _progress_monitor(trt, on_progress)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise EngineBuildError(f"{blob.name}: TensorRT failed to build the engine")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(bytes(serialized))
+    tmp.replace(path)  # atomic: a crash never leaves half an engine under the real name
+    path.with_suffix(".json").write_text(key.canonical())
+    timing_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    build_s = time.perf_counter() - started
+    log.info("engine built", extra={"model": blob.name, "engine": str(path), "seconds": build_s})
+    return BuildResult(path, key, False, build_s)
+
+
+def _progress_monitor(trt, on_progress: ProgressFn):
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+            self.totals: dict[str, int] = {}
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            self.totals[phase_name] = num_steps
+            on_progress(phase_name, 0, num_steps)
+
+        def step_complete(self, phase_name, step):
+            on_progress(phase_name, step + 1, self.totals.get(phase_name, step + 1))
+            return True
+
+        def phase_finish(self, phase_name):
+            total = self.totals.get(phase_name, 1)
+            on_progress(phase_name, total, total)
+
+    return Monitor()
+
+
+def make_entropy_calibrator(batches: Iterator[np.ndarray], *, batch_size: int, cache_path: Path):
+    """An IInt8EntropyCalibrator2 fed from `batches`, keeping its cache at `cache_path`."""
+    import tensorrt as trt
+
+    cudart = _cudart()
+
+    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):
+        def __init__(self) -> None:
+            trt.IInt8EntropyCalibrator2.__init__(self)
+            self._batches = batches
+            self._device = None
+            self._nbytes = 0
+
+        def get_batch_size(self) -> int:
+            return batch_size
+
+        def get_batch(self, names):
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                return None
+            if self._device is None or batch.nbytes > self._nbytes:
+                if self._device is not None:
+                    _check(cudart.cudaFree(self._device))
+                self._device = _check(cudart.cudaMalloc(batch.nbytes))
+                self._nbytes = batch.nbytes
+            _check(
+                cudart.cudaMemcpy(
+                    self._device,
+                    batch.ctypes.data,
+                    batch.nbytes,
+                    cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                )
+            )
+            return [int(self._device)]
+
+        def read_calibration_cache(self):
+            return cache_path.read_bytes() if cache_path.exists() else None
+
+        def write_calibration_cache(self, cache) -> None:
+            cache_path.write_bytes(bytes(cache))
+
+    return EntropyCalibrator()
+
+
+# --- the executor -------------------------------------------------------------------------
+
+
+class TensorRTExecutor:
+    """Runs a TensorRT engine (built from ONNX and cached, or loaded as a verified .engine)."""
+
+    def __init__(self, settings: ExecutionSettings) -> None:
+        self.settings = settings
+        self.name = "tensorrt"
+        self._engine = None
+        self._context = None
+        self._stream = None
+        self._model = "?"
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
+        self._buffers: dict[str, tuple[int, int]] = {}  # name -> (device ptr, bytes)
+
+    def load(self, blob: ModelBlob) -> None:
+        import tensorrt as trt
+
+        started = time.perf_counter()
+        if blob.format == "onnx":
+            data = build_or_load_engine(blob, self.settings).path.read_bytes()
+        elif blob.format == "tensorrt-engine":
+            data = blob.data
+        else:
+            raise EdgefleetError(f"tensorrt runs ONNX or engine files, not {blob.format}")
+        cudart = _cudart()
+        _check(cudart.cudaSetDevice(self.settings.device_id))
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        engine = runtime.deserialize_cuda_engine(data)
+        if engine is None:
+            raise EngineBuildError(
+                f"{blob.name}: the engine does not deserialise on this TensorRT/GPU",
+                hint="rebuild it here with `edgefleet model build-engine`",
+            )
+        self._engine = engine
+        self._context = engine.create_execution_context()
+        self._stream = _check(cudart.cudaStreamCreate())
+        self._model = blob.name
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            shape = tuple(int(d) if int(d) >= 0 else None for d in engine.get_tensor_shape(name))
+            dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name))).name
+            spec = TensorSpec(name, shape, dtype)
+            if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+                self._inputs.append(spec)
+            else:
+                self._outputs.append(spec)
+        MODEL_LOAD_SECONDS.labels(blob.name, self.name).observe(time.perf_counter() - started)
+
+    def _buffer(self, name: str, nbytes: int) -> int:
+        cudart = _cudart()
+        ptr, size = self._buffers.get(name, (0, 0))
+        if nbytes > size:
+            if ptr:
+                _check(cudart.cudaFree(ptr))
+            ptr = int(_check(cudart.cudaMalloc(nbytes)))
+            self._buffers[name] = (ptr, nbytes)
+        return ptr
+
+    def infer(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if self._context is None:
+            raise EdgefleetError("tensorrt: infer() before load()")
+        cudart = _cudart()
+        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        started = time.perf_counter()
+        keep = []
+        for spec in self._inputs:
+            arr = np.ascontiguousarray(batch[spec.name], dtype=spec.dtype)
+            keep.append(arr)
+            self._context.set_input_shape(spec.name, arr.shape)
+            ptr = self._buffer(spec.name, arr.nbytes)
+            self._context.set_tensor_address(spec.name, ptr)
+            _check(cudart.cudaMemcpyAsync(ptr, arr.ctypes.data, arr.nbytes, h2d, self._stream))
+        outputs = []
+        for spec in self._outputs:
+            shape = tuple(self._context.get_tensor_shape(spec.name))
+            out = np.empty(shape, dtype=spec.dtype)
+            ptr = self._buffer(spec.name, max(1, out.nbytes))
+            self._context.set_tensor_address(spec.name, ptr)
+            outputs.append((out, ptr))
+        if not self._context.execute_async_v3(self._stream):
+            raise EdgefleetError(f"tensorrt: execution of {self._model} failed")
+        for out, ptr in outputs:
+            _check(cudart.cudaMemcpyAsync(out.ctypes.data, ptr, out.nbytes, d2h, self._stream))
+        _check(cudart.cudaStreamSynchronize(self._stream))
+        INFER_SECONDS.labels(self._model, self.name).observe(time.perf_counter() - started)
+        return [out for out, _ in outputs]
+
+    def close(self) -> None:
+        if self._buffers or self._stream is not None:
+            cudart = _cudart()
+            for ptr, _ in self._buffers.values():
+                cudart.cudaFree(ptr)
+            if self._stream is not None:
+                cudart.cudaStreamDestroy(self._stream)
+        self._buffers.clear()
+        self._stream = None
+        self._context = None
+        self._engine = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            backend=self.name,
+            device=f"cuda:{self.settings.device_id}",
+            dtypes=("float32", "float16", "int8"),
+            dynamic_shapes=True,
+            max_batch_size=self.settings.batching.max_batch_size,
+            precision=self.settings.precision,
+        )
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(self._outputs)

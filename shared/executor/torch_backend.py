@@ -1,0 +1,120 @@
+"""PyTorch backend: TorchScript and torch.export programs; never plain pickle.
+
+torch is optional and imported only when this backend is chosen. Weights that arrive as
+a state dict go through `load_weights`, which is `torch.load(..., weights_only=True)`:
+the restricted unpickler builds tensors and containers only, so a `__reduce__` payload
+in the file raises instead of running.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+
+from shared.errors import EdgefleetError, ModelIntegrityError
+from shared.executor.base import Capabilities, ModelBlob, TensorSpec
+from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from shared.executor.settings import ExecutionSettings
+
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def load_weights(data: bytes) -> dict:
+    """A state dict from bytes, with `weights_only=True` (code in the pickle never runs)."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError) as exc:
+        raise ModelIntegrityError(
+            f"refused to load weights: {str(exc).splitlines()[0][:200]}",
+            code="model_format_refused",
+            hint="only plain tensors and containers are accepted (weights_only=True)",
+        ) from None
+
+
+class TorchExecutor:
+    """Runs a TorchScript or torch.export program under `torch.inference_mode()`."""
+
+    def __init__(self, settings: ExecutionSettings, device: str = "cpu") -> None:
+        self.settings = settings
+        self.device = device
+        self.name = f"torch-{device}"
+        self._module = None
+        self._model = "?"
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
+
+    def _torch_device(self) -> str:
+        return "cpu" if self.device == "cpu" else f"cuda:{self.settings.device_id}"
+
+    def load(self, blob: ModelBlob) -> None:
+        import torch
+
+        started = time.perf_counter()
+        buffer = io.BytesIO(blob.data)
+        if blob.format == "torchscript":
+            module = torch.jit.load(buffer, map_location=self._torch_device())
+        elif blob.format == "torch-export":
+            module = torch.export.load(buffer).module().to(self._torch_device())
+        else:
+            raise EdgefleetError(f"{self.name} runs TorchScript or torch.export, not {blob.format}")
+        if hasattr(module, "eval"):
+            module.eval()
+        precision = self.settings.precision
+        if precision in {"fp16", "bf16"}:
+            module = module.to(getattr(torch, _DTYPES[precision]))
+        self._module = module
+        self._model = blob.name
+        MODEL_LOAD_SECONDS.labels(blob.name, self.name).observe(time.perf_counter() - started)
+
+    def infer(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        if self._module is None:
+            raise EdgefleetError(f"{self.name}: infer() before load()")
+        started = time.perf_counter()
+        dtype = getattr(torch, _DTYPES.get(self.settings.precision, "float32"))
+        tensors = [
+            torch.from_numpy(np.ascontiguousarray(arr)).to(self._torch_device(), dtype=dtype)
+            for arr in batch.values()
+        ]
+        with torch.inference_mode():
+            out = self._module(*tensors)
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        result = [o.detach().float().cpu().numpy() for o in outs]
+        INFER_SECONDS.labels(self._model, self.name).observe(time.perf_counter() - started)
+        if not self._inputs:
+            self._inputs = [
+                TensorSpec(name, tuple(arr.shape), "float32") for name, arr in batch.items()
+            ]
+            self._outputs = [
+                TensorSpec(f"output{i}", tuple(r.shape), "float32") for i, r in enumerate(result)
+            ]
+        return result
+
+    def close(self) -> None:
+        self._module = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            backend=self.name,
+            device=self._torch_device(),
+            dtypes=("float32", "float16", "bfloat16"),
+            dynamic_shapes=True,
+            precision=self.settings.precision if self.settings.precision != "int8" else "fp32",
+        )
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Known after the first inference (TorchScript does not declare input names)."""
+        return list(self._inputs) or [TensorSpec("input", (None, 3, None, None))]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(self._outputs)
