@@ -248,3 +248,20 @@ def test_extension_checks_lengths_itself():
     keep = np.empty(1, np.int64)
     with pytest.raises(ValueError):
         _native.nms(np.zeros(8, np.float32), np.zeros(3, np.float32), None, 0.5, 0.0, 3, keep, 0)
+
+
+@pytest.mark.parametrize(
+    ("h", "w", "size"), [(1080, 1920, (640, 640)), (2, 2, (3, 9)), (98, 36, (64, 96))]
+)
+def test_both_references_agree_and_native_matches_imaging_reference(h, w, size):
+    # shared.imaging.tensor.preprocess_reference is the project-wide definition; ours
+    # (the 'reference' backend) must equal it, and the native kernel stays within one level.
+    from shared.imaging.tensor import preprocess_reference
+
+    f = frame("nv12", h, w, seed=11)
+    want, t_img = preprocess_reference(f, size, MEAN, STD, 114)
+    ours, t_ref = reference.frame_to_tensor(f, "nv12", size, MEAN, STD, 114)
+    np.testing.assert_allclose(ours, want, rtol=0, atol=1e-6)
+    got, t = kernels.nv12_to_tensor(f, size, MEAN, STD, 114)
+    assert t == t_ref == t_img
+    assert unit_scale_diff(got, want) <= TOL

@@ -169,6 +169,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",
-                                    "edgefleet native kernels", -1, methods};
+                                    "edgefleet native kernels", -1, methods,
+                                    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
