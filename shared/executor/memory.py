@@ -148,6 +148,13 @@ class MemoryBudget:
     def device(self) -> str:
         return self.probe.device
 
+    def _used(self, snap: MemorySnapshot) -> int:
+        """Bytes counted against the budget: with a `limit_mb` cap on a host, this
+        process's RSS (the cap is this process's share); otherwise the device's use."""
+        if self.settings.limit_mb is not None and snap.process_rss:
+            return snap.process_rss
+        return snap.used
+
     def capacity(self, snap: MemorySnapshot) -> int:
         """Bytes usable under the watermark (and the configured limit)."""
         total = snap.total
@@ -160,13 +167,13 @@ class MemoryBudget:
         snap = self.probe.snapshot()
         with self._lock:
             reserved = sum(self._reserved.values())
-        used = snap.used if self.settings.limit_mb is None else snap.process_rss or snap.used
+        used = self._used(snap)
         return self.capacity(snap) - used - reserved
 
     def admit(self, name: str, need: int) -> None:
         """Reserve `need` bytes for `name` or raise MemoryBudgetExceeded (nothing loaded)."""
         snap = self.probe.snapshot()
-        used = snap.used if self.settings.limit_mb is None else snap.process_rss or snap.used
+        used = self._used(snap)
         with self._lock:
             reserved = sum(self._reserved.values())
             free = self.capacity(snap) - used - reserved
@@ -190,7 +197,7 @@ class MemoryBudget:
     def check_watermark(self) -> None:
         """Raise a retryable Overloaded when memory in use is above the watermark."""
         snap = self.probe.snapshot()
-        used = snap.used if self.settings.limit_mb is None else snap.process_rss or snap.used
+        used = self._used(snap)
         if used > self.capacity(snap):
             MEMORY_REFUSED.labels("watermark").inc()
             raise Overloaded(

@@ -72,7 +72,11 @@ def probe_backends() -> dict[str, str | None]:
 
 
 def _gpu_reason() -> str | None:
-    """None when NVML sees a GPU, else why not."""
+    """None when NVML sees a GPU (or this is a Jetson, where NVML is absent), else why not."""
+    from shared.executor.memory import is_jetson
+
+    if is_jetson():
+        return None
     try:
         import pynvml
 

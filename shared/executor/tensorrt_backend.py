@@ -107,6 +107,11 @@ def plan_profile(
     return out
 
 
+def _safe(name: str) -> str:
+    """A file-name-safe form of a model name (no separators, no leading dots)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).lstrip("._") or "model"
+
+
 @dataclass(frozen=True)
 class EngineKey:
     """Everything an engine depends on; its digest names the cached file."""
@@ -127,8 +132,7 @@ class EngineKey:
         return hashlib.sha256(self.canonical().encode()).hexdigest()
 
     def filename(self, model: str) -> str:
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
-        return f"{safe}-{self.precision}-{self.digest()[:16]}.engine"
+        return f"{_safe(model)}-{self.precision}-{self.digest()[:16]}.engine"
 
     def timing_cache_name(self) -> str:
         """Timing caches are per TensorRT version and GPU, shared across models."""
@@ -137,8 +141,7 @@ class EngineKey:
 
     def calibration_cache_name(self, model: str) -> str:
         """INT8 scales depend on the model and the data, not on the GPU."""
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
-        return f"{safe}-{self.onnx_sha256[:16]}.calib"
+        return f"{_safe(model)}-{self.onnx_sha256[:16]}.calib"
 
 
 def image_files(folder: Path) -> list[Path]:

@@ -1,0 +1,127 @@
+"""select_backend: the winner and every loser with its reason; the lazy registry."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from shared.executor.registry import BACKENDS, create_executor, probe_backends
+from shared.executor.selection import TRAITS, NoBackendAvailable, explain, select_backend
+from shared.executor.settings import DEFAULT_BACKENDS, ExecutionSettings
+
+
+@dataclass(frozen=True)
+class Spec:
+    format: str
+
+
+CPU_ONLY = {
+    "tensorrt": "TensorRT (tensorrt) not installed",
+    "onnxruntime-tensorrt": "this onnxruntime build has no TensorrtExecutionProvider",
+    "onnxruntime-cuda": "this onnxruntime build has no CUDAExecutionProvider",
+    "onnxruntime-cpu": None,
+    "torch-cuda": "torch not installed",
+    "torch-cpu": "torch not installed",
+}
+
+
+def test_cpu_host_falls_back_to_onnxruntime_cpu_and_says_why():
+    chosen, rejected = select_backend(CPU_ONLY, DEFAULT_BACKENDS, Spec("onnx"))
+    assert chosen == "onnxruntime-cpu"
+    reasons = dict(rejected)
+    assert reasons["tensorrt"] == "TensorRT (tensorrt) not installed"
+    assert "CUDAExecutionProvider" in reasons["onnxruntime-cuda"]
+    assert reasons["torch-cpu"] == "lower preference than onnxruntime-cpu"
+    assert [n for n, _ in rejected] == [n for n in DEFAULT_BACKENDS if n != chosen]
+    line = explain(chosen, rejected)
+    assert line.startswith("backend onnxruntime-cpu; not chosen: tensorrt (TensorRT")
+
+
+def test_gpu_host_prefers_tensorrt():
+    everything = dict.fromkeys(DEFAULT_BACKENDS)
+    chosen, rejected = select_backend(everything, DEFAULT_BACKENDS, Spec("onnx"), "fp16")
+    assert chosen == "tensorrt"
+    assert all(r.startswith("lower preference") for _, r in rejected)
+
+
+def test_format_and_precision_filters():
+    everything = dict.fromkeys(DEFAULT_BACKENDS)
+    chosen, rejected = select_backend(everything, DEFAULT_BACKENDS, Spec("torchscript"))
+    assert chosen == "torch-cuda"
+    assert dict(rejected)["onnxruntime-cpu"] == "does not run torchscript models"
+    # int8 on a CPU-only host: nothing fits, and the error lists every reason
+    with pytest.raises(NoBackendAvailable) as err:
+        select_backend(CPU_ONLY, DEFAULT_BACKENDS, Spec("onnx"), "int8")
+    assert "onnxruntime-cpu: does not support int8" in err.value.message
+    assert err.value.http_status == 503
+
+
+def test_unknown_and_unprobed_backends_are_explained():
+    chosen, rejected = select_backend(
+        {"onnxruntime-cpu": None}, ["openvino", "onnxruntime-cuda", "onnxruntime-cpu"], Spec("onnx")
+    )
+    assert chosen == "onnxruntime-cpu"
+    assert rejected == [
+        ("openvino", "unknown backend"),
+        ("onnxruntime-cuda", "not probed on this host"),
+    ]
+
+
+def test_registry_names_match_traits_and_probe_covers_all():
+    assert set(BACKENDS) == set(TRAITS) == set(DEFAULT_BACKENDS)
+    probed = probe_backends()
+    assert set(probed) == set(BACKENDS)
+    assert probed["onnxruntime-cpu"] is None  # onnxruntime is a core dependency
+
+
+def test_registry_is_lazy_tensorrt_and_torch_not_imported():
+    code = (
+        "import sys; import shared.executor, shared.models; "
+        "from shared.executor.registry import probe_backends; probe_backends(); "
+        "print('tensorrt' in sys.modules, 'torch' in sys.modules, "
+        "'shared.executor.tensorrt_backend' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_create_executor_runs_a_tiny_onnx_graph():
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from shared.executor.base import ModelBlob
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"])],
+        "double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+        initializer=[helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    executor = create_executor("onnxruntime-cpu", ExecutionSettings(intra_op_threads=1))
+    executor.load(ModelBlob("double", data, "0" * 64, "onnx"))
+    (y,) = executor.infer({"x": np.ones((2, 3), np.float32)})
+    assert np.array_equal(y, np.full((2, 3), 2.0, np.float32))
+    caps = executor.capabilities
+    assert caps.backend == "onnxruntime-cpu" and caps.device == "cpu"
+    assert caps.dynamic_shapes and caps.max_batch_size is None
+    assert executor.inputs[0].name == "x" and executor.inputs[0].shape == (None, 3)
+    executor.close()
+    with pytest.raises(KeyError):
+        create_executor("openvino", ExecutionSettings())
+    del onnx
+
+
+@pytest.mark.gpu
+def test_cuda_provider_runs_on_a_gpu():
+    from shared.executor.registry import probe_backends as probe
+
+    probe.cache_clear()
+    assert probe()["onnxruntime-cuda"] is None, probe()["onnxruntime-cuda"]
