@@ -25,7 +25,7 @@ from shared.imaging.pixels import (
 
 ByteSource = bytes | bytearray | mmap.mmap
 
-BAND_BYTES = 8 << 20  # rows converted per step: bounded extra memory, large enough to be fast
+BAND_BYTES = 2 << 20  # bytes converted per step: bounded extra memory, still few Python steps
 _MAX_IFD_ENTRIES = 4096
 _MAX_ARRAY = 1 << 18  # strips per image: far above any height the limits allow
 # type id -> (struct code, size in bytes); only the integer types hold the tags we read
