@@ -52,6 +52,7 @@ class _SingleSessionModel(Model):
             max_batch=settings.batching.max_batch_size,
             budget=budget,
         )
+        self.spec = spec
         self.session = session
         self.hw = _input_hw(spec, session, self.default_size)
         cap = session.executor.capabilities.max_batch_size

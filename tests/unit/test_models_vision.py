@@ -1,0 +1,176 @@
+"""YOLO (v5 and v8 layouts) and classification on tiny ONNX graphs built here."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from shared.errors import InvalidInput
+from shared.executor.settings import BatcherSettings, ExecutionSettings
+from shared.models import ModelRegistry, load_model
+from shared.models.decoders.classification import top_k
+from shared.models.decoders.yolo import decode_yolo, detect_layout
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+SETTINGS = ExecutionSettings(intra_op_threads=1, batching=BatcherSettings(max_delay_ms=1))
+
+# canvas 64x64; candidates: (cx, cy, w, h, class scores)
+CANDIDATES = [
+    (20, 30, 10, 8, [0.9, 0.1, 0.0]),  # kept: class 0
+    (21, 30, 10, 8, [0.8, 0.0, 0.0]),  # same class, overlaps the first: suppressed
+    (21, 30, 10, 8, [0.0, 0.7, 0.0]),  # other class at the same place: kept (class-aware)
+    (50, 40, 6, 6, [0.1, 0.1, 0.2]),  # below the 0.25 threshold: dropped
+]
+
+
+def constant_model(output: np.ndarray, input_shape: list) -> bytes:
+    """A graph whose output is `output` (plus 0 * mean(input), so it depends on the input)."""
+    nodes = [
+        helper.make_node("ReduceMean", ["images"], ["m"], keepdims=0),
+        helper.make_node("Mul", ["m", "zero"], ["z"]),
+        helper.make_node("Add", ["const", "z"], ["output0"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, input_shape)],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, list(output.shape))],
+        initializer=[
+            helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+            helper.make_tensor(
+                "const", TensorProto.FLOAT, list(output.shape), output.flatten().tolist()
+            ),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def v8_output() -> np.ndarray:
+    cols = [[cx, cy, w, h, *cls] for cx, cy, w, h, cls in CANDIDATES]
+    return np.array(cols, np.float32).T[None]  # (1, 4 + C, N)
+
+
+def v5_output() -> np.ndarray:
+    # objectness 1.0 except the first row split as obj 0.9 * class 1.0
+    rows = [[cx, cy, w, h, 1.0, *cls] for cx, cy, w, h, cls in CANDIDATES]
+    rows[0][4], rows[0][5] = 0.9, 1.0
+    return np.array(rows, np.float32)[None]  # (1, N, 5 + C)
+
+
+def registry_with(tmp_path: Path, name: str, data: bytes, **entry) -> ModelRegistry:
+    (tmp_path / f"{name}.onnx").write_bytes(data)
+    spec = {
+        "name": name,
+        "version": "1",
+        "file": f"{name}.onnx",
+        "sha256": hashlib.sha256(data).hexdigest(),
+        **entry,
+    }
+    path = tmp_path / "manifest.yaml"
+    path.write_text(yaml.safe_dump({"models": [spec]}))
+    return ModelRegistry.from_file(path)
+
+
+def expected_boxes():
+    # a 128x256 (h x w) image on a 64x64 canvas: scale 0.25, 16 px padding on top
+    return {("a", (60.0, 40.0, 100.0, 72.0)), ("b", (64.0, 40.0, 104.0, 72.0))}
+
+
+@pytest.mark.parametrize("layout,output", [("v8", v8_output()), ("v5", v5_output())])
+def test_yolo_model_decodes_nms_and_maps_boxes_back(tmp_path, layout, output):
+    registry = registry_with(
+        tmp_path,
+        f"tiny-{layout}",
+        constant_model(output, [1, 3, 64, 64]),
+        task="yolo",
+        labels=["a", "b", "c"],
+        yolo={"layout": "auto"},
+    )
+    with load_model(f"tiny-{layout}", settings=SETTINGS, registry=registry) as model:
+        assert model.info.backend == "onnxruntime-cpu"
+        image = np.zeros((128, 256, 3), np.uint8)
+        dets = model.predict(image)
+        got = {(d.label, d.box) for d in dets}
+        assert got == expected_boxes()
+        assert [round(d.score, 3) for d in dets] == [0.9, 0.7]
+        assert all(d.text is None and d.polygon is None for d in dets)
+        # a fixed-batch-1 model still serves batches (image by image)
+        many = model.predict_many([image, np.zeros((64, 64, 3), np.uint8)])
+        assert len(many) == 2 and {(d.label, d.box) for d in many[0]} == expected_boxes()
+        assert {d.box for d in many[1]} == {(15.0, 26.0, 25.0, 34.0), (16.0, 26.0, 26.0, 34.0)}
+
+
+def test_decode_yolo_layouts_and_thresholds():
+    v8 = v8_output()[0]
+    assert detect_layout(v8, 3) == "v8" and detect_layout(v5_output()[0], 3) == "v5"
+    # without labels the shape decides: few rows of many anchors is v8, the reverse v5
+    assert detect_layout(np.zeros((84, 8400)), None) == "v8"
+    assert detect_layout(np.zeros((25200, 85)), None) == "v5"
+    with pytest.raises(ValueError, match="fits neither"):
+        detect_layout(v8, 7)
+    dets = decode_yolo(v8, num_classes=3, conf_threshold=0.95)
+    assert dets.boxes.shape == (0, 4)
+    strict = decode_yolo(v8, num_classes=3, iou_threshold=0.99)  # overlap 0.82 < 0.99: keep all
+    assert sorted(strict.scores.round(2).tolist()) == [0.7, 0.8, 0.9]
+    capped = decode_yolo(v8, num_classes=3, iou_threshold=0.99, max_det=1)
+    assert capped.scores.tolist() == pytest.approx([0.9])
+
+
+def classifier_model() -> bytes:
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["images"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Mul", ["f", "ten"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "colour",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["n", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 3])],
+        initializer=[helper.make_tensor("ten", TensorProto.FLOAT, [], [10.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_classification_top_k(tmp_path):
+    registry = registry_with(
+        tmp_path,
+        "colour",
+        classifier_model(),
+        task="classification",
+        labels=["red", "green", "blue"],
+        top_k=2,
+    )
+    with load_model("colour", settings=SETTINGS, registry=registry) as model:
+        red = np.zeros((30, 50, 3), np.uint8)
+        red[..., 0] = 255
+        blue = np.zeros((30, 50, 3), np.uint8)
+        blue[..., 2] = 255
+        out = model.predict_many([red, blue])
+        assert [d.label for d in out[0]] == ["red", "green"]
+        assert out[1][0].label == "blue"
+        assert out[0][0].score == pytest.approx(np.exp(10) / (np.exp(10) + 2), rel=1e-4)
+        assert out[0][0].box is None
+        with pytest.raises(InvalidInput, match="uint8"):
+            model.predict(red.astype(np.float32))
+        with pytest.raises(InvalidInput, match=r"\(H, W, 3\)"):
+            model.predict(red[..., 0])
+
+
+def test_top_k_keeps_probabilities_and_checks_labels():
+    probs = np.array([[0.1, 0.6, 0.3]], np.float32)
+    assert top_k(probs, ["a", "b", "c"], 5) == [
+        [("b", pytest.approx(0.6)), ("c", pytest.approx(0.3)), ("a", pytest.approx(0.1))]
+    ]
+    with pytest.raises(ValueError, match="2 labels"):
+        top_k(probs, ["a", "b"], 1)
