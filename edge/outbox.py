@@ -176,6 +176,7 @@ class Outbox:
                 if not self._make_room(size, PRIORITY[kind]):
                     self._count_drop(kind)
                     self._db.execute("COMMIT")
+                    self._publish_gauges()
                     return 0
                 cur = self._db.execute(
                     "INSERT INTO messages (kind, priority, topic, body, image, qos, retain, "

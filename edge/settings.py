@@ -6,6 +6,7 @@ Every field has a default so that `device_id`, a device key and one stream are e
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -210,7 +211,11 @@ def _key_from_bundle(text: str, path: Path) -> str:
 
 
 def _key_text_to_bytes(key: str) -> bytes:
-    """The key's bytes: the UTF-8 of the key text, as the fleet issues and the cloud uses it."""
+    """The key's bytes: 64 hex digits are the 32-byte key `fleet enroll` issues; any other
+    text is used as its UTF-8 bytes (hand-made keys in development)."""
+    key = key.strip()
     if not key:
         raise ConfigError("the device key is empty")
+    if re.fullmatch(r"[0-9a-fA-F]{64}", key):
+        return bytes.fromhex(key)
     return key.encode()

@@ -1,0 +1,446 @@
+"""The device side of a rollout: apply a `DesiredState` safely and report every step.
+
+Order of work, chosen so a failure at any point leaves the device running what it ran:
+1. report `applying`;
+2. download each changed model (HTTP Range resumes a partial download, the SHA-256 from
+   the signed desired state is checked before the file is used, then an atomic rename);
+3. `control.swap_model` loads and warms it beside the old one and swaps only when warmed
+   (it raises, and the old model keeps running, if that fails);
+4. hand an image change to the runtime (`docker compose` on a device, a process in tests);
+5. report `healthy`, or `failed` with the reason after undoing this attempt's swaps.
+
+The previous version of every model stays on disk, so the fleet's rollback (the old
+desired state again) is a swap without a download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+import yaml
+from prometheus_client import Counter
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from shared.errors import EdgefleetError, ModelIntegrityError
+from shared.messages import DesiredState, ModelRef, ReportedState
+
+if TYPE_CHECKING:
+    from edge.control import AgentControl
+
+log = logging.getLogger(__name__)
+
+APPLIED = Counter("ef_edge_desired_applied_total", "Desired states applied", ["outcome"])
+DOWNLOADED = Counter("ef_edge_model_download_bytes_total", "Model bytes downloaded")
+RESUMED = Counter("ef_edge_model_download_resumed_total", "Downloads resumed with Range")
+
+_FILENAME_RE = re.compile(r'filename="?([A-Za-z0-9._-]{1,128})"?')
+_CHUNK = 1 << 16
+
+
+class UpdateFailed(EdgefleetError):
+    code = "update_failed"
+    http_status = 502
+
+
+class Runtime(Protocol):
+    """Where the agent's container image runs; swapped by `apply`."""
+
+    def current_image(self) -> str | None:
+        """The image running now (None if unknown)."""
+
+    def apply(self, image: str, config: dict[str, Any]) -> None:
+        """Run `image`; raise EdgefleetError if it cannot be started."""
+
+
+class NullRuntime:
+    """No container runtime (the agent runs on the host): the image is only recorded."""
+
+    def __init__(self) -> None:
+        self._image: str | None = None
+
+    def current_image(self) -> str | None:
+        return self._image
+
+    def apply(self, image: str, config: dict[str, Any]) -> None:
+        self._image = image
+
+
+class ComposeRuntime:
+    """Writes a compose file for the agent's service and runs `docker compose pull && up -d`."""
+
+    def __init__(
+        self,
+        compose_file: Path,
+        *,
+        service: str = "edge",
+        project: str = "edgefleet",
+        service_template: dict[str, Any] | None = None,
+        docker: str = "docker",
+        timeout_s: float = 900.0,
+    ):
+        self.compose_file = Path(compose_file)
+        self.service = service
+        self.project = project
+        self.template = service_template or {
+            "restart": "unless-stopped",
+            "network_mode": "host",
+            "runtime": "nvidia",
+            "volumes": ["/etc/edgefleet:/etc/edgefleet:ro", "edgefleet-state:/var/lib/edgefleet"],
+            "command": ["edge", "run", "-c", "/etc/edgefleet/edge.yaml"],
+        }
+        self.docker = docker
+        self.timeout_s = timeout_s
+
+    def current_image(self) -> str | None:
+        try:
+            data = yaml.safe_load(self.compose_file.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return None
+        return data.get("services", {}).get(self.service, {}).get("image")
+
+    def render(self, image: str) -> str:
+        doc = {
+            "name": self.project,
+            "services": {self.service: {**self.template, "image": image}},
+            "volumes": {"edgefleet-state": {}},
+        }
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    def apply(self, image: str, config: dict[str, Any]) -> None:
+        previous = self.compose_file.read_text() if self.compose_file.exists() else None
+        _atomic_write(self.compose_file, self.render(image).encode())
+        try:
+            for args in (["pull"], ["up", "-d", "--remove-orphans"]):
+                self._compose(*args)
+        except EdgefleetError:
+            if previous is not None:  # the old file again, so the next `up` restores it
+                _atomic_write(self.compose_file, previous.encode())
+            raise
+
+    def _compose(self, *args: str) -> None:
+        cmd = [self.docker, "compose", "-f", str(self.compose_file), "-p", self.project, *args]
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=self.timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UpdateFailed(f"`{' '.join(cmd)}` could not run: {exc}") from None
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip()[-2000:]
+            raise UpdateFailed(f"`{' '.join(cmd)}` exited {done.returncode}: {tail}")
+
+
+class ProcessRuntime:
+    """Runs the "image" as a local process (tests, bare-metal installs).
+
+    `command` is started with `EF_IMAGE` and `EF_CONFIG` (JSON) in its environment; a
+    change of image stops the old process and starts a new one, which must still be alive
+    after `settle_s` to count as started.
+    """
+
+    def __init__(self, command: list[str], *, settle_s: float = 0.5, log_file: Path | None = None):
+        self.command = command
+        self.settle_s = settle_s
+        self.log_file = log_file
+        self._image: str | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def current_image(self) -> str | None:
+        return self._image if self.running else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self.running and self._process else None
+
+    def apply(self, image: str, config: dict[str, Any]) -> None:
+        self.stop()
+        env = {**os.environ, "EF_IMAGE": image, "EF_CONFIG": json.dumps(config)}
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self._process = subprocess.Popen(self.command, env=env, stdout=out, stderr=out)
+        except OSError as exc:
+            raise UpdateFailed(f"cannot start {self.command[0]}: {exc}") from None
+        finally:
+            if self.log_file:
+                out.close()
+        time.sleep(self.settle_s)
+        if not self.running:
+            code = self._process.returncode
+            self._process = None
+            raise UpdateFailed(f"image {image}: the process exited with {code} at start")
+        self._image = image
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+
+class DesiredStateApplier:
+    """Applies desired states one at a time and reports each step through `control`."""
+
+    def __init__(
+        self,
+        control: AgentControl,
+        state_dir: Path,
+        runtime: Runtime | None = None,
+        *,
+        token: str | None = None,
+        http: httpx.Client | None = None,
+        max_model_bytes: int = 4 << 30,
+    ):
+        self.control = control
+        self.state_dir = Path(state_dir)
+        self.runtime: Runtime = runtime or NullRuntime()
+        self.token = token
+        self.http = http or httpx.Client(timeout=httpx.Timeout(30.0, connect=10.0))
+        self.max_model_bytes = max_model_bytes
+        self._lock = threading.Lock()
+        (self.state_dir / "downloads").mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "models").mkdir(parents=True, exist_ok=True)
+
+    # --- state on disk ----------------------------------------------------------------
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def state(self) -> dict[str, Any]:
+        """What was last applied: deployment, image, status and installed model files."""
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {"deployment_id": None, "status": None, "installed": {}}
+
+    def _save(self, state: dict[str, Any]) -> None:
+        _atomic_write(self.state_file, json.dumps(state, indent=2).encode())
+
+    # --- the work ---------------------------------------------------------------------
+
+    def handle(self, desired: DesiredState) -> None:
+        """Apply `desired`; never raises for a failed update (it is reported instead)."""
+        with self._lock:
+            state = self.state()
+            same = state.get("deployment_id") == desired.deployment_id
+            if same and state.get("status") == "healthy" and self._matches(desired):
+                self._report(desired, "healthy")  # a retained re-delivery: say so again
+                return
+            self._report(desired, "applying")
+            swapped: list[tuple[str, dict[str, Any] | None]] = []
+            installed: dict[str, Any] = dict(state.get("installed", {}))
+            try:
+                current = {m.name: m for m in self.control.current_models()}
+                for ref in desired.models:
+                    if ref.name in current and current[ref.name].sha256 == ref.sha256:
+                        continue
+                    path = self.fetch(ref)
+                    self.control.swap_model(ref.name, path, ref.sha256)
+                    swapped.append((ref.name, installed.get(ref.name)))
+                    installed[ref.name] = {
+                        "version": ref.version,
+                        "sha256": ref.sha256,
+                        "path": str(path),
+                        "previous": installed.get(ref.name),
+                    }
+                if desired.image and desired.image != self.runtime.current_image():
+                    self.runtime.apply(desired.image, desired.config)
+            except Exception as exc:  # every failure is reported; the old version keeps running
+                error = str(exc) or type(exc).__name__
+                self._undo(swapped)
+                log.warning("desired state %s failed: %s", desired.deployment_id, error)
+                APPLIED.labels("failed").inc()
+                self._save({**state, "last_failed": desired.deployment_id, "error": error})
+                self._report(desired, "failed", error=error[:4000])
+                return
+            self._save(
+                {
+                    "deployment_id": desired.deployment_id,
+                    "image": desired.image,
+                    "status": "healthy",
+                    "installed": {k: _trim(v) for k, v in installed.items()},
+                }
+            )
+            self._prune(installed)
+            APPLIED.labels("healthy").inc()
+            self._report(desired, "healthy")
+
+    def _matches(self, desired: DesiredState) -> bool:
+        current = {m.name: m.sha256 for m in self.control.current_models()}
+        return all(current.get(m.name) == m.sha256 for m in desired.models)
+
+    def _undo(self, swapped: list[tuple[str, dict[str, Any] | None]]) -> None:
+        """Swap back the models this attempt changed, newest first, from the kept files."""
+        for name, previous in reversed(swapped):
+            if previous and Path(previous["path"]).exists():
+                try:
+                    self.control.swap_model(name, Path(previous["path"]), previous["sha256"])
+                except Exception:  # nothing more to fall back to; logged for the operator
+                    log.exception("could not swap %s back to %s", name, previous["version"])
+
+    def _report(self, desired: DesiredState, status: str, error: str | None = None) -> None:
+        self.control.publish_reported(
+            ReportedState(
+                device_id=desired.device_id,
+                deployment_id=desired.deployment_id,
+                image=desired.image,
+                models=list(desired.models),
+                config=desired.config,
+                status=status,
+                error=error,
+            )
+        )
+
+    # --- downloads --------------------------------------------------------------------
+
+    def fetch(self, ref: ModelRef) -> Path:
+        """The verified local file of `ref`: reused if present, else downloaded (resumable)."""
+        final_dir = self.state_dir / "models" / ref.name / f"{ref.version}-{ref.sha256[:12]}"
+        if final_dir.is_dir():
+            for existing in final_dir.iterdir():
+                if existing.is_file() and _sha256(existing) == ref.sha256:
+                    return existing
+        part = self.state_dir / "downloads" / f"{ref.sha256}.part"
+        filename = self._download(ref, part)
+        digest = _sha256(part)
+        if digest != ref.sha256:
+            part.unlink(missing_ok=True)
+            raise ModelIntegrityError(
+                f"model {ref.name}@{ref.version}: sha256 {digest[:16]}… does not match "
+                f"the desired {ref.sha256[:16]}…"
+            )
+        final_dir.mkdir(parents=True, exist_ok=True)
+        target = final_dir / filename
+        os.replace(part, target)
+        _fsync_dir(final_dir)
+        return target
+
+    def _download(self, ref: ModelRef, part: Path) -> str:
+        @retry(
+            retry=retry_if_exception_type((httpx.TransportError, _Incomplete)),
+            stop=stop_after_attempt(5),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            reraise=True,
+        )
+        def attempt() -> str:
+            return self._download_once(ref, part)
+
+        try:
+            return attempt()
+        except (httpx.TransportError, _Incomplete) as exc:
+            raise UpdateFailed(f"download of {ref.name}@{ref.version} failed: {exc}") from None
+
+    def _download_once(self, ref: ModelRef, part: Path) -> str:
+        if not ref.url.startswith(("http://", "https://")):
+            raise UpdateFailed(f"model url {ref.url!r} is not http(s)")
+        offset = part.stat().st_size if part.exists() else 0
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        with self.http.stream("GET", ref.url, headers=headers) as resp:
+            filename = _filename(resp.headers.get("content-disposition"), ref)
+            if resp.status_code == 416 and offset:
+                return filename  # the part is complete already; the hash decides
+            if resp.status_code == 206 and offset:
+                RESUMED.inc()
+                mode = "ab"
+            elif resp.status_code == 200:
+                mode, offset = "wb", 0
+            else:
+                raise UpdateFailed(f"download of {ref.name}@{ref.version}: HTTP {resp.status_code}")
+            total = resp.headers.get("content-length")
+            expected = offset + int(total) if total and total.isdigit() else None
+            if expected is not None and expected > self.max_model_bytes:
+                raise UpdateFailed(f"model {ref.name} is {expected} bytes, over the limit")
+            written = offset
+            with open(part, mode) as fh:
+                try:
+                    for chunk in resp.iter_bytes(_CHUNK):
+                        fh.write(chunk)
+                        written += len(chunk)
+                        DOWNLOADED.inc(len(chunk))
+                        if written > self.max_model_bytes:
+                            raise UpdateFailed(f"model {ref.name} exceeds the size limit")
+                finally:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            if expected is not None and written < expected:
+                raise _Incomplete(f"{written} of {expected} bytes")
+            return filename
+
+    def _prune(self, installed: dict[str, Any]) -> None:
+        """Keep the current and previous version of each model; delete older ones."""
+        for name, entry in installed.items():
+            keep = {Path(entry["path"]).parent}
+            if entry.get("previous"):
+                keep.add(Path(entry["previous"]["path"]).parent)
+            root = self.state_dir / "models" / name
+            for version_dir in root.iterdir() if root.is_dir() else []:
+                if version_dir not in keep:
+                    shutil.rmtree(version_dir, ignore_errors=True)
+
+
+class _Incomplete(Exception):
+    """The connection ended before the whole file arrived (retried with Range)."""
+
+
+def _trim(entry: dict[str, Any]) -> dict[str, Any]:
+    """Keep one level of `previous` (current + previous is all a rollback needs)."""
+    prev = entry.get("previous")
+    return {
+        **entry,
+        "previous": {k: v for k, v in prev.items() if k != "previous"} if prev else None,
+    }
+
+
+def _filename(disposition: str | None, ref: ModelRef) -> str:
+    match = _FILENAME_RE.search(disposition or "")
+    if match and match.group(1) not in (".", ".."):
+        return match.group(1)
+    tail = ref.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return tail if re.fullmatch(r"[A-Za-z0-9_-]{1,100}\.[A-Za-z0-9]{1,10}", tail) else "model.onnx"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

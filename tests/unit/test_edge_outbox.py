@@ -1,0 +1,124 @@
+"""The disk outbox: durable puts, removal on ack, bounds with a drop policy, recovery."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from edge.outbox import Outbox
+
+
+def _put(box: Outbox, kind: str, n: int, size: int = 100) -> list[int]:
+    return [box.put(kind, f"ef/v1/cam-01/{kind}", b"x" * size) for _ in range(n)]
+
+
+def test_messages_survive_reopen_and_leave_only_on_ack(tmp_path: Path) -> None:
+    # given an outbox with three messages
+    box = Outbox(tmp_path / "o.db")
+    ids = _put(box, "escalation", 3)
+    box.put("telemetry", "t", b"tel", qos=0)
+    box.close()
+    # when it is reopened (as after a crash) and one is acknowledged
+    box = Outbox(tmp_path / "o.db")
+    assert box.depth() == 4
+    assert box.ack([ids[1], 999_999]) == 1
+    # then the others are still there, in order, with their properties
+    items = box.read(0)
+    assert [i.id for i in items] == [ids[0], ids[2], ids[2] + 1]
+    assert items[-1].qos == 0 and items[-1].kind == "telemetry"
+    assert box.read(ids[0], up_to_id=ids[2]) == [items[1]]
+    assert box.depth("escalation") == 2
+
+
+def test_wal_mode_and_synchronous_policy(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", synchronous="full")
+    assert box._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert box._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    normal = Outbox(tmp_path / "n.db", synchronous="normal")
+    assert normal._db.execute("PRAGMA synchronous").fetchone()[0] == 1
+
+
+def test_full_outbox_drops_telemetry_first_and_escalations_last(tmp_path: Path) -> None:
+    # given a full outbox of 2 escalations, 1 reported and 2 telemetry messages
+    box = Outbox(tmp_path / "o.db", max_messages=10)
+    box.max_messages = 5
+    esc = _put(box, "escalation", 2)
+    rep = _put(box, "reported", 1)
+    tel = _put(box, "telemetry", 2)
+    # when three more escalations arrive
+    new = _put(box, "escalation", 3)
+    # then the two telemetry messages went first, then the reported one
+    remaining = [i.id for i in box.read(0)]
+    assert remaining == esc + new
+    assert box.dropped == {"telemetry": 2, "reported": 1, "escalation": 0}
+    assert not set(tel + rep) & set(remaining)
+    # when telemetry arrives into an outbox full of escalations, the newcomer is dropped
+    assert box.put("telemetry", "t", b"x") == 0
+    assert box.dropped["telemetry"] == 3
+    # and when escalations keep coming, the oldest escalation makes room
+    later = _put(box, "escalation", 1)
+    assert [i.id for i in box.read(0)] == [esc[1], *new, *later]
+    assert box.dropped_total == 5
+
+
+def test_byte_bound_is_enforced(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", max_bytes=64 * 1024)
+    _put(box, "escalation", 10, size=10_000)
+    assert box.size_bytes <= 64 * 1024
+    assert box.depth() == 6
+    assert box.dropped["escalation"] == 4
+
+
+def test_drop_counters_persist(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", max_messages=10)
+    _put(box, "telemetry", 12)
+    box.close()
+    assert Outbox(tmp_path / "o.db").dropped["telemetry"] == 2
+
+
+def test_telemetry_seq_never_repeats_across_restarts(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db")
+    first = [box.next_seq() for _ in range(3)]
+    box.close()
+    box = Outbox(tmp_path / "o.db")
+    second = box.next_seq()
+    assert first == sorted(first) and len(set(first)) == 3
+    assert second == first[-1] + 1
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_corrupt_outbox_is_moved_aside_and_a_fresh_one_starts(tmp_path: Path, damage: str) -> None:
+    # given an outbox file that is not a database any more
+    path = tmp_path / "o.db"
+    box = Outbox(path)
+    _put(box, "escalation", 50, size=2000)
+    seq_before = box.next_seq()
+    box.checkpoint()
+    box.close()
+    data = path.read_bytes()
+    if damage == "garbage":
+        path.write_bytes(b"this is not sqlite" * 100)
+    else:
+        path.write_bytes(data[:100] + b"\0" * 4096 + data[5000:8000])
+    # when the agent opens it
+    box = Outbox(path)
+    # then the damaged file is kept aside, the new outbox works and seq does not repeat
+    assert box.recovered_from is not None and box.recovered_from.exists()
+    assert box.depth() == 0
+    assert box.put("escalation", "t", b"x") > 0
+    assert box.writable()
+    assert box.next_seq() > seq_before
+
+
+def test_unknown_kind_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        Outbox(tmp_path / "o.db").put("status", "t", b"x")
+
+
+def test_outbox_file_is_plain_sqlite(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db")
+    _put(box, "escalation", 2)
+    db = sqlite3.connect(tmp_path / "o.db")
+    assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 2

@@ -1,0 +1,122 @@
+"""Escalation policy: reasons, token bucket, de-duplication, crop and JPEG."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from edge.policy import EscalationPolicy, TokenBucket, dhash, hamming
+from edge.settings import PolicySettings
+from shared.messages import Detection
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _frame(seed: int, size: tuple[int, int] = (120, 160)) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    return cv2.resize(small, (size[1], size[0]), interpolation=cv2.INTER_NEAREST)
+
+
+def _det(score: float, box=(10.0, 10.0, 50.0, 30.0), text: str = "AB") -> Detection:
+    return Detection(text=text, score=score, box=box)
+
+
+def _policy(clock: FakeClock | None = None, **kw) -> EscalationPolicy:
+    settings = PolicySettings(**{"sample_share": 0.0, "seed": 1, **kw})
+    return EscalationPolicy(settings, clock=clock or FakeClock())
+
+
+def test_reasons() -> None:
+    p = _policy(unsure_low=0.3, unsure_high=0.7)
+    assert p.reason([_det(0.5)], expect_result=False, failed=False) == "unsure"
+    assert p.reason([_det(0.95)], expect_result=False, failed=False) is None
+    assert p.reason([_det(0.1)], expect_result=False, failed=False) is None
+    assert p.reason([], expect_result=True, failed=False) == "empty"
+    assert p.reason([], expect_result=False, failed=False) is None
+    assert p.reason([], expect_result=False, failed=True) == "error"
+    assert _policy(escalate_errors=False).reason([], expect_result=False, failed=True) is None
+    assert _policy(escalate_empty=False).reason([], expect_result=True, failed=False) is None
+
+
+def test_sampled_share_is_roughly_the_configured_share() -> None:
+    p = _policy(sample_share=0.2, seed=7)
+    hits = sum(
+        p.reason([_det(0.99)], expect_result=False, failed=False) == "sampled" for _ in range(2000)
+    )
+    assert 300 < hits < 500
+    assert _policy(sample_share=1.0).reason([], expect_result=False, failed=False) == "sampled"
+
+
+def test_token_bucket_limits_and_refills() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate_per_s=1.0, burst=3, clock=clock)
+    assert [bucket.take() for _ in range(4)] == [True, True, True, False]
+    clock.now += 1.0
+    assert bucket.take() is True
+    assert bucket.take() is False
+    clock.now += 100
+    assert sum(bucket.take() for _ in range(10)) == 3
+
+
+def test_rate_limit_is_per_stream_and_counted() -> None:
+    clock = FakeClock()
+    p = _policy(clock, rate_per_min=60, burst=2, dedup_window_s=0)
+    a = [p.admit("a", _frame(i)) for i in range(4)]
+    b = [p.admit("b", _frame(10 + i)) for i in range(2)]
+    assert a == [True, True, False, False]
+    assert b == [True, True]
+    assert p.suppressed["rate"] == 2
+    clock.now += 1.0
+    assert p.admit("a", _frame(99)) is True
+
+
+def test_near_identical_frames_are_sent_once_per_window() -> None:
+    clock = FakeClock()
+    p = _policy(clock, rate_per_min=6000, burst=100, dedup_window_s=10)
+    frame = _frame(1)
+    noisy = np.clip(
+        frame.astype(np.int16) + np.random.default_rng(0).integers(-3, 4, frame.shape), 0, 255
+    ).astype(np.uint8)
+    assert hamming(dhash(frame), dhash(noisy)) <= 4
+    assert p.admit("s", frame) is True
+    assert p.admit("s", noisy) is False  # same scene, a little noise
+    assert p.admit("s", _frame(2)) is True  # a different scene
+    assert p.suppressed["duplicate"] == 1
+    clock.now += 11  # the window has passed
+    assert p.admit("s", frame) is True
+
+
+def test_decide_frame_and_crop_with_jpeg_quality() -> None:
+    frame = _frame(3, (240, 320))
+    dets = [_det(0.5, (100.0, 50.0, 140.0, 70.0)), _det(0.9, (150.0, 60.0, 200.0, 90.0))]
+    whole = _policy(attach="frame", jpeg_quality=90).decide("s", frame, dets)
+    assert whole is not None and whole.reason == "unsure" and whole.crop is None
+    img = cv2.imdecode(np.frombuffer(whole.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert img.shape == (240, 320, 3)
+    crop = _policy(attach="crop", crop_margin=0.1).decide("s", frame, dets)
+    assert crop is not None and crop.crop == (90, 46, 210, 94)
+    img = cv2.imdecode(np.frombuffer(crop.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert img.shape == (48, 120, 3)
+    # no boxes: the whole frame goes even in crop mode
+    boxless = _policy(attach="crop").decide("s", frame, [], failed=True)
+    assert boxless is not None and boxless.crop is None
+    low = _policy(jpeg_quality=10).encode(frame, None)
+    high = _policy(jpeg_quality=95).encode(frame, None)
+    assert len(low) < len(high)
+
+
+def test_large_frames_are_downscaled() -> None:
+    p = _policy(max_image_side=64)
+    jpeg = p.encode(_frame(4, (240, 320)), None)
+    assert cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR).shape == (48, 64, 3)
+
+
+def test_confident_frames_are_not_escalated() -> None:
+    assert _policy().decide("s", _frame(5), [_det(0.99)]) is None
