@@ -69,9 +69,9 @@ SECRET_PATTERNS = [
     re.compile(r"\beft_[A-Za-z0-9_-]{20,}"),  # edgefleet REST tokens
     re.compile(r"\$7\$\d+\$"),  # mosquitto password hashes
     re.compile(
-        r"(?i)(password|passwd|secret|token|api_?key)\w*\s*[:=]\s*['\"]?(?![/.$-])[^\s'\"]{6,}"
+        r"(?i)(password|passwd|secret|token|api_?key)\w*\s*[:=]\s*['\"]?(?![/.$<-])[^\s'\"]{6,}"
     ),
-    re.compile(r"(?i)(postgres(ql)?|mqtts?|https?)://[^/\s:@]+:[^/\s@]+@"),  # creds in URLs
+    re.compile(r"(?i)(postgres(ql)?|mqtts?|https?)://[^/\s:@]+:(?![<.])[^/\s@]+@"),  # creds in URLs
 ]
 
 

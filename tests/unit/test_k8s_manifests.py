@@ -1,0 +1,160 @@
+"""The Kubernetes scale path, validated offline against a pinned Kubernetes version.
+
+kubernetes-validate checks each object against the API's OpenAPI schema (strict: unknown
+fields are errors); the rest checks what the schema cannot: probes on the right paths,
+GPU requests, a non-root read-only container whose writable paths are volumes, settings
+that the real CloudSettings accepts, and an HPA fed by a metric the cloud really exports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import kubernetes_validate
+import prometheus_client
+import pytest
+import yaml
+
+from cloud.settings import CloudSettings
+from shared.config import load_settings
+from tests.unit.test_docker_files import (
+    assert_env_sets_real_settings,
+    declared_volumes,
+    final_env,
+)
+
+K8S = Path(__file__).resolve().parents[2] / "docker" / "x86" / "k8s"
+KUBERNETES_VERSION = "1.31.0"
+
+
+def _documents() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                docs.append((f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc))
+    return docs
+
+
+DOCS = _documents()
+
+
+def _one(kind: str, name: str = "edgefleet-cloud") -> dict[str, Any]:
+    found = [d for _, d in DOCS if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}"
+    return found[0]
+
+
+def _container() -> dict[str, Any]:
+    return _one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(("name", "doc"), DOCS, ids=[n for n, _ in DOCS])
+def test_manifest_is_valid_for_the_pinned_kubernetes(name: str, doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_validation_rejects_a_broken_manifest() -> None:
+    broken = yaml.safe_load(yaml.safe_dump(_one("Deployment")))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["pathh"] = "x"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+    broken = yaml.safe_load(yaml.safe_dump(_one("Deployment")))
+    broken["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_kustomization_lists_every_manifest_of_the_namespace() -> None:
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(listed) == files - {"prometheus-adapter-rules.yaml"}
+    for name, doc in DOCS:
+        if not name.startswith("prometheus-adapter") and doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "edgefleet", name
+
+
+def test_orchestrator_runs_replicas_with_health_probes_and_a_gpu() -> None:
+    deployment = _one("Deployment")
+    assert deployment["spec"]["replicas"] >= 2
+    container = _container()
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    resources = container["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == 1
+    assert {"cpu", "memory"} <= set(resources["requests"])
+    # the port the probes use is the one the image serves on
+    port = int(final_env("x86-cloud")["HTTP__PORT"])
+    assert container["ports"][0]["containerPort"] == port
+
+
+def test_orchestrator_is_non_root_with_a_read_only_root_filesystem() -> None:
+    pod = _one("Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    security = _container()["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+
+
+def test_every_writable_path_of_the_image_is_a_volume_mount() -> None:
+    mounts = {PurePosixPath(m["mountPath"]): m for m in _container()["volumeMounts"]}
+    for path in declared_volumes("x86-cloud"):
+        assert path in mounts, f"VOLUME {path} is not mounted (read-only root filesystem)"
+        assert not mounts[path].get("readOnly", False)
+    assert mounts[PurePosixPath("/etc/edgefleet")]["readOnly"] is True
+
+
+def test_configuration_is_accepted_by_the_real_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _one("ConfigMap")["data"]
+    cloud_yaml = tmp_path / "cloud.yaml"
+    cloud_yaml.write_text(data["cloud.yaml"])
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(CloudSettings, cloud_yaml)
+    assert settings.ingest.share_group == "edgefleet-cloud"
+    env = {k: v for k, v in data.items() if k != "cloud.yaml"}
+    env["INGEST__CLIENT_ID"] = "edgefleet-cloud-0"  # what the downward API gives each pod
+    assert assert_env_sets_real_settings(CloudSettings, {}, env, monkeypatch) == len(env)
+    names = [e["name"] for e in _container()["env"]]
+    assert names == ["INGEST__CLIENT_ID"]
+    sources = {next(iter(s)) for s in _container()["envFrom"]}
+    assert sources == {"configMapRef", "secretRef"}
+
+
+def test_autoscaling_follows_queue_depth_exported_by_the_cloud() -> None:
+    hpa = _one("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "edgefleet-cloud"
+    metrics = hpa["spec"]["metrics"]
+    assert [m["type"] for m in metrics] == ["Pods"]  # not CPU
+    metric = metrics[0]["pods"]["metric"]["name"]
+    # the cloud really exports this gauge on /metrics
+    importlib.import_module("cloud.processor")
+    exported = {m.name for m in prometheus_client.REGISTRY.collect()}
+    assert metric in exported
+    # and the adapter rule turns that series into the metric the HPA asks for
+    rules = yaml.safe_load(_one("ConfigMap", "adapter-config")["data"]["config.yaml"])["rules"]
+    rule = next(r for r in rules if r["name"]["as"] == metric)
+    assert rule["seriesQuery"].startswith(metric + "{")
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+
+
+def test_service_and_pdb_select_the_orchestrator_pods() -> None:
+    labels = _one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = _one("Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == _container()["ports"][0]["name"]
+    pdb = _one("PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    claims = {d["metadata"]["name"] for _, d in DOCS if d["kind"] == "PersistentVolumeClaim"}
+    volumes = _one("Deployment")["spec"]["template"]["spec"]["volumes"]
+    used = {
+        v["persistentVolumeClaim"]["claimName"] for v in volumes if "persistentVolumeClaim" in v
+    }
+    assert used == claims
