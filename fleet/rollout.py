@@ -29,6 +29,7 @@ from typing import Any, Literal
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fleet.models import ModelStore
 from fleet.registry import DeviceRegistry, validate_group
 from shared.db import Database
 from shared.errors import Conflict, InvalidInput, NotFound
@@ -185,13 +186,13 @@ class RolloutController:
         db: Database,
         publish: Publish,
         *,
-        resolve_model: Callable[[str, str], ModelRef] | None = None,
+        model_store: ModelStore | None = None,
         topics: Topics = Topics(),
     ):
         self.registry = registry
         self.db = db
         self.publish = publish
-        self.resolve_model = resolve_model
+        self.model_store = model_store
         self.topics = topics
         self._lock = threading.RLock()
         self._timer: threading.Thread | None = None
@@ -278,11 +279,11 @@ class RolloutController:
     def _resolve(self, spec: ModelSpec) -> ModelRef:
         if spec.url and spec.sha256:
             return ModelRef(name=spec.name, version=spec.version, url=spec.url, sha256=spec.sha256)
-        if self.resolve_model is None:
+        if self.model_store is None:
             raise InvalidInput(
                 f"model {spec.name}@{spec.version} needs url and sha256 (no model store here)"
             )
-        ref = self.resolve_model(spec.name, spec.version)
+        ref = self.model_store.ref(spec.name, spec.version)
         if spec.sha256 and spec.sha256 != ref.sha256:
             raise InvalidInput(
                 f"model {spec.name}@{spec.version}: sha256 does not match the stored file"
@@ -326,6 +327,10 @@ class RolloutController:
             log.warning("device revoked during rollout; skipped", extra={"device_id": device})
             return
         topic = self.topics.desired(device)
+        if desired is not None and self.model_store is not None:
+            store = self.model_store
+            models = [store.for_device(m, device, key) for m in desired.models]
+            desired = desired.model_copy(update={"models": models})
         if desired is None:
             # nothing to go back to: clear the retained state; the device keeps what it runs
             self.publish(WireMessage(topic, b"", ()), True)
