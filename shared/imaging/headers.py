@@ -67,8 +67,10 @@ def describe_unknown(data: ByteSource) -> str:
     return f"unrecognised magic bytes {head[:8].hex(' ')}: not JPEG, PNG, BMP, WebP or TIFF"
 
 
-def image_size(data: ByteSource) -> tuple[int, int]:
+def image_size(data: ByteSource | memoryview) -> tuple[int, int]:
     """(width, height) declared by the header, without decoding pixels."""
+    if isinstance(data, memoryview):
+        data = data.tobytes()
     fmt = sniff_format(data)
     if fmt is None:
         if len(memoryview(data)) == 0:

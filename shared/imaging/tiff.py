@@ -112,6 +112,8 @@ def parse_tiff(data: ByteSource) -> TiffInfo:
         keep = cnt if tag in _ARRAY_TAGS else min(cnt, 1)
         raw = bytes(data[offset : offset + size * keep])
         values = np.frombuffer(raw, dtype=np.dtype(endian + code), count=keep)
+        if values.size and values.min() < 0:
+            raise ImageRejected(f"corrupt TIFF: tag {tag} holds a negative value")
         tags[tag] = tuple(int(v) for v in values)
 
     def one(tag: int, default: int | None = None) -> int | None:

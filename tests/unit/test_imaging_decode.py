@@ -316,6 +316,18 @@ def test_truncated_tiff_strip_is_rejected():
         decode_image(bytes(cut))
 
 
+def test_negative_tiff_strip_offset_is_rejected():
+    # found by fuzzing: a signed (SLONG) strip offset of -100 must not index from the end
+    data = bytearray(tiff_bytes(noise(12, 10), photometric=2))
+    ifd = struct.unpack_from("<I", data, 4)[0]
+    for i in range(struct.unpack_from("<H", data, ifd)[0]):
+        entry = ifd + 2 + 12 * i
+        if struct.unpack_from("<H", data, entry)[0] == 273:
+            struct.pack_into("<HHIi", data, entry, 273, 9, 1, -100)
+    with pytest.raises(ImageRejected, match="negative"):
+        decode_image(bytes(data))
+
+
 # ---------------------------------------------------------------- good paths
 
 
@@ -327,6 +339,7 @@ def test_truncated_tiff_strip_is_rejected():
         ("TIFF", {}),
         ("TIFF", {"compression": "tiff_lzw"}),
         ("TIFF", {"compression": "tiff_adobe_deflate"}),
+        ("TIFF", {"compression": "packbits"}),
         ("WEBP", {"lossless": True}),
     ],
 )
@@ -341,13 +354,22 @@ def test_lossless_round_trip_is_exact(fmt, kwargs):
     assert np.array_equal(out, img)
 
 
-@pytest.mark.parametrize("fmt, kwargs", [("JPEG", {"quality": 95}), ("WEBP", {"quality": 95})])
+@pytest.mark.parametrize(
+    "fmt, kwargs",
+    [
+        ("JPEG", {"quality": 95}),
+        ("JPEG", {"quality": 95, "progressive": True}),
+        ("JPEG", {"quality": 95, "subsampling": 0}),
+        ("WEBP", {"quality": 95}),
+    ],
+)
 def test_lossy_round_trip_is_close(fmt, kwargs):
     img = gradient()
     data = pil_bytes(Image.fromarray(img), fmt, **kwargs)
     out = decode_image(data)
-    assert image_size(data) == (64, 48)
+    assert image_size(data) == image_size(memoryview(data)) == (64, 48)
     assert np.abs(out.astype(int) - img).mean() < 3
+    assert np.array_equal(decode_image(memoryview(data)), out)
 
 
 def test_encoders_round_trip():
