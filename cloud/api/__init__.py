@@ -1,0 +1,1 @@
+"""REST routers of the orchestrator, one module per resource."""

@@ -1,0 +1,113 @@
+"""POST /v1/escalations (multipart: image + metadata JSON) and GET /v1/escalations/{id}."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from cloud.api.deps import parse_json_object, require_media_type, services, validate_model
+from cloud.auth import Principal, require_device_or_operator, require_device_scope
+from shared.errors import Conflict, UnsupportedMediaType
+from shared.imaging import sniff_format
+from shared.messages import CloudVerdict, EscalationCase
+
+router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
+
+_IMAGE_TYPES = {"image/jpeg": "jpeg", "image/png": "png"}
+
+
+class EscalationAccepted(BaseModel):
+    case_id: str
+    status: Literal["queued", "processing"]
+    trace_id: str
+
+
+def multipart_only(request: Request) -> None:
+    require_media_type(request, "multipart/form-data")
+
+
+@router.post(
+    "",
+    status_code=202,
+    summary="send a hard case; 202 with its case_id, or 200 with the verdict given ?wait=",
+    response_model=EscalationAccepted,
+    responses={
+        200: {"model": CloudVerdict, "description": "the verdict (with ?wait=)"},
+        409: {"description": "a case with this case_id was already received"},
+        413: {"description": "upload too large"},
+        415: {"description": "not a JPEG/PNG, or not multipart"},
+        429: {"description": "queue full; retry after Retry-After"},
+    },
+)
+async def post_escalation(
+    request: Request,
+    _mp: Annotated[None, Depends(multipart_only)],
+    principal: Annotated[Principal, Depends(require_device_or_operator)],
+    image: Annotated[UploadFile, File(description="the crop or frame, JPEG or PNG")],
+    metadata: Annotated[
+        str, Form(description="EscalationCase JSON (schema ef.escalation/1), without the image")
+    ],
+    wait: Annotated[
+        float | None, Query(ge=0, le=300, description="seconds to wait for the verdict")
+    ] = None,
+) -> Any:
+    svc = services(request)
+    declared = (image.content_type or "").split(";", 1)[0].strip().lower()
+    if declared not in _IMAGE_TYPES:
+        raise UnsupportedMediaType(f"image part has content type {declared or '(none)'!r}")
+    data = await image.read()
+    meta = parse_json_object(metadata, "metadata")
+    meta.setdefault("trace_id", request.state.trace_id)
+    meta.setdefault("content_type", declared)
+    if principal.kind == "device":
+        meta.setdefault("device_id", principal.id)
+    case = validate_model(EscalationCase, meta, "metadata")
+    require_device_scope(principal, case.device_id)
+    if case.content_type != declared:
+        raise UnsupportedMediaType(
+            f"metadata says {case.content_type} but the image part is {declared}"
+        )
+    if sniff_format(data) != _IMAGE_TYPES[declared]:
+        raise UnsupportedMediaType(f"the image bytes are not a {declared} file")
+    rgb = await run_in_threadpool(svc.decode, data)  # typed 400/413/415 on bad images
+    if await run_in_threadpool(svc.store.case_device, case.case_id) is not None:
+        raise Conflict(
+            f"case {case.case_id} was already received",
+            code="duplicate_case",
+            hint=f"GET /v1/escalations/{case.case_id} for its verdict",
+        )
+    future = svc.processor.submit(case, data, source="rest", rgb=rgb)
+    accepted = EscalationAccepted(case_id=case.case_id, status="queued", trace_id=case.trace_id)
+    if not wait:
+        return accepted
+    max_wait = min(wait, svc.settings.http.max_wait_s)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        verdict = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), max_wait)
+    except (asyncio.TimeoutError, TimeoutError):
+        verdict = None
+    if verdict is None:
+        left = max(0.0, max_wait - (loop.time() - started))
+        verdict = await run_in_threadpool(svc.processor.wait_verdict, case.case_id, left)
+    if verdict is None:
+        return JSONResponse(
+            accepted.model_copy(update={"status": "processing"}).model_dump(), status_code=202
+        )
+    return JSONResponse(verdict.model_dump(mode="json"), status_code=200)
+
+
+@router.get("/{case_id}", summary="the case, its edge result, verdict and feedback")
+def get_escalation(
+    request: Request,
+    case_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{8,64}$")],
+    principal: Annotated[Principal, Depends(require_device_or_operator)],
+) -> dict[str, Any]:
+    record = services(request).store.case(case_id)
+    require_device_scope(principal, record["device_id"])
+    return record

@@ -1,0 +1,52 @@
+"""Liveness, readiness, metrics and drift."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from cloud.api.deps import services
+from cloud.auth import Principal, require_operator
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="liveness: the process answers")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    summary="readiness: models warmed, broker connected, store writable (503 with reasons)",
+    responses={503: {"description": "not ready; `reasons` says why"}},
+)
+def readyz(request: Request) -> JSONResponse:
+    ready, body = services(request).readiness()
+    headers = {} if ready else {"Retry-After": "5"}
+    return JSONResponse(body, status_code=200 if ready else 503, headers=headers)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def metrics() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/drift", summary="edge score drift (KS) per device and model")
+def drift(
+    request: Request, device_id: str | None = None, _: Principal = Depends(require_operator)
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "device_id": r.device_id,
+            "model": r.model,
+            "ks": r.ks,
+            "current_n": r.current_n,
+            "reference_n": r.reference_n,
+            "computed_at": r.computed_at.isoformat().replace("+00:00", "Z"),
+        }
+        for r in services(request).drift.latest(device_id)
+    ]

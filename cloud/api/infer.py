@@ -1,0 +1,77 @@
+"""POST /v1/infer/{model}: synchronous inference on one image, for direct clients.
+
+There is no fallback here (the caller asked for this model): a timeout is a 504.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
+
+from cloud.api.deps import require_media_type, services
+from cloud.auth import Principal, require_device_or_operator
+from shared.errors import ImageRejected, ModelNotFound
+from shared.messages import Detection
+
+router = APIRouter(prefix="/v1/infer", tags=["inference"])
+
+
+class InferResult(BaseModel):
+    model: str
+    sha256: str | None
+    backend: str | None
+    result: list[Detection]
+    latency_ms: float
+    trace_id: str
+
+
+@router.post(
+    "/{model}",
+    summary="run one served model on one image (raw JPEG/PNG body)",
+    response_model=InferResult,
+    responses={
+        404: {"description": "model not served"},
+        413: {"description": "image too large"},
+        415: {"description": "not a JPEG/PNG body"},
+        429: {"description": "model queue full"},
+        504: {"description": "inference timed out"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+                "image/png": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+)
+async def infer(
+    request: Request,
+    model: Annotated[str, Path(max_length=128)],
+    principal: Annotated[Principal, Depends(require_device_or_operator)],
+    timeout_s: Annotated[float | None, Query(gt=0, le=300)] = None,
+) -> InferResult:
+    svc = services(request)
+    if model not in svc.pool.names:
+        raise ModelNotFound(f"model {model!r} is not served; served: {', '.join(svc.pool.names)}")
+    require_media_type(request, "image/jpeg", "image/png")
+    body = await request.body()
+    if not body:
+        raise ImageRejected("empty body: send the image bytes")
+    rgb = await run_in_threadpool(svc.decode, body)
+    started = time.perf_counter()
+    result = await svc.pool.call_async(model, rgb, timeout_s or svc.settings.models.timeout_s)
+    info = svc.pool.get(model).info
+    return InferResult(
+        model=f"{info.name}@{info.version}",
+        sha256=info.sha256,
+        backend=info.backend,
+        result=result,
+        latency_ms=round((time.perf_counter() - started) * 1000, 3),
+        trace_id=request.state.trace_id,
+    )

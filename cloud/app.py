@@ -1,0 +1,139 @@
+"""The FastAPI app of the orchestrator, and the ONE place errors become HTTP answers.
+
+Every error body is `{"error": {"code", "message", "trace_id"}}` (plus `hint` when the
+error has one); 429 and 503 carry `Retry-After`. EdgefleetError subclasses map by their
+own `http_status`; request validation is 422 (400 for JSON that does not parse); any
+other exception is logged with its trace id and answered 500 by TraceMiddleware.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cloud.api import escalations, feedback, health, infer
+from cloud.auth import require_operator
+from cloud.middleware import BodyLimitMiddleware, TraceMiddleware, error_body, error_headers
+from cloud.services import CloudServices
+from cloud.settings import CloudSettings
+from shared.errors import EdgefleetError
+
+log = logging.getLogger(__name__)
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_input",
+    429: "overloaded",
+    503: "unavailable",
+}
+
+
+def _json_error(
+    status: int, code: str, message: str, hint: str = "", retry_after: float | None = None
+) -> JSONResponse:
+    headers = error_headers(status, retry_after)
+    headers.pop("content-type", None)
+    return JSONResponse(
+        error_body(status, code, message, hint), status_code=status, headers=headers
+    )
+
+
+async def _edgefleet_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EdgefleetError)
+    level = logging.ERROR if exc.http_status >= 500 else logging.INFO
+    log.log(
+        level,
+        "%s %s -> %s %s: %s",
+        request.method,
+        request.url.path,
+        exc.http_status,
+        exc.code,
+        exc.message,
+    )
+    return _json_error(
+        exc.http_status, exc.code, exc.message, exc.hint, getattr(exc, "retry_after_s", None)
+    )
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return _json_error(400, "malformed_json", "the request body is not valid JSON")
+    parts = []
+    for err in errors[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "<request>"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return _json_error(422, "invalid_input", "; ".join(parts) or "invalid request")
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    detail = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+    response = _json_error(exc.status_code, code, detail)
+    for key, value in (exc.headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
+def create_app(settings: CloudSettings, *, services: CloudServices | None = None) -> FastAPI:
+    """The app; it builds its services from `settings` unless given them (then it starts
+    them but leaves closing to whoever built them)."""
+    owned = services is None
+    services = services or CloudServices.build(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services.start()
+        try:
+            yield
+        finally:
+            if owned:
+                services.close()
+
+    app = FastAPI(
+        title="edgefleet cloud orchestrator",
+        version="1",
+        lifespan=lifespan,
+        description="Escalations, inference, feedback, export, fleet. Auth: "
+        "`Authorization: Bearer <device token | operator API key>`.",
+    )
+    app.state.services = services
+    app.state.settings = settings
+    app.add_exception_handler(EdgefleetError, _edgefleet_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http.max_upload_bytes)
+    app.add_middleware(TraceMiddleware)  # added last = outermost
+    app.include_router(escalations.router)
+    app.include_router(infer.router)
+    app.include_router(feedback.router)
+    app.include_router(health.router)
+    if services.registry is not None:
+        _include_fleet(app, services)
+    return app
+
+
+def _include_fleet(app: FastAPI, services: CloudServices) -> None:
+    """The fleet's routes (/v1/devices*, /v1/deployments*, the dashboard)."""
+    try:
+        from fleet.api import build_router
+    except ImportError as exc:
+        log.warning("fleet API not available in this build: %s", exc)
+        return
+    app.include_router(build_router(services.registry, services.rollouts, require_operator))

@@ -1,0 +1,77 @@
+"""The seam between the orchestrator and the device registry (fleet.registry.DeviceRegistry).
+
+The cloud needs only these calls of a registry: the HMAC key of a device (wire signatures),
+the device a REST token belongs to, and hooks for status/telemetry/reported messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+from typing import Protocol, runtime_checkable
+
+from shared.messages import DeviceStatus, DeviceTelemetry, ReportedState
+
+
+@runtime_checkable
+class DeviceDirectory(Protocol):
+    """What the cloud asks of the device registry."""
+
+    def device_key(self, device_id: str) -> bytes | None:
+        """The device's HMAC key, or None if it is not enrolled (or revoked)."""
+
+    def authenticate_token(self, token: str) -> str | None:
+        """The device id a REST bearer token belongs to, or None."""
+
+    def record_status(self, status: DeviceStatus) -> None:
+        """Remember the device's last online/offline state."""
+
+    def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
+        """Remember the device's last telemetry for the fleet view."""
+
+    def record_reported(self, reported: ReportedState) -> None:
+        """Remember the deployment state the device reports."""
+
+
+class StaticDirectory:
+    """A fixed set of devices held in memory: for `cloud serve` without a fleet database
+    (keys from a file) and for benchmarks; it remembers the last message of each kind."""
+
+    def __init__(self, devices: dict[str, tuple[bytes, str | None]] | None = None):
+        self._keys: dict[str, bytes] = {}
+        self._tokens: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.last_status: dict[str, DeviceStatus] = {}
+        self.last_telemetry: dict[str, DeviceTelemetry] = {}
+        self.last_reported: dict[str, ReportedState] = {}
+        for device_id, (key, token) in (devices or {}).items():
+            self.add(device_id, key, token)
+
+    def add(self, device_id: str, key: bytes, token: str | None = None) -> None:
+        with self._lock:
+            self._keys[device_id] = key
+            if token:
+                self._tokens[hashlib.sha256(token.encode()).hexdigest()] = device_id
+
+    def device_key(self, device_id: str) -> bytes | None:
+        return self._keys.get(device_id)
+
+    def authenticate_token(self, token: str) -> str | None:
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        for known, device_id in self._tokens.items():
+            if hmac.compare_digest(known, digest):
+                return device_id
+        return None
+
+    def record_status(self, status: DeviceStatus) -> None:
+        with self._lock:
+            self.last_status[status.device_id] = status
+
+    def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
+        with self._lock:
+            self.last_telemetry[telemetry.device_id] = telemetry
+
+    def record_reported(self, reported: ReportedState) -> None:
+        with self._lock:
+            self.last_reported[reported.device_id] = reported

@@ -1,0 +1,248 @@
+"""MQTT ingest: shared subscriptions, verification, at-least-once into the store.
+
+Every replica subscribes to `$share/<group>/ef/v1/+/{escalations,telemetry,status,reported}`,
+so the broker hands each message to exactly one replica of the group. Messages are
+acknowledged by hand (paho manual ack) only after they are stored, and the CONNECT
+property Receive Maximum caps how many the broker may have unacknowledged with us:
+when we fall behind, the broker holds the rest (flow control instead of memory growth).
+
+A replayed case (same case_id) is answered again from the store, never re-run.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from prometheus_client import Counter, Gauge
+
+from cloud.directory import DeviceDirectory
+from cloud.processor import BACKPRESSURE, CaseProcessor
+from shared.errors import EdgefleetError, PayloadRejected
+from shared.messages import (
+    CloudVerdict,
+    DeviceStatus,
+    DeviceTelemetry,
+    EscalationCase,
+    ReportedState,
+)
+from shared.mqtt import MqttSettings, from_paho, make_client, publish
+from shared.topics import Channel, Topics
+from shared.wire import ReplayedMessage, Verified, Verifier, WireMessage, encode
+
+log = logging.getLogger(__name__)
+
+INGESTED = Counter(
+    "ef_cloud_ingest_total",
+    "MQTT messages taken in, by channel and outcome",
+    ["channel", "outcome"],
+)
+BROKER_CONNECTED = Gauge("ef_cloud_broker_connected", "1 while the ingest client is connected")
+LIGHT_QUEUE_DEPTH = Gauge("ef_cloud_light_queue_depth", "Telemetry/status waiting to be stored")
+
+CHANNELS = (Channel.ESCALATIONS, Channel.TELEMETRY, Channel.STATUS, Channel.REPORTED)
+
+
+class Ingest:
+    def __init__(
+        self,
+        mqtt_settings: MqttSettings,
+        directory: DeviceDirectory,
+        processor: CaseProcessor,
+        *,
+        share_group: str,
+        receive_maximum: int,
+        light_queue: int = 10_000,
+        light_workers: int = 2,
+        client_id: str | None = None,
+        max_payload_bytes: int = 8 * 1024 * 1024,
+        on_reported: Callable[[ReportedState], None] | None = None,
+    ):
+        self.settings = mqtt_settings
+        self.directory = directory
+        self.processor = processor
+        self.share_group = share_group
+        self.receive_maximum = receive_maximum
+        self.topics = Topics(mqtt_settings.topic_root)
+        self.verifier = Verifier(
+            key_for_device=directory.device_key,
+            topics=self.topics,
+            max_payload_bytes=max_payload_bytes,
+        )
+        self.on_reported = on_reported
+        self.client_id = client_id or f"edgefleet-cloud-{secrets.token_hex(4)}"
+        self.client = make_client(mqtt_settings, self.client_id)
+        self.client.manual_ack_set(True)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_message = self._on_message
+        self._connected = threading.Event()
+        self._light_max = light_queue
+        self._light: queue.Queue[tuple[Verified, int, int] | None] = queue.Queue()
+        self._light_workers = [
+            threading.Thread(target=self._light_loop, name=f"ingest-light-{i}", daemon=True)
+            for i in range(light_workers)
+        ]
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        for worker in self._light_workers:
+            worker.start()
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.settings.session_expiry_s
+        props.ReceiveMaximum = self.receive_maximum
+        self.client.connect_async(
+            self.settings.host,
+            self.settings.port,
+            keepalive=self.settings.keepalive_s,
+            clean_start=False,
+            properties=props,
+        )
+        self.client.loop_start()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+        for _ in self._light_workers:
+            self._light.put(None)
+        for worker in self._light_workers:
+            worker.join(timeout=5)
+
+    # --- outgoing -------------------------------------------------------------------
+
+    def publish_verdict(self, verdict: CloudVerdict) -> None:
+        """Sign with the device's key and send on its results topic (QoS 1)."""
+        key = self.directory.device_key(verdict.device_id)
+        if key is None:
+            log.warning("no key for %s: verdict stored, not published", verdict.device_id)
+            return
+        publish(self.client, encode(verdict, key, self.topics.results(verdict.device_id)))
+
+    def publish_wire(self, wire: WireMessage, retain: bool = False) -> None:
+        """For the fleet's rollout controller (desired state, retained)."""
+        publish(self.client, wire, qos=1, retain=retain)
+
+    # --- paho callbacks (network thread: never block here) --------------------------
+
+    def _on_connect(self, client: mqtt.Client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            log.error("broker refused the connection: %s", reason_code)
+            return
+        subs = [
+            (self.topics.all_devices(channel, self.share_group), mqtt.SubscribeOptions(qos=1))
+            for channel in CHANNELS
+        ]
+        client.subscribe(subs)
+        self._connected.set()
+        BROKER_CONNECTED.set(1)
+        log.info("ingest connected", extra={"client_id": self.client_id, "group": self.share_group})
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        self._connected.clear()
+        BROKER_CONNECTED.set(0)
+        log.warning("ingest disconnected: %s", reason_code)
+
+    def _on_message(self, client: mqtt.Client, userdata, message: mqtt.MQTTMessage) -> None:
+        mid, qos = message.mid, message.qos
+        wire = from_paho(message)
+        try:
+            verified = self.verifier.verify(wire)
+        except ReplayedMessage as exc:
+            verified = exc.verified
+            if not isinstance(verified.message, EscalationCase):
+                INGESTED.labels(_channel(wire), "replayed").inc()
+                self._ack(mid, qos)
+                return
+            # Answered again from the store by the processor (claim says DONE).
+            INGESTED.labels("escalations", "replayed").inc()
+        except PayloadRejected as exc:
+            INGESTED.labels(_channel(wire), f"rejected_{exc.reason}").inc()
+            log.warning("rejected message on %s: %s", wire.topic, exc.message)
+            self._ack(mid, qos)
+            return
+        except Exception:  # a verifier crash must not kill the network thread
+            INGESTED.labels(_channel(wire), "error").inc()
+            log.exception("verifying a message on %s failed", wire.topic)
+            self._ack(mid, qos)
+            return
+        if isinstance(verified.message, EscalationCase):
+            self._take_case(verified, mid, qos)
+            return
+        if qos == 0 and self._light.qsize() >= self._light_max:
+            BACKPRESSURE.labels("mqtt_light").inc()
+            INGESTED.labels(_channel(wire), "dropped_full").inc()
+            return
+        self._light.put((verified, mid, qos))
+        LIGHT_QUEUE_DEPTH.set(self._light.qsize())
+
+    def _take_case(self, verified: Verified, mid: int, qos: int) -> None:
+        assert isinstance(verified.message, EscalationCase)
+        try:
+            future = self.processor.submit(
+                verified.message, verified.image or b"", source="mqtt", flow_controlled=True
+            )
+        except EdgefleetError as exc:
+            INGESTED.labels("escalations", exc.code).inc()
+            self._ack(mid, qos)
+            return
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            outcome = "stored" if exc is None else getattr(exc, "code", "failed")
+            INGESTED.labels("escalations", outcome).inc()
+            self._ack(mid, qos)
+
+        future.add_done_callback(done)
+
+    def _ack(self, mid: int, qos: int) -> None:
+        if qos > 0:
+            self.client.ack(mid, qos)
+
+    # --- telemetry, status, reported ------------------------------------------------
+
+    def _light_loop(self) -> None:
+        while True:
+            item = self._light.get()
+            LIGHT_QUEUE_DEPTH.set(self._light.qsize())
+            if item is None:
+                return
+            verified, mid, qos = item
+            message = verified.message
+            channel = message.schema_id.split("/")[0].removeprefix("ef.")
+            try:
+                if isinstance(message, DeviceTelemetry):
+                    self.directory.record_telemetry(message)
+                elif isinstance(message, DeviceStatus):
+                    self.directory.record_status(message)
+                elif isinstance(message, ReportedState):
+                    self.directory.record_reported(message)
+                    if self.on_reported is not None:
+                        self.on_reported(message)
+                INGESTED.labels(channel, "stored").inc()
+            except EdgefleetError as exc:
+                INGESTED.labels(channel, exc.code).inc()
+                log.warning("storing %s from %s failed: %s", channel, verified.device_id, exc)
+            except Exception:  # keep the worker alive; the message is counted and logged
+                INGESTED.labels(channel, "error").inc()
+                log.exception("storing %s from %s failed", channel, verified.device_id)
+            finally:
+                self._ack(mid, qos)
+
+
+def _channel(wire: WireMessage) -> str:
+    return wire.topic.rsplit("/", 1)[-1] if wire.topic.count("/") >= 2 else "unknown"

@@ -1,0 +1,245 @@
+"""Case processing: a bounded priority queue, worker threads, and the one path every case
+takes (claim in the store → cascade → verdict stored → verdict published), whether it
+came by MQTT or REST.
+
+Backpressure: REST submissions are refused with `Overloaded` (429 + Retry-After) once
+`max_pending` cases wait. MQTT cases are flow-controlled by the broker instead: we ack
+a message only after its verdict is stored, and the broker sends at most
+`receive_maximum` unacknowledged messages, so the queue cannot grow past that either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+from prometheus_client import Counter, Gauge, Histogram
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from cloud.cascade import Cascade
+from cloud.router import Route, Router
+from cloud.store import ClaimState, FeedbackStore
+from shared.db import StoreUnavailable
+from shared.errors import Overloaded
+from shared.logs import trace_id_var
+from shared.messages import CloudVerdict, EscalationCase
+
+log = logging.getLogger(__name__)
+
+CASES = Counter(
+    "ef_cloud_cases_total", "Cases handled, by source and outcome", ["source", "outcome"]
+)
+QUEUE_DEPTH = Gauge("ef_cloud_queue_depth", "Cases waiting for a worker")
+BACKPRESSURE = Counter(
+    "ef_cloud_backpressure_total", "Times a full queue refused or held back work", ["source"]
+)
+CASE_SECONDS = Histogram(
+    "ef_cloud_case_seconds",
+    "From enqueue to verdict stored",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+Publisher = Callable[[CloudVerdict], None]
+Decoder = Callable[[bytes], np.ndarray]
+
+
+@dataclass(order=True)
+class Job:
+    sort_key: tuple[int, int]
+    case: EscalationCase = field(compare=False)
+    image: bytes = field(compare=False)
+    image_sha256: str = field(compare=False)
+    route: Route = field(compare=False)
+    source: str = field(compare=False)
+    enqueued: float = field(compare=False)
+    rgb: np.ndarray | None = field(compare=False, default=None)
+    future: Future = field(compare=False, default_factory=Future)
+
+
+class CaseProcessor:
+    def __init__(
+        self,
+        store: FeedbackStore,
+        router: Router,
+        cascade: Cascade,
+        decode: Decoder,
+        *,
+        replica: str,
+        workers: int = 4,
+        max_pending: int = 256,
+        retry_after_s: float = 1.0,
+        publish: Publisher | None = None,
+    ):
+        self.store = store
+        self.router = router
+        self.cascade = cascade
+        self.decode = decode
+        self.replica = replica
+        self.max_pending = max_pending
+        self.retry_after_s = retry_after_s
+        self.publish = publish
+        self._queue: queue.PriorityQueue[Job] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._stopping = threading.Event()
+        self._workers = [
+            threading.Thread(target=self._loop, name=f"case-worker-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for worker in self._workers:
+            worker.start()
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    def submit(
+        self,
+        case: EscalationCase,
+        image: bytes,
+        *,
+        source: str,
+        rgb: np.ndarray | None = None,
+        flow_controlled: bool = False,
+    ) -> Future:
+        """Queue a case; the Future resolves to its verdict (None if another worker owns it).
+
+        `flow_controlled` (MQTT) jobs are always taken: the broker bounds them.
+        """
+        depth = self._queue.qsize()
+        if depth >= self.max_pending:
+            BACKPRESSURE.labels(source).inc()
+            if not flow_controlled:
+                CASES.labels(source, "overloaded").inc()
+                raise Overloaded(
+                    f"{depth} cases already wait for a worker", retry_after_s=self.retry_after_s
+                )
+        route = self.router.route(case, len(image))
+        job = Job(
+            sort_key=(-route.priority, next(self._seq)),
+            case=case,
+            image=image,
+            image_sha256=hashlib.sha256(image).hexdigest(),
+            route=route,
+            source=source,
+            enqueued=time.monotonic(),
+            rgb=rgb,
+        )
+        self._queue.put(job)
+        QUEUE_DEPTH.set(self._queue.qsize())
+        return job.future
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                job = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            QUEUE_DEPTH.set(self._queue.qsize())
+            token = trace_id_var.set(job.case.trace_id)
+            try:
+                verdict = self._process_with_retry(job)
+                job.future.set_result(verdict)
+            except BaseException as exc:  # every failure reaches the caller's future
+                log.exception("case %s failed", job.case.case_id)
+                CASES.labels(job.source, "failed").inc()
+                job.future.set_exception(exc)
+            finally:
+                trace_id_var.reset(token)
+
+    def _process_with_retry(self, job: Job) -> CloudVerdict | None:
+        """A store outage is waited out (at-least-once); anything else fails the job."""
+        for attempt in Retrying(
+            retry=retry_if_exception_type(StoreUnavailable),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            stop=stop_after_delay(120),
+            reraise=True,
+        ):
+            with attempt:
+                return self.process(job)
+        return None
+
+    def process(self, job: Job) -> CloudVerdict | None:
+        case = job.case
+        claim = self.store.claim(
+            case,
+            image_sha256=job.image_sha256,
+            image=job.image,
+            source=job.source,
+            replica=self.replica,
+            stale_after_s=max(60.0, job.route.timeout_s * 3),
+        )
+        if claim.state is ClaimState.DONE:
+            CASES.labels(job.source, "duplicate_answered").inc()
+            self._publish(claim.verdict)
+            return claim.verdict
+        if claim.state is ClaimState.IN_PROGRESS:
+            CASES.labels(job.source, "duplicate_in_progress").inc()
+            return None  # its owner stores and publishes the verdict
+        self.store.mark_attempt(case.case_id)
+        rgb = job.rgb if job.rgb is not None else self._decode_if_needed(job)
+        outcome = self.cascade.run(job.route, case, rgb, job.image_sha256)
+        elapsed = time.monotonic() - job.enqueued
+        verdict = CloudVerdict(
+            device_id=case.device_id,
+            trace_id=case.trace_id,
+            case_id=case.case_id,
+            result=outcome.result,
+            model=outcome.model,
+            route=job.route.name,
+            fallback_level=outcome.fallback_level,
+            latency_ms=round(elapsed * 1000, 3),
+            cached=outcome.cached,
+        )
+        self.store.save_verdict(verdict, replica=self.replica)
+        CASE_SECONDS.observe(elapsed)
+        CASES.labels(job.source, "processed").inc()
+        log.info(
+            "case answered",
+            extra={
+                "case_id": case.case_id,
+                "device_id": case.device_id,
+                "route": job.route.name,
+                "model": outcome.model,
+                "fallback_level": outcome.fallback_level,
+            },
+        )
+        self._publish(verdict)
+        return verdict
+
+    def _decode_if_needed(self, job: Job) -> np.ndarray | None:
+        """Pixels are only needed when a model level may run."""
+        if all(level >= 2 for level, _ in self.cascade.levels(job.route)):
+            return None
+        return self.decode(job.image)
+
+    def _publish(self, verdict: CloudVerdict | None) -> None:
+        if verdict is None or self.publish is None:
+            return
+        try:
+            self.publish(verdict)
+        except Exception:  # the verdict is stored; a publish failure is logged, not fatal
+            log.exception("publishing the verdict of %s failed", verdict.case_id)
+
+    def wait_verdict(
+        self, case_id: str, timeout_s: float, poll_s: float = 0.05
+    ) -> CloudVerdict | None:
+        """Poll the store (another replica may own the case) until a verdict or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            verdict = self.store.verdict(case_id)
+            if verdict is not None or time.monotonic() >= deadline:
+                return verdict
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        self._stopping.set()
+        for worker in self._workers:
+            worker.join(timeout=5)

@@ -1,0 +1,230 @@
+"""The orchestrator's parts, built once from the settings and wired together.
+
+`CloudServices.build(settings)` makes the real thing (store, registry, models, router,
+cascade, queue, MQTT ingest, drift watch); tests and benchmarks pass their own
+`directory` or `loader` through the same constructor instead of patching anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cloud.auth import Authenticator
+from cloud.cache import VerdictCache
+from cloud.cascade import Cascade, ModelLoader, ModelPool
+from cloud.directory import DeviceDirectory
+from cloud.drift import DriftWatch
+from cloud.ingest import Ingest
+from cloud.processor import CaseProcessor
+from cloud.router import Router, RouteSpec
+from cloud.settings import CloudSettings
+from cloud.store import FeedbackStore
+from shared.db import Database
+from shared.imaging import ImageLimits, decode_image
+
+log = logging.getLogger(__name__)
+
+
+def default_loader(settings: CloudSettings) -> ModelLoader:
+    from shared.models import ModelRegistry, load_model
+
+    registry = ModelRegistry.default()
+    if settings.models.manifest is not None:
+        registry = registry.merge(ModelRegistry.from_file(settings.models.manifest))
+
+    def load(name: str):
+        return load_model(name, settings=settings.execution, registry=registry)
+
+    return load
+
+
+@dataclass
+class CloudServices:
+    settings: CloudSettings
+    db: Database
+    store: FeedbackStore
+    directory: DeviceDirectory
+    auth: Authenticator
+    router: Router
+    cache: VerdictCache
+    pool: ModelPool
+    cascade: Cascade
+    processor: CaseProcessor
+    drift: DriftWatch
+    replica: str
+    ingest: Ingest | None = None
+    registry: Any = None  # fleet.registry.DeviceRegistry when the fleet is in this store
+    rollouts: Any = None  # fleet.rollout.RolloutController
+    _started: bool = field(default=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        settings: CloudSettings,
+        *,
+        directory: DeviceDirectory | None = None,
+        loader: ModelLoader | None = None,
+        db: Database | None = None,
+    ) -> CloudServices:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        db = db or Database.connect(settings.resolved_database_url())
+        store = FeedbackStore(db, settings.data_dir / "images")
+        registry = rollouts = None
+        if directory is None:
+            from fleet.registry import DeviceRegistry
+
+            master = settings.device_master_key
+            registry = DeviceRegistry(
+                db,
+                master_key=master.get_secret_value() if master else None,
+                history_bucket_s=settings.telemetry.bucket_s,
+                history_retention_s=settings.telemetry.retention_days * 86400,
+            )
+            directory = registry
+        replica = settings.ingest.client_id or f"cloud-{secrets.token_hex(4)}"
+        cache = VerdictCache(settings.cache.size, settings.cache.min_score)
+        pool = ModelPool(
+            settings.models.served,
+            loader or default_loader(settings),
+            workers=settings.models.workers_per_model * max(1, len(settings.models.served)),
+        )
+        pool.on_loaded = lambda name, info: cache.model_version(name, info.version)
+        router = Router(
+            RouteSpec(model=settings.models.primary),
+            path=settings.rules.file,
+            poll_s=settings.rules.poll_s,
+            default_timeout_s=settings.models.timeout_s,
+        )
+        cascade = Cascade(
+            pool,
+            cache,
+            lighter=settings.models.lighter,
+            accept_edge_min_score=settings.rules.accept_edge_min_score,
+        )
+        limits = ImageLimits(
+            max_bytes=settings.http.max_upload_bytes,
+            max_pixels=settings.images.max_pixels,
+            max_side=settings.images.max_side,
+        )
+
+        def decode(data: bytes) -> np.ndarray:
+            return decode_image(data, limits=limits)
+
+        processor = CaseProcessor(
+            store,
+            router,
+            cascade,
+            decode,
+            replica=replica,
+            workers=settings.queue.workers,
+            max_pending=settings.queue.max_pending,
+            retry_after_s=settings.queue.retry_after_s,
+        )
+        services = cls(
+            settings=settings,
+            db=db,
+            store=store,
+            directory=directory,
+            auth=Authenticator(settings.api_keys, directory),
+            router=router,
+            cache=cache,
+            pool=pool,
+            cascade=cascade,
+            processor=processor,
+            drift=DriftWatch(store, settings.drift),
+            replica=replica,
+            registry=registry,
+        )
+        if settings.ingest.enabled:
+            services.ingest = Ingest(
+                settings.mqtt,
+                directory,
+                processor,
+                share_group=settings.ingest.share_group,
+                receive_maximum=settings.ingest.receive_maximum,
+                light_queue=settings.ingest.light_queue,
+                light_workers=settings.ingest.light_workers,
+                client_id=replica,
+                max_payload_bytes=settings.http.max_upload_bytes,
+            )
+            processor.publish = services.ingest.publish_verdict
+        if registry is not None:
+            from fleet.rollout import RolloutController
+
+            publish = services.ingest.publish_wire if services.ingest else _no_broker
+            rollouts = RolloutController(registry, db, publish)
+            services.rollouts = rollouts
+            if services.ingest is not None:
+                services.ingest.on_reported = rollouts.on_reported
+        return services
+
+    @property
+    def decode(self):
+        return self.processor.decode
+
+    def start(self) -> None:
+        """Start background work (idempotent): model preload, MQTT ingest, drift, rollouts."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        if self.settings.models.preload:
+            self.pool.preload()
+        if self.ingest is not None:
+            self.ingest.start()
+        if self.rollouts is not None:
+            self.rollouts.start()
+        self.drift.start()
+
+    def close(self) -> None:
+        if self.ingest is not None:
+            self.ingest.stop()
+        if self.rollouts is not None:
+            self.rollouts.stop()
+        self.drift.stop()
+        self.processor.close()
+        self.pool.close()
+        self.db.close()
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """What /readyz reports: each model, the broker, the store; reasons when not ready."""
+        reasons: list[str] = []
+        models = self.pool.status()
+        if self.settings.models.preload:
+            for model in models:
+                if not model["warmed"]:
+                    state = model["error"] or ("loading" if model["loading"] else "not loaded")
+                    reasons.append(f"model {model['name']}: {state}")
+        broker = {"required": self.ingest is not None, "connected": False}
+        if self.ingest is not None:
+            broker["connected"] = self.ingest.connected
+            if not self.ingest.connected:
+                reasons.append("broker not connected")
+        store = {"dialect": self.db.dialect, "writable": True}
+        try:
+            self.store.check_writable()
+        except Exception as exc:  # any failure to write means not ready; the reason says why
+            store["writable"] = False
+            reasons.append(f"store not writable: {exc}")
+        body = {
+            "ready": not reasons,
+            "reasons": reasons,
+            "replica": self.replica,
+            "models": models,
+            "broker": broker,
+            "store": store,
+            "queue_depth": self.processor.depth,
+            "rules_error": self.router.last_error,
+        }
+        return not reasons, body
+
+
+def _no_broker(wire, retain: bool) -> None:
+    log.warning("no broker configured: desired state for %s not published", wire.topic)

@@ -1,0 +1,163 @@
+"""Settings of the cloud orchestrator: one pydantic tree, from cloud.yaml + EDGEFLEET_...
+
+Operator API keys are configured by their SHA-256 only (`edgefleet cloud hash-key KEY`
+prints it), so the config file never holds a usable secret.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from shared.config import EdgefleetSettings
+from shared.executor.settings import ExecutionSettings
+from shared.mqtt import MqttSettings
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HttpSettings(_Closed):
+    host: str = Field("127.0.0.1", description="address uvicorn binds")
+    port: int = Field(8080, ge=0, le=65535, description="HTTP port (0 = any free port)")
+    max_upload_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="largest request body; refused by Content-Length and while streaming",
+    )
+    max_wait_s: float = Field(
+        30.0, gt=0, le=300, description="longest `?wait=` an escalation request may ask for"
+    )
+
+
+class OperatorKey(_Closed):
+    name: str = Field(min_length=1, max_length=64, description="who holds the key (for logs)")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="hex SHA-256 of the key; the key itself is not stored",
+    )
+
+
+class IngestSettings(_Closed):
+    enabled: bool = Field(True, description="subscribe to the device topics on the broker")
+    share_group: str = Field(
+        "edgefleet-cloud",
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="MQTT 5 shared-subscription group: replicas in one group split the load",
+    )
+    client_id: str | None = Field(
+        None, description="MQTT client id (unique per replica); none = edgefleet-cloud-<random>"
+    )
+    receive_maximum: int = Field(
+        64,
+        ge=1,
+        le=65535,
+        description="QoS 1 messages the broker may have unacknowledged with us; we ack only "
+        "after a case is stored, so this bounds ingest memory",
+    )
+    light_queue: int = Field(
+        10_000,
+        ge=1,
+        description="telemetry/status/reported waiting to be stored; QoS 0 beyond is dropped",
+    )
+    light_workers: int = Field(2, ge=1, le=32, description="threads storing telemetry/status")
+
+
+class QueueSettings(_Closed):
+    max_pending: int = Field(
+        256, ge=1, description="REST escalations waiting for a worker; beyond this 429"
+    )
+    workers: int = Field(4, ge=1, le=64, description="threads processing cases")
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent when full")
+
+
+class ModelsSettings(_Closed):
+    primary: str = Field("ppocr-heavy", description="cloud model for escalations by default")
+    lighter: str = Field("ppocr", description="first fallback when the primary fails or times out")
+    served: list[str] = Field(
+        default_factory=lambda: ["ppocr-heavy", "ppocr"],
+        description="models POST /v1/infer/{model} may use",
+    )
+    preload: bool = Field(True, description="load and warm models at start (readyz waits)")
+    timeout_s: float = Field(20.0, gt=0, description="default per-inference timeout")
+    workers_per_model: int = Field(2, ge=1, le=32, description="threads that run one model")
+    manifest: Path | None = Field(None, description="extra model manifest merged over the default")
+
+
+class CacheSettings(_Closed):
+    size: int = Field(10_000, ge=0, description="verdicts kept in memory (0 = off)")
+    min_score: float = Field(
+        0.9, ge=0, le=1, description="cache only results whose every line scores at least this"
+    )
+
+
+class RulesSettings(_Closed):
+    file: Path | None = Field(None, description="routing rules YAML; none = default route only")
+    poll_s: float = Field(1.0, gt=0, description="how often the file's mtime is checked")
+    accept_edge_min_score: float = Field(
+        0.5, ge=0, le=1, description="rule-based level: edge lines at or above this are kept"
+    )
+
+
+class TelemetrySettings(_Closed):
+    bucket_s: int = Field(60, ge=1, description="telemetry history keeps one sample per bucket")
+    retention_days: int = Field(30, ge=1, description="older telemetry samples are pruned")
+
+
+class DriftSettings(_Closed):
+    window_days: float = Field(7.0, gt=0, description="current window: the last N days")
+    reference_days: float = Field(
+        28.0, gt=0, description="reference window: the N days before the current one"
+    )
+    min_samples: int = Field(20, ge=2, description="no statistic below this many samples")
+    interval_s: float = Field(300.0, gt=0, description="how often drift metrics are recomputed")
+
+
+class ImageLimitSettings(_Closed):
+    max_pixels: int = Field(40_000_000, ge=1, description="width x height above this is refused")
+    max_side: int = Field(16_384, ge=1, description="longest side above this is refused")
+
+
+class CloudSettings(EdgefleetSettings):
+    """Everything `edgefleet cloud serve` needs; every field has a working default."""
+
+    http: HttpSettings = Field(default_factory=HttpSettings, description="REST server")
+    mqtt: MqttSettings = Field(default_factory=MqttSettings, description="broker connection")
+    ingest: IngestSettings = Field(default_factory=IngestSettings, description="MQTT ingest")
+    queue: QueueSettings = Field(default_factory=QueueSettings, description="case processing")
+    data_dir: Path = Field(
+        Path("./edgefleet-data"), description="store and content-addressed images live here"
+    )
+    database_url: str | None = Field(
+        None, description="sqlite:///abs/path.db or postgresql://...; none = SQLite in data_dir"
+    )
+    device_master_key: SecretStr | None = Field(
+        None, description="seals device HMAC keys in the registry (Fernet); none = stored plain"
+    )
+    api_keys: list[OperatorKey] = Field(
+        default_factory=list, description="operator API keys (by SHA-256)"
+    )
+    models: ModelsSettings = Field(default_factory=ModelsSettings, description="cloud models")
+    execution: ExecutionSettings = Field(
+        default_factory=ExecutionSettings, description="executor, batching, memory budget"
+    )
+    cache: CacheSettings = Field(default_factory=CacheSettings, description="verdict cache")
+    rules: RulesSettings = Field(default_factory=RulesSettings, description="routing rules")
+    telemetry: TelemetrySettings = Field(
+        default_factory=TelemetrySettings, description="telemetry history"
+    )
+    drift: DriftSettings = Field(default_factory=DriftSettings, description="edge score drift")
+    images: ImageLimitSettings = Field(
+        default_factory=ImageLimitSettings, description="decode limits for uploaded images"
+    )
+    log_level: str = Field("INFO", description="log level")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'cloud.db'}"

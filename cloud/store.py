@@ -1,0 +1,387 @@
+"""The feedback store: cases, edge and cloud results, verdicts and signed feedback.
+
+Telemetry history lives beside it in the same database, kept by the device registry
+(fleet.registry: last message in full plus one downsampled sample per bucket).
+
+One schema for SQLite and PostgreSQL through shared.db; images live on disk beside the
+database, content-addressed by SHA-256 (a case sent twice stores its image once).
+
+Idempotency across replicas is a row claim: the first replica to insert a case owns it;
+a replica that finds the case already there answers from its verdict, or waits for the
+owner, or takes the case over when the owner's claim is older than `stale_after_s`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from shared.db import Database
+from shared.errors import NotFound
+from shared.messages import CloudVerdict, EscalationCase, Feedback
+
+log = logging.getLogger(__name__)
+
+_EXT = {"image/jpeg": "jpg", "image/png": "png"}
+
+
+def _schema(db: Database) -> list[str]:
+    t = db.types
+    return [
+        f"""CREATE TABLE ef_cases (
+            case_id TEXT PRIMARY KEY,
+            device_id TEXT NOT NULL,
+            stream_id TEXT NOT NULL,
+            frame_index {t.bigint} NOT NULL,
+            reason TEXT NOT NULL,
+            trace_id TEXT NOT NULL,
+            edge_model TEXT NOT NULL,
+            edge_model_version TEXT NOT NULL,
+            edge_score {t.double},
+            meta TEXT NOT NULL,
+            image_sha256 TEXT NOT NULL,
+            image_path TEXT NOT NULL,
+            content_type TEXT NOT NULL,
+            image_bytes {t.bigint} NOT NULL,
+            source TEXT NOT NULL,
+            received_at {t.timestamp} NOT NULL,
+            status TEXT NOT NULL,
+            claimed_by TEXT,
+            claimed_at {t.timestamp},
+            attempts INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX ef_cases_device_time ON ef_cases (device_id, received_at)",
+        "CREATE INDEX ef_cases_time ON ef_cases (received_at, case_id)",
+        f"""CREATE TABLE ef_verdicts (
+            case_id TEXT PRIMARY KEY REFERENCES ef_cases(case_id) ON DELETE CASCADE,
+            verdict TEXT NOT NULL,
+            model TEXT NOT NULL,
+            route TEXT NOT NULL,
+            fallback_level INTEGER NOT NULL,
+            latency_ms {t.double} NOT NULL,
+            cached {t.boolean} NOT NULL,
+            processed_by TEXT NOT NULL,
+            created_at {t.timestamp} NOT NULL
+        )""",
+        f"""CREATE TABLE ef_feedback (
+            id {t.autoid},
+            case_id TEXT NOT NULL REFERENCES ef_cases(case_id) ON DELETE CASCADE,
+            label TEXT NOT NULL,
+            correct {t.boolean} NOT NULL,
+            author TEXT,
+            principal TEXT NOT NULL,
+            signature TEXT NOT NULL,
+            received_at {t.timestamp} NOT NULL
+        )""",
+        "CREATE INDEX ef_feedback_case ON ef_feedback (case_id, received_at)",
+        f"CREATE TABLE ef_health (id INTEGER PRIMARY KEY, checked_at {t.timestamp} NOT NULL)",
+    ]
+
+
+class ClaimState(str, enum.Enum):
+    CLAIMED = "claimed"  # this replica owns the case: run it
+    DONE = "done"  # a verdict exists: answer with it
+    IN_PROGRESS = "in_progress"  # another worker owns it: wait for its verdict
+
+
+@dataclass(frozen=True)
+class Claim:
+    state: ClaimState
+    verdict: CloudVerdict | None = None
+
+
+@dataclass(frozen=True)
+class ExportRecord:
+    """One training example of the export."""
+
+    case_id: str
+    device_id: str
+    stream_id: str
+    image: str
+    content_type: str
+    label: str
+    label_source: str
+    edge_result: list[dict[str, Any]]
+    cloud_result: list[dict[str, Any]] | None
+    cloud_model: str | None
+    fallback_level: int | None
+    received_at: str
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, ensure_ascii=False)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _edge_score(case: EscalationCase) -> float | None:
+    """The edge's confidence in its own answer: the lowest line score (None if no lines)."""
+    return min((d.score for d in case.edge_result), default=None)
+
+
+class FeedbackStore:
+    def __init__(self, db: Database, images_dir: Path):
+        self.db = db
+        self.images_dir = Path(images_dir)
+        self.images_dir.mkdir(parents=True, exist_ok=True)
+        db.migrate("cloud_001_feedback_store", _schema(db))
+
+    # --- images ---------------------------------------------------------------------
+
+    def image_path(self, sha256: str, content_type: str) -> Path:
+        return self.images_dir / sha256[:2] / f"{sha256}.{_EXT.get(content_type, 'bin')}"
+
+    def put_image(self, sha256: str, content_type: str, data: bytes) -> Path:
+        """Write once, atomically (tmp + rename): a crash never leaves half an image."""
+        path = self.image_path(sha256, content_type)
+        if path.exists():
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    # --- cases and verdicts ---------------------------------------------------------
+
+    def claim(
+        self,
+        case: EscalationCase,
+        *,
+        image_sha256: str,
+        image: bytes,
+        source: str,
+        replica: str,
+        stale_after_s: float,
+    ) -> Claim:
+        """Record the case (once) and say whether this replica should run it."""
+        path = self.put_image(image_sha256, case.content_type, image)
+        now = _utcnow()
+        inserted = self.db.execute(
+            """INSERT INTO ef_cases (case_id, device_id, stream_id, frame_index, reason,
+                trace_id, edge_model, edge_model_version, edge_score, meta, image_sha256,
+                image_path, content_type, image_bytes, source, received_at, status,
+                claimed_by, claimed_at, attempts)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, 0)
+               ON CONFLICT (case_id) DO NOTHING""",
+            (
+                case.case_id,
+                case.device_id,
+                case.stream_id,
+                case.frame_index,
+                case.reason,
+                case.trace_id,
+                case.model.name,
+                case.model.version,
+                _edge_score(case),
+                case.model_dump_json(),
+                image_sha256,
+                str(path),
+                case.content_type,
+                len(image),
+                source,
+                now,
+                replica,
+                now,
+            ),
+        )
+        if inserted:
+            return Claim(ClaimState.CLAIMED)
+        verdict = self.verdict(case.case_id)
+        if verdict is not None:
+            return Claim(ClaimState.DONE, verdict)
+        taken = self.db.execute(
+            """UPDATE ef_cases SET claimed_by = ?, claimed_at = ?
+               WHERE case_id = ? AND status = 'pending' AND claimed_at < ?""",
+            (replica, now, case.case_id, now - timedelta(seconds=stale_after_s)),
+        )
+        if taken:
+            log.warning("took over stale case %s", case.case_id, extra={"case_id": case.case_id})
+            return Claim(ClaimState.CLAIMED)
+        verdict = self.verdict(case.case_id)
+        return Claim(ClaimState.DONE, verdict) if verdict else Claim(ClaimState.IN_PROGRESS)
+
+    def mark_attempt(self, case_id: str) -> None:
+        """Count one run of the cascade for the case (each should run exactly once)."""
+        self.db.execute("UPDATE ef_cases SET attempts = attempts + 1 WHERE case_id = ?", (case_id,))
+
+    def save_verdict(self, verdict: CloudVerdict, *, replica: str) -> bool:
+        """Store the verdict once; False if one was already there (a late duplicate)."""
+        with self.db.transaction():
+            inserted = self.db.execute(
+                """INSERT INTO ef_verdicts (case_id, verdict, model, route, fallback_level,
+                    latency_ms, cached, processed_by, created_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (case_id) DO NOTHING""",
+                (
+                    verdict.case_id,
+                    verdict.model_dump_json(),
+                    verdict.model,
+                    verdict.route,
+                    verdict.fallback_level,
+                    verdict.latency_ms,
+                    verdict.cached,
+                    replica,
+                    _utcnow(),
+                ),
+            )
+            self.db.execute(
+                "UPDATE ef_cases SET status = 'done' WHERE case_id = ?", (verdict.case_id,)
+            )
+        return bool(inserted)
+
+    def verdict(self, case_id: str) -> CloudVerdict | None:
+        row = self.db.query_one("SELECT verdict FROM ef_verdicts WHERE case_id = ?", (case_id,))
+        return CloudVerdict.model_validate_json(row["verdict"]) if row else None
+
+    def case(self, case_id: str) -> dict[str, Any]:
+        """The case record with its verdict and feedback, for GET /v1/escalations/{id}."""
+        row = self.db.query_one(
+            """SELECT case_id, device_id, stream_id, frame_index, reason, trace_id, edge_model,
+                      edge_model_version, edge_score, meta, image_sha256, content_type,
+                      image_bytes, source, received_at, status, attempts
+               FROM ef_cases WHERE case_id = ?""",
+            (case_id,),
+        )
+        if row is None:
+            raise NotFound(f"no case {case_id!r}")
+        meta = json.loads(row.pop("meta"))
+        verdict = self.verdict(case_id)
+        feedback = self.db.query(
+            """SELECT label, correct, author, principal, received_at FROM ef_feedback
+               WHERE case_id = ? ORDER BY received_at, id""",
+            (case_id,),
+        )
+        return {
+            **row,
+            "edge_result": meta.get("edge_result", []),
+            "verdict": verdict.model_dump(mode="json") if verdict else None,
+            "feedback": [{**f, "correct": bool(f["correct"])} for f in feedback],
+        }
+
+    def case_device(self, case_id: str) -> str | None:
+        row = self.db.query_one("SELECT device_id FROM ef_cases WHERE case_id = ?", (case_id,))
+        return row["device_id"] if row else None
+
+    def attempts(self) -> dict[str, int]:
+        rows = self.db.query("SELECT case_id, attempts FROM ef_cases")
+        return {r["case_id"]: int(r["attempts"]) for r in rows}
+
+    # --- feedback -------------------------------------------------------------------
+
+    def add_feedback(self, feedback: Feedback, *, principal: str, signature: str) -> None:
+        if self.case_device(feedback.case_id) is None:
+            raise NotFound(f"no case {feedback.case_id!r} to give feedback on")
+        self.db.execute(
+            """INSERT INTO ef_feedback (case_id, label, correct, author, principal, signature,
+                received_at) VALUES (?, ?, ?, ?, ?, ?, ?)""",
+            (
+                feedback.case_id,
+                feedback.label,
+                feedback.correct,
+                feedback.author,
+                principal,
+                signature,
+                _utcnow(),
+            ),
+        )
+
+    # --- drift ----------------------------------------------------------------------
+
+    def edge_scores(self, since: datetime, until: datetime) -> dict[tuple[str, str], list[float]]:
+        """Edge scores per (device, edge model) received in [since, until)."""
+        rows = self.db.query(
+            """SELECT device_id, edge_model, edge_score FROM ef_cases
+               WHERE received_at >= ? AND received_at < ? AND edge_score IS NOT NULL""",
+            (since, until),
+        )
+        out: dict[tuple[str, str], list[float]] = {}
+        for r in rows:
+            out.setdefault((r["device_id"], r["edge_model"]), []).append(float(r["edge_score"]))
+        return out
+
+    # --- health and export ----------------------------------------------------------
+
+    def check_writable(self) -> None:
+        """Write one row; raises StoreUnavailable when the store cannot be written."""
+        self.db.execute(
+            """INSERT INTO ef_health (id, checked_at) VALUES (1, ?)
+               ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at""",
+            (_utcnow(),),
+        )
+
+    def count_exportable(self) -> int:
+        row = self.db.query_one(
+            """SELECT COUNT(*) AS n FROM ef_cases c
+               WHERE EXISTS (SELECT 1 FROM ef_verdicts v WHERE v.case_id = c.case_id)
+                  OR EXISTS (SELECT 1 FROM ef_feedback f WHERE f.case_id = c.case_id)"""
+        )
+        return int(row["n"]) if row else 0
+
+    def export(self, page_size: int = 500) -> Iterator[ExportRecord]:
+        """Every labelled case, oldest first, paged so memory stays flat."""
+        after_time: datetime | None = None
+        after_id = ""
+        while True:
+            params: tuple[Any, ...] = ()
+            where = ""
+            if after_time is not None:
+                where = "WHERE (c.received_at > ? OR (c.received_at = ? AND c.case_id > ?))"
+                params = (after_time, after_time, after_id)
+            rows = self.db.query(
+                f"""SELECT c.case_id, c.device_id, c.stream_id, c.image_path, c.content_type,
+                           c.meta, c.received_at, v.verdict, v.fallback_level, v.model,
+                           (SELECT f.label FROM ef_feedback f WHERE f.case_id = c.case_id
+                            ORDER BY f.received_at DESC, f.id DESC LIMIT 1) AS fb_label
+                    FROM ef_cases c LEFT JOIN ef_verdicts v ON v.case_id = c.case_id
+                    {where} ORDER BY c.received_at, c.case_id LIMIT {int(page_size)}""",
+                params,
+            )
+            if not rows:
+                return
+            for row in rows:
+                record = _export_record(row)
+                if record is not None:
+                    yield record
+            after_time, after_id = rows[-1]["received_at"], rows[-1]["case_id"]
+
+
+def _export_record(row: dict[str, Any]) -> ExportRecord | None:
+    """Label from feedback when there is one, else from a model-made cloud verdict."""
+    verdict = CloudVerdict.model_validate_json(row["verdict"]) if row["verdict"] else None
+    cloud_result = [d.model_dump(mode="json") for d in verdict.result] if verdict else None
+    if row["fb_label"] is not None:
+        label, source = row["fb_label"], "feedback"
+    elif verdict is not None and verdict.fallback_level <= 1 and verdict.result:
+        label = " ".join(d.text or d.label or "" for d in verdict.result).strip()
+        source = "cloud"
+    else:
+        return None
+    meta = json.loads(row["meta"])
+    return ExportRecord(
+        case_id=row["case_id"],
+        device_id=row["device_id"],
+        stream_id=row["stream_id"],
+        image=row["image_path"],
+        content_type=row["content_type"],
+        label=label,
+        label_source=source,
+        edge_result=meta.get("edge_result", []),
+        cloud_result=cloud_result,
+        cloud_model=row["model"],
+        fallback_level=row["fallback_level"],
+        received_at=row["received_at"].isoformat().replace("+00:00", "Z"),
+    )

@@ -1,0 +1,512 @@
+"""The orchestrator end to end: real Mosquitto, uvicorn serving create_app, real PP-OCR
+models, SQLite on disk, devices enrolled through the real fleet DeviceRegistry."""
+
+from __future__ import annotations
+
+import json
+import queue
+import secrets
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import httpx
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+from typer.testing import CliRunner
+
+from cloud.app import create_app
+from cloud.auth import key_digest, sign_body
+from cloud.services import CloudServices
+from cloud.settings import CloudSettings
+from cloud.testing import ServerThread, escalation_case, escalation_wire
+from shared.imaging import encode_jpeg, encode_png
+from shared.messages import CloudVerdict
+from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+from shared.topics import Topics
+from shared.wire import Verifier, WireMessage
+
+OP_KEY = "op-test-key-" + "x" * 20
+TEXT = "EF-2048"
+
+RULES_V1 = """
+default: {model: ppocr-heavy, timeout_s: 60}
+rules:
+  - name: cheap-stream
+    when: {stream: "cheap*"}
+    route: {model: rules}
+"""
+
+
+def text_image(text: str = TEXT) -> np.ndarray:
+    img = np.full((96, 400, 3), 255, np.uint8)
+    cv2.putText(img, text, (10, 65), cv2.FONT_HERSHEY_SIMPLEX, 1.8, (0, 0, 0), 4)
+    return img
+
+
+@dataclass
+class Env:
+    url: str
+    services: CloudServices
+    settings: CloudSettings
+    device_key: bytes
+    device_token: str
+    other_token: str
+    results: queue.Queue[CloudVerdict]
+    device_client: mqtt.Client
+    rules_path: Path
+    config_path: Path
+
+    def auth(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.device_token}"}
+
+
+def _wait_ready(url: str, timeout_s: float = 180.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    body: dict = {}
+    while time.monotonic() < deadline:
+        response = httpx.get(f"{url}/readyz", timeout=10)
+        body = response.json()
+        if response.status_code == 200:
+            return body
+        time.sleep(0.2)
+    raise AssertionError(f"not ready after {timeout_s} s: {body}")
+
+
+@pytest.fixture(scope="module")
+def env(broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tmp = tmp_path_factory.mktemp("cloud-api")
+    rules = tmp / "rules.yaml"
+    rules.write_text(RULES_V1)
+    config = {
+        "data_dir": str(tmp / "data"),
+        "mqtt": {"host": broker.host, "port": broker.port},
+        "ingest": {"share_group": f"api-{secrets.token_hex(3)}"},
+        "api_keys": [{"name": "ops", "sha256": key_digest(OP_KEY)}],
+        "rules": {"file": str(rules), "poll_s": 0.1},
+        "http": {"max_upload_bytes": 1_000_000},
+        "models": {"timeout_s": 60},
+        "execution": {"batching": {"max_delay_ms": 2}},
+    }
+    config_path = tmp / "cloud.yaml"
+    config_path.write_text(json.dumps(config))  # JSON is YAML
+    settings = CloudSettings(**config)
+    app = create_app(settings)
+    services: CloudServices = app.state.services
+    cam = services.registry.enroll("cam-01")
+    other = services.registry.enroll("cam-02")
+    results: queue.Queue[CloudVerdict] = queue.Queue()
+    verifier = Verifier(key_for_device=lambda d: cam.device_key if d == "cam-01" else None)
+
+    def on_message(client, userdata, message):
+        results.put(verifier.verify(from_paho(message)).message)
+
+    device = make_client(MqttSettings(host=broker.host, port=broker.port), "cam-01-test")
+    device.on_message = on_message
+    device.on_connect = lambda c, *a: c.subscribe(Topics().results("cam-01"), qos=1)
+    connect(device, MqttSettings(host=broker.host, port=broker.port), clean_start=True)
+    server = ServerThread(app).start()
+    try:
+        _wait_ready(server.url)
+        yield Env(
+            server.url,
+            services,
+            settings,
+            cam.device_key,
+            cam.token,
+            other.token,
+            results,
+            device,
+            rules,
+            config_path,
+        )
+    finally:
+        server.stop()
+        device.loop_stop()
+        device.disconnect()
+
+
+def _next_verdict(env: Env, case_id: str, timeout_s: float = 90.0) -> CloudVerdict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            verdict = env.results.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if verdict.case_id == case_id:
+            return verdict
+    raise AssertionError(f"no verdict for {case_id} on the results topic in {timeout_s} s")
+
+
+def _post_case(env: Env, case, image: bytes, *, wait: float | None = 90, headers=None, token=None):
+    meta = case.model_dump(mode="json", by_alias=True)
+    params = {"wait": wait} if wait else {}
+    return httpx.post(
+        f"{env.url}/v1/escalations",
+        params=params,
+        files={"image": ("crop.png", image, case.content_type)},
+        data={"metadata": json.dumps(meta)},
+        headers={**env.auth(token), **(headers or {})},
+        timeout=120,
+    )
+
+
+# --- the happy paths ------------------------------------------------------------------
+
+
+def test_readyz_names_each_model_broker_and_store(env: Env) -> None:
+    body = httpx.get(f"{env.url}/readyz", timeout=10).json()
+    assert body["ready"] is True
+    names = {m["name"]: m for m in body["models"]}
+    assert set(names) == {"ppocr-heavy", "ppocr"}
+    for model in names.values():
+        assert model["warmed"] and len(model["sha256"]) == 64
+        assert model["backend"].startswith("onnxruntime") and model["memory_bytes"] > 0
+    assert body["broker"] == {"required": True, "connected": True}
+    assert body["store"] == {"dialect": "sqlite", "writable": True}
+    assert httpx.get(f"{env.url}/healthz").json() == {"status": "ok"}
+
+
+def test_rest_escalation_gives_verdict_and_results_message(env: Env) -> None:
+    # given a case whose metadata carries no trace id, sent with a traceparent header
+    trace = secrets.token_hex(16)
+    case = escalation_case("cam-01", edge=[("EF-2O48", 0.41)])
+    meta = case.model_dump(mode="json", by_alias=True)
+    meta.pop("trace_id")
+    response = httpx.post(
+        f"{env.url}/v1/escalations",
+        params={"wait": 90},
+        files={"image": ("crop.png", encode_png(text_image()), "image/png")},
+        data={"metadata": json.dumps(meta)},
+        headers={**env.auth(), "traceparent": f"00-{trace}-{'1' * 16}-01"},
+        timeout=120,
+    )
+    # then the heavy model read the text, and the trace id went through
+    assert response.status_code == 200, response.text
+    verdict = CloudVerdict.model_validate_json(response.text)
+    assert [d.text for d in verdict.result] == [TEXT]
+    assert verdict.fallback_level == 0 and verdict.model == "ppocr-heavy@4.0"
+    assert verdict.trace_id == trace and verdict.route == "default"
+    # and the device got the same verdict, signed, on its results topic
+    assert _next_verdict(env, case.case_id).result == verdict.result
+    record = httpx.get(f"{env.url}/v1/escalations/{case.case_id}", headers=env.auth()).json()
+    assert record["trace_id"] == trace and record["attempts"] == 1
+    assert record["verdict"]["case_id"] == case.case_id
+    # another device may not read it
+    denied = httpx.get(
+        f"{env.url}/v1/escalations/{case.case_id}", headers=env.auth(env.other_token)
+    )
+    assert denied.status_code == 403 and denied.json()["error"]["code"] == "forbidden"
+
+
+def test_mqtt_escalation_twice_is_processed_once(env: Env) -> None:
+    case = escalation_case("cam-01", content_type="image/jpeg")
+    wire = escalation_wire(case, env.device_key, encode_jpeg(text_image(), quality=95))
+    publish(env.device_client, wire, qos=1).wait_for_publish(10)
+    first = _next_verdict(env, case.case_id)
+    assert [d.text for d in first.result] == [TEXT]
+    # when the very same message arrives again (a redelivery)
+    publish(env.device_client, wire, qos=1).wait_for_publish(10)
+    second = _next_verdict(env, case.case_id)
+    # then it is answered again from the store, not run again
+    assert second.result == first.result and second.latency_ms == first.latency_ms
+    assert env.services.store.attempts()[case.case_id] == 1
+
+
+def test_rules_file_edited_at_run_time_takes_effect(env: Env) -> None:
+    png = encode_png(text_image())
+    before = _post_case(env, escalation_case("cam-01", stream_id="hot"), png)
+    assert before.json()["route"] == "default"
+    env.rules_path.write_text(
+        RULES_V1 + '  - name: hot-stream\n    when: {stream: "hot"}\n    route: {model: rules}\n'
+    )
+    deadline = time.monotonic() + 60
+    route = "default"
+    while route != "hot-stream" and time.monotonic() < deadline:
+        response = _post_case(env, escalation_case("cam-01", stream_id="hot"), png)
+        route = response.json()["route"]
+    assert route == "hot-stream"
+    assert response.json()["fallback_level"] == 2  # the rule-based level answered
+    # a broken file is rejected and the rules in force stay
+    env.rules_path.write_text("rules: [this is: not valid")
+    deadline = time.monotonic() + 60
+    while env.services.router.last_error is None and time.monotonic() < deadline:
+        _post_case(env, escalation_case("cam-01", stream_id="cheap-1"), png, wait=None)
+        time.sleep(0.1)
+    assert env.services.router.last_error is not None
+    again = _post_case(env, escalation_case("cam-01", stream_id="hot"), png)
+    assert again.json()["route"] == "hot-stream"
+    env.rules_path.write_text(RULES_V1)
+
+
+def test_infer_endpoint_runs_the_named_model(env: Env) -> None:
+    response = httpx.post(
+        f"{env.url}/v1/infer/ppocr",
+        content=encode_png(text_image()),
+        headers={**env.auth(OP_KEY), "Content-Type": "image/png"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "ppocr@4.0" and [d["text"] for d in body["result"]] == [TEXT]
+
+
+def test_signed_feedback_and_export(env: Env, tmp_path: Path) -> None:
+    case = escalation_case("cam-01", stream_id="cheap-fb", edge=[("AB-12", 0.9)])
+    assert _post_case(env, case, encode_png(text_image("AB-12"))).status_code == 200
+    body = json.dumps({"case_id": case.case_id, "label": "AB-12", "correct": False}).encode()
+    # a device signs with its device key
+    ok = httpx.post(
+        f"{env.url}/v1/feedback",
+        content=body,
+        headers={
+            **env.auth(),
+            "Content-Type": "application/json",
+            "X-EF-Signature": sign_body(env.device_key, body),
+        },
+    )
+    assert ok.status_code == 201, ok.text
+    # an operator signs with the hex SHA-256 of its API key
+    op = httpx.post(
+        f"{env.url}/v1/feedback",
+        content=body,
+        headers={
+            **env.auth(OP_KEY),
+            "Content-Type": "application/json",
+            "X-EF-Signature": sign_body(key_digest(OP_KEY).encode(), body),
+        },
+    )
+    assert op.status_code == 201, op.text
+    export = httpx.get(f"{env.url}/v1/export", params={"format": "jsonl"}, headers=env.auth(OP_KEY))
+    assert export.status_code == 200
+    records = {r["case_id"]: r for r in map(json.loads, export.text.splitlines())}
+    assert records[case.case_id]["label"] == "AB-12"
+    assert records[case.case_id]["label_source"] == "feedback"
+    assert Path(records[case.case_id]["image"]).is_file()
+    # devices may not export
+    assert httpx.get(f"{env.url}/v1/export", headers=env.auth()).status_code == 403
+    # the CLI writes the same training set
+    from edgefleet.cli import app as root
+
+    out = tmp_path / "train.jsonl"
+    result = CliRunner().invoke(
+        root, ["cloud", "export", "-c", str(env.config_path), "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    cli_records = {r["case_id"] for r in map(json.loads, out.read_text().splitlines())}
+    assert set(records) == cli_records
+
+
+# --- bad input: every one a 4xx JSON error, and the server keeps serving ---------------
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + struct.pack(">I", len(ihdr))
+        + chunk
+        + struct.pack(">I", zlib.crc32(chunk) & 0xFFFFFFFF)
+    )
+
+
+def _assert_error(response: httpx.Response, status: int, code: str | None = None) -> None:
+    assert response.status_code == status, (response.status_code, response.text)
+    error = response.json()["error"]
+    assert set(error) >= {"code", "message", "trace_id"}
+    assert len(error["trace_id"]) == 32
+    if code is not None:
+        assert error["code"] == code, error
+
+
+def test_bad_inputs_are_typed_4xx_and_the_server_keeps_serving(env: Env) -> None:
+    url, png = env.url, encode_png(text_image())
+    case = escalation_case("cam-01")
+    meta = case.model_dump(mode="json", by_alias=True)
+
+    def post(files=None, data=None, headers=None, **kw):
+        return httpx.post(
+            f"{url}/v1/escalations",
+            files=files,
+            data=data,
+            headers={**env.auth(), **(headers or {})},
+            timeout=60,
+            **kw,
+        )
+
+    # malformed JSON
+    _assert_error(
+        post({"image": ("a.png", png, "image/png")}, {"metadata": "{not json"}),
+        400,
+        "malformed_json",
+    )
+    # missing fields: no image part; metadata missing stream_id
+    note = {"note": ("n.txt", b"x", "text/plain")}  # multipart, but without the image part
+    _assert_error(post(note, {"metadata": json.dumps(meta)}), 422)
+    partial = {k: v for k, v in meta.items() if k != "stream_id"}
+    _assert_error(
+        post({"image": ("a.png", png, "image/png")}, {"metadata": json.dumps(partial)}), 422
+    )
+    # wrong types
+    wrong = {**meta, "frame_index": "seven"}
+    _assert_error(
+        post({"image": ("a.png", png, "image/png")}, {"metadata": json.dumps(wrong)}), 422
+    )
+    # unknown model
+    _assert_error(
+        httpx.post(
+            f"{url}/v1/infer/no-such-model",
+            content=png,
+            headers={**env.auth(), "Content-Type": "image/png"},
+        ),
+        404,
+        "model_not_found",
+    )
+    # oversize: by Content-Length, and streamed (chunked, no length) counted as it arrives
+    big = b"\x89PNG\r\n\x1a\n" + b"\0" * 1_200_000
+    _assert_error(
+        httpx.post(
+            f"{url}/v1/infer/ppocr",
+            content=big,
+            headers={**env.auth(), "Content-Type": "image/png"},
+        ),
+        413,
+        "payload_too_large",
+    )
+
+    def chunks():
+        for _ in range(40):
+            yield b"\0" * 64_000
+
+    _assert_error(
+        httpx.post(
+            f"{url}/v1/infer/ppocr",
+            content=chunks(),
+            headers={**env.auth(), "Content-Type": "image/png"},
+        ),
+        413,
+        "payload_too_large",
+    )
+    # wrong content type: JSON to the multipart endpoint, text to infer, GIF in the image part
+    _assert_error(post(None, None, json=meta), 415, "unsupported_media_type")
+    _assert_error(
+        httpx.post(
+            f"{url}/v1/infer/ppocr",
+            content=png,
+            headers={**env.auth(), "Content-Type": "text/plain"},
+        ),
+        415,
+    )
+    _assert_error(
+        post({"image": ("a.gif", b"GIF89a....", "image/gif")}, {"metadata": json.dumps(meta)}), 415
+    )
+    # a file that lies about being a JPEG (PNG bytes, then garbage)
+    jpeg_meta = {**meta, "content_type": "image/jpeg"}
+    _assert_error(
+        post({"image": ("a.jpg", png, "image/jpeg")}, {"metadata": json.dumps(jpeg_meta)}), 415
+    )
+    liar = httpx.post(
+        f"{url}/v1/infer/ppocr",
+        content=b"this is not a jpeg at all" * 10,
+        headers={**env.auth(), "Content-Type": "image/jpeg"},
+    )
+    assert liar.status_code in (400, 415), liar.text
+    # a decompression bomb: a tiny PNG declaring 100k x 100k pixels
+    _assert_error(
+        httpx.post(
+            f"{url}/v1/infer/ppocr",
+            content=_png_header_only(100_000, 100_000),
+            headers={**env.auth(), "Content-Type": "image/png"},
+        ),
+        413,
+    )
+    # a truncated image
+    truncated = httpx.post(
+        f"{url}/v1/infer/ppocr",
+        content=png[: len(png) // 2],
+        headers={**env.auth(), "Content-Type": "image/png"},
+    )
+    _assert_error(truncated, 400)
+    # bad and missing token
+    _assert_error(
+        httpx.post(f"{url}/v1/infer/ppocr", content=png, headers={"Content-Type": "image/png"}),
+        401,
+        "unauthorized",
+    )
+    _assert_error(
+        httpx.post(
+            f"{url}/v1/infer/ppocr",
+            content=png,
+            headers={"Authorization": "Bearer eft_wrong", "Content-Type": "image/png"},
+        ),
+        401,
+    )
+    # a device acting for another device
+    _assert_error(
+        post(
+            {"image": ("a.png", png, "image/png")},
+            {"metadata": json.dumps(meta)},
+            headers=env.auth(env.other_token),
+        ),
+        403,
+    )
+    # bad signature on feedback, and none at all
+    body = json.dumps({"case_id": case.case_id, "label": "x", "correct": True}).encode()
+    headers = {**env.auth(), "Content-Type": "application/json"}
+    _assert_error(
+        httpx.post(
+            f"{url}/v1/feedback",
+            content=body,
+            headers={**headers, "X-EF-Signature": sign_body(b"wrong key", body)},
+        ),
+        401,
+        "signature_invalid",
+    )
+    _assert_error(httpx.post(f"{url}/v1/feedback", content=body, headers=headers), 401)
+    # a replayed case over REST is a 409 that points at the stored verdict
+    fresh = escalation_case("cam-01", stream_id="cheap-replay")
+    assert _post_case(env, fresh, png).status_code == 200
+    _assert_error(_post_case(env, fresh, png), 409, "duplicate_case")
+    # a badly signed MQTT case is rejected and counted, never answered
+    bad = escalation_wire(escalation_case("cam-01"), b"not the key", png)
+    rejected_before = _metric(url, 'ef_messages_rejected_total{reason="bad_signature"}')
+    publish(env.device_client, bad, qos=1).wait_for_publish(10)
+    deadline = time.monotonic() + 30
+    while _metric(url, 'ef_messages_rejected_total{reason="bad_signature"}') <= rejected_before:
+        assert time.monotonic() < deadline, "bad signature not counted"
+        time.sleep(0.1)
+    # and after all that the server still serves
+    assert httpx.get(f"{url}/healthz").status_code == 200
+    assert _post_case(env, escalation_case("cam-01", stream_id="cheap-2"), png).status_code == 200
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_unsigned_wire_without_sig_is_rejected(env: Env) -> None:
+    case = escalation_case("cam-01")
+    wire = escalation_wire(case, env.device_key, encode_png(text_image()))
+    stripped = WireMessage(
+        wire.topic,
+        wire.payload,
+        tuple(p for p in wire.user_properties if p[0] != "ef-sig"),
+        wire.content_type,
+    )
+    before = _metric(env.url, 'ef_messages_rejected_total{reason="unsigned"}')
+    publish(env.device_client, stripped, qos=1).wait_for_publish(10)
+    deadline = time.monotonic() + 30
+    while _metric(env.url, 'ef_messages_rejected_total{reason="unsigned"}') <= before:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # and nothing was stored for it
+    assert case.case_id not in env.services.store.attempts()
