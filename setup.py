@@ -19,9 +19,10 @@ native = Extension(
     sources=[
         "shared/kernels/src/module.c",
         "shared/kernels/src/preprocess.c",
+        "shared/kernels/src/preprocess_x86.c",
         "shared/kernels/src/nms.c",
     ],
-    depends=["shared/kernels/src/ef_kernels.h"],
+    depends=["shared/kernels/src/ef_kernels.h", "shared/kernels/src/ef_internal.h"],
     include_dirs=["shared/kernels/src"],
     extra_compile_args=extra,
     extra_link_args=["-pthread"],

@@ -1,10 +1,11 @@
 /* Native test driver for shared/kernels/src: runs every kernel path the build has
- * (NEON on aarch64, the portable C everywhere) on fixed and random inputs and checks
+ * (NEON on aarch64, AVX2/F16C on x86 where the CPU has them, the portable C everywhere) on fixed and random inputs and checks
  * them against a naive golden model written here, and against each other.
  *
  * Build and run (tests/unit/test_kernels_neon.py does this):
  *   gcc -O2 -ffp-contract=off -I shared/kernels/src tests/native/driver.c \
- *       shared/kernels/src/preprocess.c shared/kernels/src/nms.c -lm -pthread -o driver
+ *       shared/kernels/src/preprocess.c shared/kernels/src/preprocess_x86.c \
+ *       shared/kernels/src/nms.c -lm -pthread -o driver
  *   aarch64-linux-gnu-gcc ... (same) && qemu-aarch64 -L /usr/aarch64-linux-gnu ./driver
  * Prints one line per check and "OK <n> checks" at the end; exits 1 on any failure.
  */

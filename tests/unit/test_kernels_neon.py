@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [
     ROOT / "tests/native/driver.c",
     ROOT / "shared/kernels/src/preprocess.c",
+    ROOT / "shared/kernels/src/preprocess_x86.c",
     ROOT / "shared/kernels/src/nms.c",
 ]
 FLAGS = ["-O2", "-std=c99", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off"]

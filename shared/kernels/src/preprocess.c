@@ -11,6 +11,7 @@
  * vertically straight into the three output planes. Rows are split across pthreads.
  */
 #include "ef_kernels.h"
+#include "ef_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -28,13 +29,13 @@
 #define EF_CLONES
 #endif
 
-#define CY 1220542
-#define CUB 2116026
-#define CUG (-409993)
-#define CVG (-852492)
-#define CVR 1673527
-#define SHIFT 20
-#define HALF (1 << (SHIFT - 1))
+#define CY EF_CY
+#define CUB EF_CUB
+#define CUG EF_CUG
+#define CVG EF_CVG
+#define CVR EF_CVR
+#define SHIFT EF_SHIFT
+#define HALF EF_HALF
 #define COEF_BITS 11
 #define COEF_SCALE (1 << COEF_BITS)
 
@@ -319,16 +320,62 @@ static void convert_row(const ef_pre_args *a, int sy, uint8_t *rgb, int impl) {
     }
 }
 
+/* One pixel of a 4:2:0 row (the tail of the AVX2 path). */
+static inline void yuv_px(const uint8_t *y, const uint8_t *u, const uint8_t *v, int nv12, int x,
+                          int32_t rgb[3]) {
+    int uu, vv;
+    if (nv12) {
+        uu = (int)u[x & ~1] - 128;
+        vv = (int)u[(x & ~1) + 1] - 128;
+    } else {
+        uu = (int)u[x >> 1] - 128;
+        vv = (int)v[x >> 1] - 128;
+    }
+    int yy = (int)y[x] - 16;
+    yy = (yy < 0 ? 0 : yy) * CY;
+    rgb[0] = clamp8((yy + (HALF + CVR * vv)) >> SHIFT);
+    rgb[1] = clamp8((yy + (HALF + CVG * vv + CUG * uu)) >> SHIFT);
+    rgb[2] = clamp8((yy + (HALF + CUB * uu)) >> SHIFT);
+}
+
+/* x86 with AVX2: convert only the pixels the output samples, straight into h. */
+static void yuv_hresample_x86(const ef_pre_args *a, const tables *t, int sy, int32_t *h) {
+    int w = a->src_w, nv12 = a->format == EF_NV12;
+    const uint8_t *f = a->frame, *y = f + (size_t)sy * w, *u, *v;
+    if (nv12) {
+        u = f + (size_t)a->src_h * w + (size_t)(sy / 2) * w;
+        v = u + 1;
+    } else {
+        u = f + (size_t)a->src_h * w + (size_t)(sy / 2) * (w / 2);
+        v = u + (size_t)(a->src_h / 2) * (w / 2);
+    }
+    int32_t *hr = h, *hg = h + a->new_w, *hb = h + 2 * (size_t)a->new_w;
+    int dx = ef_yuv_hresample_avx2(y, u, v, nv12, t->x0, t->x1, t->ax0, t->ax1, a->new_w, w, hr,
+                                   hg, hb);
+    for (; dx < a->new_w; dx++) {
+        int32_t p0[3], p1[3];
+        yuv_px(y, u, v, nv12, t->x0[dx], p0);
+        yuv_px(y, u, v, nv12, t->x1[dx], p1);
+        hr[dx] = p0[0] * t->ax0[dx] + p1[0] * t->ax1[dx];
+        hg[dx] = p0[1] * t->ax0[dx] + p1[1] * t->ax1[dx];
+        hb[dx] = p0[2] * t->ax0[dx] + p1[2] * t->ax1[dx];
+    }
+}
+
 static const int32_t *resampled(const ef_pre_args *a, const tables *t, row_cache *c, int sy,
                                 int impl) {
     for (int i = 0; i < 2; i++)
         if (c->key[i] == sy) return c->h[i];
     int slot = c->next;
     c->next ^= 1;
+    c->key[slot] = sy;
+    if (impl != EF_IMPL_PORTABLE && a->format <= EF_I420 && ef_x86_avx2()) {
+        yuv_hresample_x86(a, t, sy, c->h[slot]);
+        return c->h[slot];
+    }
     convert_row(a, sy, c->rgb, impl);
     for (int ch = 0; ch < 3; ch++)
         hresample(c->rgb + (size_t)ch * a->src_w, t, a->new_w, c->h[slot] + (size_t)ch * a->new_w);
-    c->key[slot] = sy;
     return c->h[slot];
 }
 
@@ -383,9 +430,15 @@ static void run_job(job *j) {
                 continue;
             }
 #endif
-            if (a->f16)
-                vblend_f16(p0, p1, b0, b1, a->scale[ch], a->bias[ch], a->new_w,
-                           (uint16_t *)a->out + at);
+            if (a->f16) {
+                uint16_t *o = (uint16_t *)a->out + at;
+                int done = 0;
+                if (j->impl != EF_IMPL_PORTABLE && ef_x86_avx2())
+                    done = ef_vblend_f16_f16c(p0, p1, b0, b1, a->scale[ch], a->bias[ch],
+                                              a->new_w, o);
+                vblend_f16(p0 + done, p1 + done, b0, b1, a->scale[ch], a->bias[ch],
+                           a->new_w - done, o + done);
+            }
             else
                 vblend_f32(p0, p1, b0, b1, a->scale[ch], a->bias[ch], a->new_w,
                            (float *)a->out + at);
