@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleet.api import build_router
 from fleet.models import ModelStore
@@ -65,6 +66,11 @@ def create_app(
     async def edgefleet_error(request: Request, exc: EdgefleetError) -> JSONResponse:
         log.info("request refused: %s", exc, extra={"code": exc.code, "path": request.url.path})
         return _error(exc.http_status, exc.code, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

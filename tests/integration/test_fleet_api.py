@@ -1,0 +1,208 @@
+"""The fleet REST routes served by uvicorn: auth, views, deployments, downloads, events."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.messages import DeviceStatus, DeviceTelemetry, EscalationCounters
+from tests.support.fleet import OPERATOR_KEY, FleetServer, tiny_onnx, wait_until
+
+AUTH = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+GOOD_HASH = "c" * 64
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    instance = FleetServer(tmp_path).start()
+    for i in range(3):
+        instance.registry.enroll(f"cam-{i}", group="lab")
+    yield instance
+    instance.stop()
+
+
+def body(**over) -> dict:
+    data = {
+        "group": "lab",
+        "image": "ghcr.io/acme/edge:1.0",
+        "models": [{"name": "det", "version": "1", "url": "https://m/det", "sha256": GOOD_HASH}],
+        "soak_s": 0,
+    }
+    data.update(over)
+    return data
+
+
+def assert_error(resp: httpx.Response, status: int, code: str) -> dict:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == code and error["message"] and len(error["trace_id"]) == 32
+    return error
+
+
+def test_operator_key_is_required(server) -> None:
+    assert_error(httpx.get(f"{server.url}/v1/devices"), 401, "unauthorized")
+    bad = {"Authorization": "Bearer nope"}
+    assert_error(httpx.get(f"{server.url}/v1/devices", headers=bad), 401, "unauthorized")
+    # a device token is not an operator key
+    token = server.registry.enroll("cam-9", group="lab").token
+    headers = {"Authorization": f"Bearer {token}"}
+    assert_error(
+        httpx.post(f"{server.url}/v1/deployments", json=body(), headers=headers),
+        401,
+        "unauthorized",
+    )
+
+
+def test_device_views(server) -> None:
+    server.registry.record_status(
+        DeviceStatus(device_id="cam-1", state="online", agent_version="0.3")
+    )
+    server.registry.record_telemetry(
+        DeviceTelemetry(
+            device_id="cam-1",
+            seq=1,
+            uptime_s=5,
+            escalations=EscalationCounters(sent=1, pending=0, dropped=0),
+            outbox_depth=7,
+            cpu_pct=12,
+            ram_used_mb=100,
+        )
+    )
+    listed = httpx.get(f"{server.url}/v1/devices?group=lab", headers=AUTH).json()
+    assert listed["count"] == 3
+    one = httpx.get(f"{server.url}/v1/devices/cam-1", headers=AUTH).json()
+    assert one["online"] is True and one["outbox_depth"] == 7 and one["telemetry"]["seq"] == 1
+    history = httpx.get(f"{server.url}/v1/devices/cam-1/history", headers=AUTH).json()
+    assert len(history["points"]) == 1 and history["points"][0]["outbox_depth"] == 7
+    assert_error(httpx.get(f"{server.url}/v1/devices/nope", headers=AUTH), 404, "not_found")
+
+
+def test_deployment_created_and_read_back(server) -> None:
+    resp = httpx.post(f"{server.url}/v1/deployments", json=body(canary_percent=34), headers=AUTH)
+    assert resp.status_code == 201, resp.text
+    dep = resp.json()
+    assert dep["status"] == "canary" and len(dep["canaries"]) == 2
+    again = httpx.get(f"{server.url}/v1/deployments/{dep['id']}", headers=AUTH).json()
+    assert again["id"] == dep["id"] and again["counts"] == {"sent": 2, "pending": 1}
+    assert len(server.sent) == 2 and all(retain for _, retain in server.sent)
+    assert_error(httpx.get(f"{server.url}/v1/deployments/dep-x", headers=AUTH), 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "code", "needle"),
+    [
+        (body(group="elsewhere"), 404, "not_found", "elsewhere"),
+        (
+            body(models=[{"name": "det", "version": "1", "url": "https://m", "sha256": "12ab"}]),
+            422,
+            "invalid_input",
+            "sha256",
+        ),
+        (body(image="ghcr.io/acme/edge:bad tag"), 422, "invalid_input", "image"),
+        (body(image="UPPER/Case:1"), 422, "invalid_input", "image"),
+        (body(models=[{"name": "det", "version": "404"}]), 404, "model_not_found", "det@404"),
+        (body(extra_field=1), 422, "invalid_input", "extra_field"),
+        ("not json", 422, "invalid_input", "JSON"),
+    ],
+)
+def test_bad_deployments_are_refused_and_change_nothing(server, payload, status, code, needle):
+    kwargs = {"content": payload} if isinstance(payload, str) else {"json": payload}
+    resp = httpx.post(f"{server.url}/v1/deployments", headers=AUTH, **kwargs)
+    assert needle in assert_error(resp, status, code)["message"]
+    assert server.sent == []
+    assert httpx.get(f"{server.url}/v1/deployments", headers=AUTH).json()["deployments"] == []
+
+
+def test_concurrent_rollouts_to_one_group_conflict(server) -> None:
+    # when two operators start a rollout to the same group at the same moment
+    results: list[httpx.Response] = []
+
+    def post(tag: str) -> None:
+        results.append(
+            httpx.post(
+                f"{server.url}/v1/deployments",
+                json=body(image=f"ghcr.io/acme/edge:{tag}"),
+                headers=AUTH,
+            )
+        )
+
+    threads = [threading.Thread(target=post, args=(t,)) for t in ("a1", "b2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # then exactly one wins and the other gets a 409 naming the active rollout
+    statuses = sorted(r.status_code for r in results)
+    assert statuses == [201, 409]
+    winner = next(r for r in results if r.status_code == 201).json()
+    loser = next(r for r in results if r.status_code == 409)
+    assert winner["id"] in assert_error(loser, 409, "conflict")["message"]
+    desired_images = {json.loads(w.payload)["image"] for w, _ in server.sent}
+    assert desired_images == {winner["image"]}
+
+
+def test_model_download_supports_range_and_capabilities(tmp_path, server) -> None:
+    src = tiny_onnx(tmp_path / "det.onnx")
+    data = src.read_bytes()
+    server.store.add("det", "1", src)
+    key = server.registry.device_key("cam-0")
+    ref = server.store.for_device(server.store.ref("det", "1"), "cam-0", key)
+    full = httpx.get(ref.url)
+    assert full.status_code == 200 and full.content == data
+    assert full.headers["accept-ranges"] == "bytes"
+    assert 'filename="det.onnx"' in full.headers["content-disposition"]
+    part = httpx.get(ref.url, headers={"Range": "bytes=10-19"})
+    assert part.status_code == 206 and part.content == data[10:20]
+    assert part.headers["content-range"] == f"bytes 10-19/{len(data)}"
+    tail = httpx.get(ref.url, headers={"Range": "bytes=-5"})
+    assert tail.content == data[-5:]
+    assert httpx.get(ref.url, headers={"Range": f"bytes={len(data)}-"}).status_code == 416
+    assert_error(httpx.get(ref.url, headers={"Range": "lines=1-2"}), 422, "invalid_input")
+    # another device's capability, or a revoked device's, is refused
+    forged = ref.url.replace("device=cam-0", "device=cam-1")
+    assert_error(httpx.get(forged), 401, "bad_capability")
+    server.registry.revoke("cam-0")
+    assert_error(httpx.get(ref.url), 401, "bad_capability")
+    assert_error(
+        httpx.get(f"{server.url}/v1/models/det/9?device=cam-1&sig=00"), 404, "model_not_found"
+    )
+    assert_error(httpx.get(f"{server.url}/v1/models/.hidden/1"), 422, "invalid_input")
+    assert_error(httpx.get(f"{server.url}/v1/models/..%2F..%2Fetc/1"), 404, "not_found")
+
+
+def test_events_stream_batches_device_changes(server) -> None:
+    # given a client on the live stream
+    events: list[tuple[str, object]] = []
+
+    def listen() -> None:
+        with httpx.stream("GET", f"{server.url}/v1/events", headers=AUTH, timeout=60) as resp:
+            event = "message"
+            for line in resp.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    events.append((event, json.loads(line[5:].strip())))
+                    if event == "devices" and any(d["online"] for d in events[-1][1]):
+                        return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert wait_until(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
+    # when a device sends its status
+    server.registry.record_status(
+        DeviceStatus(device_id="cam-2", state="online", agent_version="1")
+    )
+
+    # then the stream carries it in a devices batch
+    # (rows changed just before the stream opened may come once more: merging is idempotent)
+    def online_batch() -> list[dict]:
+        return next((d for e, d in events if e == "devices" and any(x["online"] for x in d)), [])
+
+    assert wait_until(lambda: online_batch(), timeout_s=30)
+    assert [d["device_id"] for d in online_batch() if d["online"]] == ["cam-2"]
+    assert any(e == "deployments" for e, _ in events)
+    thread.join(timeout=10)
