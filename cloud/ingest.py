@@ -116,12 +116,21 @@ class Ingest:
         return self._connected.is_set()
 
     def stop(self) -> None:
+        """Leave the share group first, so the broker stops queueing our share for us."""
+        if self.connected:
+            left = threading.Event()
+            self.client.on_unsubscribe = lambda *args: left.set()
+            self.client.unsubscribe(self._subscriptions())
+            left.wait(5)
         self.client.disconnect()
         self.client.loop_stop()
         for _ in self._light_workers:
             self._light.put(None)
         for worker in self._light_workers:
             worker.join(timeout=5)
+
+    def _subscriptions(self) -> list[str]:
+        return [self.topics.all_devices(channel, self.share_group) for channel in CHANNELS]
 
     # --- outgoing -------------------------------------------------------------------
 
@@ -143,11 +152,7 @@ class Ingest:
         if reason_code.is_failure:
             log.error("broker refused the connection: %s", reason_code)
             return
-        subs = [
-            (self.topics.all_devices(channel, self.share_group), mqtt.SubscribeOptions(qos=1))
-            for channel in CHANNELS
-        ]
-        client.subscribe(subs)
+        client.subscribe([(t, mqtt.SubscribeOptions(qos=1)) for t in self._subscriptions()])
         self._connected.set()
         BROKER_CONNECTED.set(1)
         log.info("ingest connected", extra={"client_id": self.client_id, "group": self.share_group})
@@ -244,5 +249,10 @@ class Ingest:
                 self._ack(mid, qos)
 
 
+_KNOWN = {c.value for c in CHANNELS}
+
+
 def _channel(wire: WireMessage) -> str:
-    return wire.topic.rsplit("/", 1)[-1] if wire.topic.count("/") >= 2 else "unknown"
+    """A metrics label from the topic, bounded to our channels."""
+    last = wire.topic.rsplit("/", 1)[-1]
+    return last if last in _KNOWN else "unknown"

@@ -1,0 +1,171 @@
+"""A primary model that hangs: escalations fall back (recorded as fallback_level), the
+synchronous /v1/infer answers 504 (it has no fallback), and a full queue answers 429."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import httpx
+import numpy as np
+import pytest
+
+from cloud.app import create_app
+from cloud.auth import key_digest
+from cloud.services import CloudServices
+from cloud.settings import CloudSettings
+from cloud.testing import ServerThread, escalation_case
+from shared.imaging import encode_png
+from shared.messages import Detection, ModelInfo
+from shared.models import load_model
+
+OP_KEY = "op-fallback-key-0123456789"
+
+
+class HangingModel:
+    """Stands in for a model whose runtime wedges: predict blocks until closed."""
+
+    def __init__(self) -> None:
+        self.info = ModelInfo(
+            name="ppocr-heavy", version="hang", sha256="0" * 64, backend="hand-written"
+        )
+        self.release = threading.Event()
+        self.calls = 0
+
+    def predict(self, image_rgb: np.ndarray, *, timeout_s: float | None = None) -> list[Detection]:
+        self.calls += 1
+        self.release.wait()
+        return []
+
+    async def predict_async(self, image_rgb, *, timeout_s=None) -> list[Detection]:
+        import asyncio
+
+        self.calls += 1
+        while not self.release.is_set():
+            await asyncio.sleep(0.05)
+        return []
+
+    @property
+    def memory_bytes(self) -> int:
+        return 1
+
+    def close(self) -> None:
+        self.release.set()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, CloudServices]]:
+    tmp: Path = tmp_path_factory.mktemp("cloud-fallback")
+    rules = tmp / "rules.yaml"
+    rules.write_text(
+        "default: {model: ppocr-heavy, timeout_s: 1.5}\n"
+        "rules:\n"
+        "  - name: strict\n"
+        "    when: {stream: strict}\n"
+        "    route: {model: ppocr-heavy, timeout_s: 1, fallback: false}\n"
+    )
+    settings = CloudSettings(
+        data_dir=tmp / "data",
+        ingest={"enabled": False},
+        api_keys=[{"name": "ops", "sha256": key_digest(OP_KEY)}],
+        rules={"file": rules},
+        queue={"workers": 1, "max_pending": 2, "retry_after_s": 2},
+    )
+    hanging = HangingModel()
+
+    def loader(name: str):
+        return hanging if name == "ppocr-heavy" else load_model(name)
+
+    services = CloudServices.build(settings, loader=loader)
+    services.registry.enroll("cam-f1")
+    app = create_app(settings, services=services)
+    srv = ServerThread(app).start()
+    try:
+        yield srv.url, services
+    finally:
+        hanging.release.set()
+        srv.stop()
+        services.close()
+
+
+def _png() -> bytes:
+    img = np.full((96, 400, 3), 255, np.uint8)
+    cv2.putText(img, "FALL-1", (10, 65), cv2.FONT_HERSHEY_SIMPLEX, 1.8, (0, 0, 0), 4)
+    return encode_png(img)
+
+
+def _escalate(url: str, wait: float | None, stream: str = "cam") -> httpx.Response:
+    case = escalation_case("cam-f1", stream_id=stream, edge=[("FALL-I", 0.7)])
+    return httpx.post(
+        f"{url}/v1/escalations",
+        params={"wait": wait} if wait else {},
+        files={"image": ("c.png", _png(), "image/png")},
+        data={"metadata": json.dumps(case.model_dump(mode="json", by_alias=True))},
+        headers={"Authorization": f"Bearer {OP_KEY}"},
+        timeout=60,
+    )
+
+
+def test_hanging_primary_falls_back_to_the_lighter_model(server) -> None:
+    url, services = server
+    response = _escalate(url, wait=30)
+    assert response.status_code == 200, response.text
+    verdict = response.json()
+    assert verdict["fallback_level"] == 1 and verdict["model"] == "ppocr@4.0"
+    assert [d["text"] for d in verdict["result"]] == ["FALL-1"]
+    # and the fallback is recorded on the case and counted
+    record = services.store.case(verdict["case_id"])
+    assert record["verdict"]["fallback_level"] == 1
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'ef_cloud_fallback_level_total{level="lighter"}' in metrics
+    assert 'ef_cloud_model_failures_total{model="ppocr-heavy",reason="timeout"}' in metrics
+
+
+def test_route_without_fallback_answers_busy(server) -> None:
+    url, _ = server
+    verdict = _escalate(url, wait=30, stream="strict").json()
+    assert verdict["fallback_level"] == 3 and verdict["model"] == "busy" and verdict["result"] == []
+
+
+def test_infer_has_no_fallback_so_a_hang_is_a_504(server) -> None:
+    url, _ = server
+    response = httpx.post(
+        f"{url}/v1/infer/ppocr-heavy",
+        params={"timeout_s": 1},
+        content=_png(),
+        headers={"Authorization": f"Bearer {OP_KEY}", "Content-Type": "image/png"},
+        timeout=30,
+    )
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "inference_timeout"
+    # the lighter model on the same server still answers
+    ok = httpx.post(
+        f"{url}/v1/infer/ppocr",
+        content=_png(),
+        headers={"Authorization": f"Bearer {OP_KEY}", "Content-Type": "image/png"},
+        timeout=60,
+    )
+    assert ok.status_code == 200
+
+
+def test_full_queue_answers_429_with_retry_after(server) -> None:
+    url, services = server
+    # given one worker stuck for 1.5 s per case and room for 2 waiting cases
+    statuses = []
+    for _ in range(8):
+        response = _escalate(url, wait=None)
+        statuses.append(response.status_code)
+        if response.status_code == 429:
+            assert response.headers["Retry-After"] == "2"
+            assert response.json()["error"]["code"] == "overloaded"
+            break
+    assert 429 in statuses, statuses
+    # and once the queue drains, cases are accepted again
+    deadline = time.monotonic() + 60
+    while services.processor.depth > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _escalate(url, wait=None).status_code == 202
