@@ -81,11 +81,13 @@ class ImageLimits(BaseModel):
 
 
 def decode_image(
-    data: bytes | bytearray | memoryview, *, limits: ImageLimits | None = None
+    data: bytes | bytearray | memoryview | np.ndarray, *, limits: ImageLimits | None = None
 ) -> np.ndarray:
     """Decode untrusted image bytes to RGB uint8 HxWx3 (C-contiguous, writable)."""
-    if isinstance(data, memoryview):
+    if isinstance(data, (memoryview, np.ndarray)):
         data = data.tobytes()
+    if not isinstance(data, (bytes, bytearray)):
+        raise InvalidInput(f"decode_image needs the encoded bytes, got {type(data).__name__}")
     return _counted(lambda: _decode(data, limits or ImageLimits()), "bytes")
 
 
