@@ -206,8 +206,9 @@ function renderRollouts(deployments) {
       if (n) { const i = el("i", s); i.style.width = (100 * n) / total + "%"; i.title = n + " " + s; bar.append(i); }
     }
     row.append(bar, el("span", "muted", (dep.counts.healthy || 0) + "/" + dep.targets.length + " healthy"));
-    const canaries = dep.targets.filter((t) => t.role === "canary")
-      .map((t) => t.device_id + " (" + t.state + ")").join(", ");
+    const canaryTargets = dep.targets.filter((t) => t.role === "canary");
+    let canaries = canaryTargets.slice(0, 6).map((t) => t.device_id + " (" + t.state + ")").join(", ");
+    if (canaryTargets.length > 6) canaries += " +" + (canaryTargets.length - 6) + " more";
     const models = dep.models.map((m) => m.name + "@" + m.version).join(", ");
     row.append(el("div", "detail", "group " + dep.group + " · " + dep.image + " · " + (models || "no models")
       + " · canary: " + (canaries || "–") + (dep.error ? " · " + dep.error : "")));
@@ -231,7 +232,7 @@ function chart(points, key, label) {
     const span = hi - lo || 1, tspan = t1 - t0 || 1;
     const coords = points.filter((p) => p[key] !== null && p[key] !== undefined).map((p) => {
       const x = 30 + (270 * (Date.parse(p.ts) - t0)) / tspan;
-      const y = 80 - (70 * (p[key] - lo)) / span;
+      const y = hi === lo ? 45 : 80 - (70 * (p[key] - lo)) / span;
       return x.toFixed(1) + "," + y.toFixed(1);
     });
     const line = document.createElementNS(ns, "polyline");

@@ -1,0 +1,168 @@
+"""The fleet dashboard in a real headless Chromium (Debian's), driven by Playwright."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shared.messages import (
+    DeviceStatus,
+    DeviceTelemetry,
+    EscalationCounters,
+    GpuTelemetry,
+    Latency,
+    ModelInfo,
+    ReportedState,
+    StreamTelemetry,
+)
+from tests.support.fleet import OPERATOR_KEY, FleetServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+N_DEVICES = 1000
+PNG_1PX = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360f8cf000001010100"
+        "18dd8db00000000049454e44ae426082"
+    )
+).decode()
+
+
+def telemetry(device: str, seq: int, fps: float, temp: float) -> DeviceTelemetry:
+    return DeviceTelemetry(
+        device_id=device,
+        seq=seq,
+        uptime_s=60.0 * seq,
+        streams=[
+            StreamTelemetry(
+                stream_id="gate",
+                state="live",
+                fps=fps,
+                frames_dropped=0,
+                latency_ms=Latency(p50=8, p95=14, p99=20),
+            )
+        ],
+        escalations=EscalationCounters(sent=seq, pending=0, dropped=0),
+        outbox_depth=seq % 5,
+        cpu_pct=30,
+        ram_used_mb=900,
+        gpu=GpuTelemetry(util_pct=55, mem_used_mb=900, mem_total_mb=8000, temp_c=temp, power_w=11),
+        model=ModelInfo(name="det", version="3", sha256="d" * 64, backend="tensorrt"),
+        agreement_rate=0.93,
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory):
+    server = FleetServer(tmp_path_factory.mktemp("dash"), events_interval_s=0.5).start()
+    reg = server.registry
+    for i in range(N_DEVICES):
+        reg.enroll(f"cam-{i:04d}", group=f"site-{i % 4}")
+    for i in range(0, N_DEVICES, 7):
+        device = f"cam-{i:04d}"
+        reg.record_status(DeviceStatus(device_id=device, state="online", agent_version="0.4.1"))
+        reg.record_telemetry(telemetry(device, 1, fps=24.5, temp=61))
+    reg.record_reported(
+        ReportedState(
+            device_id="cam-0000", deployment_id="dep-seed", image="edge:1", status="healthy"
+        )
+    )
+    dep = server.rollouts.create(
+        {
+            "group": "site-1",
+            "image": "ghcr.io/acme/edge:2.0",
+            "models": [{"name": "det", "version": "3", "url": "https://m/d", "sha256": "d" * 64}],
+            "soak_s": 600,
+        }
+    )
+    server.cases[:] = [
+        {
+            "case_id": "case-0001",
+            "device_id": "cam-0007",
+            "ts": "2026-01-01T00:00:00Z",
+            "reason": "unsure",
+            "verdict": {"result": [{"text": "ABC-123", "score": 0.97}], "route": "ocr"},
+            "thumbnail_url": "data:image/png;base64," + PNG_1PX,
+        }
+    ]
+    server.deployment_id = dep.id
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield instance
+        instance.close()
+
+
+def test_dashboard_shows_the_fleet_and_updates_live(fleet, browser) -> None:
+    page = browser.new_page(viewport={"width": 1600, "height": 1200})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    # given the page opened with the operator key
+    page.goto(f"{fleet.url}/#key={OPERATOR_KEY}")
+    # then it shows the seeded fleet (counts, rows, the rollout with its canary, a case)
+    page.wait_for_function(
+        f"document.getElementById('stat-devices').textContent === '{N_DEVICES} devices'"
+    )
+    assert page.text_content("#stat-online") == f"{len(range(0, N_DEVICES, 7))} online"
+    page.wait_for_selector('.row[data-device="cam-0000"]')
+    first = page.text_content('.row[data-device="cam-0000"]')
+    assert "site-0" in first and "24.5" in first and "dep-seed" in first and "det@3" in first
+    # the table is virtualised: a thousand devices, a few dozen rows in the DOM
+    assert page.locator(".row").count() < 80
+    page.wait_for_selector(f'.rollout[data-deployment="{fleet.deployment_id}"]')
+    assert "canary" in page.text_content(f'.rollout[data-deployment="{fleet.deployment_id}"]')
+    page.wait_for_selector(".case .verdict")
+    assert page.text_content(".case .verdict") == "ABC-123"
+    page.wait_for_function("document.getElementById('conn').textContent === 'live'")
+
+    # when telemetry arrives for a device that was silent
+    page.fill("#filter", "cam-0001")
+    page.wait_for_selector('.row[data-device="cam-0001"]')
+    assert "offline" in page.text_content('.row[data-device="cam-0001"]')
+    fleet.registry.record_status(
+        DeviceStatus(device_id="cam-0001", state="online", agent_version="0.4.1")
+    )
+    fleet.registry.record_telemetry(telemetry("cam-0001", 2, fps=31.25, temp=88))
+    # then the row updates without a reload
+    page.wait_for_function(
+        "document.querySelector('.row[data-device=\"cam-0001\"]')?.textContent.includes('31.3')",
+        timeout=30_000,
+    )
+    row = page.text_content('.row[data-device="cam-0001"]')
+    assert "online" in row and "88" in row
+    assert page.locator('.row[data-device="cam-0001"] .bad').count() >= 1  # 88 °C is hot
+
+    # when the device is opened, its charts come from the stored history
+    page.click('.row[data-device="cam-0001"]')
+    page.wait_for_selector("#charts .chart polyline", state="attached")
+    assert page.locator("#charts .chart").count() == 8
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.fill("#filter", "")
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
+    assert problems == []
+    page.close()
