@@ -1,0 +1,106 @@
+"""`edgefleet infer` and `edgefleet model ...`: the pinned JSON Lines contract, bad inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from shared.model_cli import app as model_app
+from shared.model_cli import infer
+from shared.models import ModelRegistry
+
+cli = typer.Typer()
+cli.command("infer")(infer)
+cli.add_typer(model_app, name="model")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("images")
+    img = np.full((200, 520, 3), 238, np.uint8)
+    cv2.putText(img, "PARCEL 7781-XZ", (20, 110), cv2.FONT_HERSHEY_DUPLEX, 1.4, (15, 15, 15), 2)
+    good = folder / "good.png"
+    cv2.imwrite(str(good), img)
+    truncated = folder / "truncated.jpg"
+    truncated.write_bytes(b"\xff\xd8\xff\xe0 not a whole jpeg")
+    text = folder / "notes.png"
+    text.write_text("hello, I am not an image")
+    return {"good": good, "truncated": truncated, "text": text, "missing": folder / "nope.png"}
+
+
+def test_json_lines_one_object_per_image_bad_images_reported(images):
+    args = [
+        "infer",
+        str(images["good"]),
+        str(images["truncated"]),
+        str(images["text"]),
+        str(images["missing"]),
+        str(images["good"]),
+        "--json",
+    ]
+    result = runner.invoke(cli, args)
+    # exit non-zero at the end because some images failed, yet every image is answered
+    assert result.exit_code == 1
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [o["image"] for o in lines] == args[1:6]
+    ok = lines[0]
+    assert set(ok) == {"image", "model", "results", "latency_ms"}
+    assert ok["model"] == "ppocr" and ok["latency_ms"] > 0
+    (line,) = ok["results"]
+    assert set(line) == {"text", "label", "score", "box", "polygon"}
+    assert line["text"] == "PARCEL 7781-XZ" and line["label"] is None
+    assert 0.5 < line["score"] <= 1 and len(line["box"]) == 4 and len(line["polygon"]) == 4
+    assert all(len(p) == 2 for p in line["polygon"])
+    for bad in lines[1:4]:
+        assert set(bad) == {"image", "error"} and set(bad["error"]) == {"code", "message"}
+    assert lines[1]["error"]["code"] == "image_invalid"
+    assert lines[2]["error"]["code"] == "unsupported_media_type"
+    assert lines[3]["error"]["code"] == "not_found"
+    assert lines[4]["results"] == ok["results"]
+
+
+def test_plain_output_one_line_errors_no_traceback(images):
+    result = runner.invoke(cli, ["infer", str(images["truncated"]), str(images["good"])])
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"{images['truncated']}: error image_invalid")
+    assert "PARCEL 7781-XZ" in result.stdout
+
+
+def test_all_good_exits_zero_and_unknown_model_exits_two(images):
+    assert runner.invoke(cli, ["infer", str(images["good"]), "--json"]).exit_code == 0
+    result = runner.invoke(cli, ["infer", str(images["good"]), "--model", "nope", "--json"])
+    assert result.exit_code == 2
+    (obj,) = [json.loads(x) for x in result.stdout.splitlines()]
+    assert obj["error"]["code"] == "model_not_found"
+
+
+def test_model_verify_and_list(tmp_path):
+    registry = ModelRegistry.default()
+    det = registry.resolve(registry.get("ppocr-det"))
+    ok = runner.invoke(cli, ["model", "verify", str(det)])
+    assert ok.exit_code == 0 and "ppocr-det" in ok.stdout
+    tampered = tmp_path / det.name
+    tampered.write_bytes(b"\x08" + det.read_bytes()[1:-1])
+    bad = runner.invoke(cli, ["model", "verify", str(tampered)])
+    assert bad.exit_code == 1 and "does not match ppocr-det" in bad.stderr
+    listed = runner.invoke(cli, ["model", "list"])
+    assert listed.exit_code == 0 and "ppocr-heavy" in listed.stdout
+
+
+def test_build_engine_without_tensorrt_says_so():
+    from shared.executor.tensorrt_backend import tensorrt_available
+
+    if tensorrt_available():
+        pytest.skip("TensorRT is installed here")
+    result = runner.invoke(cli, ["model", "build-engine", "ppocr-det"])
+    assert result.exit_code == 2
+    assert "TensorRT is not installed" in result.stderr
