@@ -41,26 +41,34 @@ def _contiguous(name: str, arr: np.ndarray) -> None:
 
 
 def frame_hw(frame: object, fmt: str) -> tuple[int, int]:
-    """Return the (height, width) of a camera frame in `fmt`, or raise InvalidInput."""
+    """Return the (height, width) of a host camera frame in `fmt`, or raise InvalidInput."""
     arr = _array("frame", frame)
-    if arr.dtype != np.uint8:
-        raise InvalidInput(f"frame must be uint8, got {arr.dtype}")
-    _contiguous("frame", arr)
+    return frame_geometry(arr.shape, arr.dtype, arr.flags.c_contiguous, fmt)
+
+
+def frame_geometry(
+    shape: tuple[int, ...], dtype: np.dtype, c_contiguous: bool, fmt: str
+) -> tuple[int, int]:
+    """(height, width) of a frame described by shape/dtype/layout (host or device array)."""
+    if np.dtype(dtype) != np.uint8:
+        raise InvalidInput(f"frame must be uint8, got {dtype}")
+    if not c_contiguous:
+        raise InvalidInput("frame must be C-contiguous", hint="pass a contiguous copy of it")
     if fmt in ("nv12", "i420"):
-        if arr.ndim != 2:
-            raise InvalidInput(f"a {fmt} frame has shape (H*3/2, W), got {arr.shape}")
-        rows, w = arr.shape
+        if len(shape) != 2:
+            raise InvalidInput(f"a {fmt} frame has shape (H*3/2, W), got {shape}")
+        rows, w = shape
         if rows % 3 or w < 2 or rows < 3:
-            raise InvalidInput(f"a {fmt} frame has H*3/2 rows (a multiple of 3), got {arr.shape}")
+            raise InvalidInput(f"a {fmt} frame has H*3/2 rows (a multiple of 3), got {shape}")
         h = rows * 2 // 3
         if h % 2 or w % 2:
             raise InvalidInput(f"{fmt} needs an even width and height, got {h}x{w}")
     elif fmt in ("bgr", "rgb"):
-        if arr.ndim != 3 or arr.shape[2] != 3:
-            raise InvalidInput(f"a packed {fmt} frame has shape (H, W, 3), got {arr.shape}")
-        h, w = arr.shape[:2]
+        if len(shape) != 3 or shape[2] != 3:
+            raise InvalidInput(f"a packed {fmt} frame has shape (H, W, 3), got {shape}")
+        h, w = shape[:2]
         if h < 1 or w < 1:
-            raise InvalidInput(f"empty frame {arr.shape}")
+            raise InvalidInput(f"empty frame {shape}")
     else:
         raise InvalidInput(f"unknown frame format {fmt!r}; one of {FORMATS}")
     if h > MAX_SIDE or w > MAX_SIDE:

@@ -1,0 +1,220 @@
+"""The CUDA backend: the `.cu` kernels in shared/kernels/cuda launched through pycuda.
+
+Pre-processing runs on device buffers: a frame already on the GPU (a pycuda GPUArray,
+or anything with `__cuda_array_interface__` such as a CuPy array or a decoder surface)
+is read in place and the tensor is written to a device buffer, so the frame never
+visits host memory. A host numpy frame is copied up and the tensor copied back, so the
+public API's contract (numpy in, numpy out) holds on every backend.
+
+NMS builds the suppression bitmask of the score-sorted candidates on the GPU and runs
+the short greedy pass over it on the host; OKS pose NMS (tens of poses) stays on the
+native C code. pycuda is imported only when this backend is probed.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from shared.errors import InvalidInput
+from shared.imaging.letterbox import LetterboxTransform
+from shared.kernels import checks
+
+CUDA_DIR = Path(__file__).with_name("cuda")
+NVCC_OPTIONS = ["--fmad=false", "-std=c++14"]
+FORMAT_CODES = {"nv12": 0, "i420": 1, "bgr": 2, "rgb": 3}
+_FIXED_POINT = float(255 * (1 << 22))
+MAX_NMS_BOXES = 40_000  # the n x n/64 bitmask stays under ~200 MB
+BLOCK = (32, 8, 1)
+
+
+def available() -> tuple[bool, str]:
+    """(True, '') when pycuda imports and sees a CUDA device; else (False, why not)."""
+    try:
+        import pycuda.driver as cuda
+    except ImportError as exc:
+        return False, f"pycuda not importable ({exc})"
+    try:
+        cuda.init()
+        if cuda.Device.count() < 1:
+            return False, "no CUDA device"
+    except Exception as exc:  # pycuda raises its own LogicError/RuntimeError kinds
+        return False, f"CUDA driver not usable ({exc})"
+    return True, ""
+
+
+def combined_source() -> str:
+    """Both .cu files as one translation unit, as the launcher compiles them."""
+    parts = [(CUDA_DIR / name).read_text() for name in ("preprocess.cu", "nms.cu")]
+    return "\n".join(parts)
+
+
+@functools.cache
+def _module():
+    """Compile (nvcc, cached by pycuda) and load the kernels in the primary context."""
+    import pycuda.autoprimaryctx  # noqa: F401  shares the context with TensorRT/ORT
+    from pycuda.compiler import SourceModule
+
+    return SourceModule(combined_source(), options=NVCC_OPTIONS, no_extern_c=True)
+
+
+def _device_frame(frame: object, fmt: str):
+    """(device pointer, the object holding the memory, (h, w)) for a host or device frame."""
+    from pycuda import gpuarray
+
+    if isinstance(frame, np.ndarray):
+        h, w = checks.frame_hw(frame, fmt)
+        dev = gpuarray.to_gpu(frame)
+        return int(dev.gpudata), dev, (h, w)
+    if isinstance(frame, gpuarray.GPUArray):
+        hw = checks.frame_geometry(frame.shape, frame.dtype, frame.flags.c_contiguous, fmt)
+        return int(frame.gpudata), frame, hw
+    iface = getattr(frame, "__cuda_array_interface__", None)
+    if iface is None:
+        raise InvalidInput(f"frame must be a numpy or CUDA device array, got {type(frame)}")
+    shape, dtype = tuple(iface["shape"]), np.dtype(iface["typestr"])
+    strides = iface.get("strides")
+    contiguous = strides is None or tuple(strides) == np.empty(shape, dtype).strides
+    hw = checks.frame_geometry(shape, dtype, contiguous, fmt)
+    return int(iface["data"][0]), frame, hw
+
+
+def _out_pointer(out) -> np.uintp:
+    if hasattr(out, "gpudata"):
+        return np.uintp(int(out.gpudata))
+    return np.uintp(out.__cuda_array_interface__["data"][0])
+
+
+def frame_to_tensor(
+    frame,
+    fmt: str,
+    size,
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    pad=114,
+    dtype=np.float32,
+    out=None,
+):
+    """Fused pre-processing on the GPU.
+
+    Returns `out` when given (numpy: copied back; device array: written in place), else
+    numpy for a numpy frame and a pycuda GPUArray for a device frame.
+    """
+    from pycuda import gpuarray
+
+    hw = checks.model_size(size)
+    norm = checks.normalise(mean, std, pad)
+    dt = checks.out_dtype(dtype)
+    ptr, holder, (h, w) = _device_frame(frame, fmt)  # holder keeps the memory alive
+    t = LetterboxTransform.plan((h, w), hw)
+    if out is None or isinstance(out, np.ndarray):
+        host = None if out is None else checks.out_buffer(out, hw, dt)
+        dev_out = gpuarray.empty((1, 3, *hw), dt)
+    else:
+        if tuple(out.shape) != (1, 3, *hw) or np.dtype(out.dtype) != dt:
+            raise InvalidInput(f"out must be {dt} of shape {(1, 3, *hw)}")
+        host, dev_out = None, out
+    scale = [1.0 / (_FIXED_POINT * s) for s in norm.std]
+    bias = [-m / s for m, s in zip(norm.mean, norm.std, strict=True)]
+    padv = [(norm.pad / 255.0 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)]
+    kernel = _module().get_function("ef_to_tensor_f16" if dt == np.float16 else "ef_to_tensor_f32")
+    pitch = w * 3 if fmt in ("bgr", "rgb") else w
+    grid = ((hw[1] + BLOCK[0] - 1) // BLOCK[0], (hw[0] + BLOCK[1] - 1) // BLOCK[1], 1)
+    ints = (FORMAT_CODES[fmt], h, w, pitch, t.dst_h, t.dst_w, t.new_h, t.new_w)
+    kernel(
+        np.uintp(ptr),
+        _out_pointer(dev_out),
+        *(np.int32(v) for v in (*ints, t.pad_top, t.pad_left)),
+        _float3(scale),
+        _float3(bias),
+        _float3(padv),
+        block=BLOCK,
+        grid=grid,
+    )
+    if host is not None:
+        dev_out.get(ary=host)
+        return host, t
+    if isinstance(frame, np.ndarray) and out is None:
+        result = dev_out.get()
+        del holder  # the uploaded frame, freed only after the kernel's result came back
+        return result, t
+    return dev_out, t
+
+
+def _float3(values) -> np.void:
+    f3 = np.dtype([("x", np.float32), ("y", np.float32), ("z", np.float32)])
+    return np.array([tuple(values)], f3)[0]
+
+
+def nms(boxes, scores, iou_threshold, score_threshold=0.0, class_ids=None, max_det=300):
+    """Greedy NMS: bitmask on the GPU, greedy pass on the host; same result as the CPU."""
+    from pycuda import gpuarray
+
+    b, s = _host(boxes), _host(scores)
+    c = None if class_ids is None else _host(class_ids)
+    a = checks.nms_args(b, s, iou_threshold, score_threshold, c, max_det)
+    cand = np.flatnonzero(a.scores >= np.float32(a.score_threshold))
+    order = cand[np.argsort(-a.scores[cand], kind="stable")]
+    n = len(order)
+    if n == 0 or a.max_det == 0:
+        return np.empty(0, np.int64)
+    if n > MAX_NMS_BOXES:
+        from shared.kernels import native
+
+        return native.nms(
+            a.boxes, a.scores, a.iou_threshold, a.score_threshold, a.class_ids, a.max_det
+        )
+    mod = _module()
+    sorted_boxes = gpuarray.to_gpu(np.ascontiguousarray(a.boxes[order]))
+    cls = np.zeros(n, np.int32) if a.class_ids is None else a.class_ids[order]
+    dev_cls = gpuarray.to_gpu(np.ascontiguousarray(cls, np.int32))
+    words = (n + 63) // 64
+    mask = gpuarray.zeros((n, words), np.uint64)
+    mod.get_function("ef_nms_mask")(
+        sorted_boxes.gpudata,
+        dev_cls.gpudata,
+        np.int32(n),
+        np.float32(a.iou_threshold),
+        mask.gpudata,
+        block=(64, 1, 1),
+        grid=(words, words, 1),
+    )
+    rows = mask.get()
+    removed = np.zeros(words, np.uint64)
+    kept: list[int] = []
+    for i in range(n):
+        if removed[i // 64] >> np.uint64(i % 64) & np.uint64(1):
+            continue
+        kept.append(int(order[i]))
+        if len(kept) == a.max_det:
+            break
+        removed |= rows[i]
+    return np.asarray(kept, np.int64)
+
+
+def keypoint_nms(
+    keypoints, scores, oks_threshold=0.5, score_threshold=0.0, boxes=None, sigmas=None, max_det=300
+):
+    """OKS NMS handles tens of poses: the native C code does it (no GPU launch pays)."""
+    from shared.kernels import native
+
+    return native.keypoint_nms(
+        _host(keypoints),
+        _host(scores),
+        oks_threshold,
+        score_threshold,
+        None if boxes is None else _host(boxes),
+        sigmas,
+        max_det,
+    )
+
+
+def _host(arr):
+    """A numpy view of an input: device arrays are copied down (NMS inputs are small)."""
+    if isinstance(arr, np.ndarray) or arr is None:
+        return arr
+    if hasattr(arr, "get"):
+        return arr.get()
+    raise InvalidInput(f"expected a numpy or CUDA device array, got {type(arr).__name__}")
