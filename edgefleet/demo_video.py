@@ -55,6 +55,9 @@ class VideoSpec(_Closed):
     hard_share: float = Field(
         0.34, ge=0, le=1, description="share of lines made hard with blur and glare"
     )
+    hard_strength: float = Field(
+        1.6, ge=0, le=2, description="how much blur, glare and fading the hard lines get"
+    )
     background: Background | None = Field(
         None, description="background style; none = chosen by the seed"
     )
@@ -207,16 +210,24 @@ class _Line:
             frame, self.text, origin, self.font, self.scale, self.fg, self.thickness, cv2.LINE_AA
         )
         if self.hard:
+            # How hard this frame is swings with time, so the same line is sometimes
+            # readable and sometimes not: the edge is unsure on a share of frames.
+            phase = 0.5 + 0.5 * np.sin(index * 0.21 + self.glare_phase)
+            strength = spec.hard_strength * (0.35 + 0.65 * phase)
             roi = frame[y0:y1, x0:x1]
-            k = 2 * max(1, self.h // 9) + 1
-            roi[:] = cv2.GaussianBlur(roi, (k, k), 0)
+            # Washed-out ink (low contrast), then defocus blur.
+            roi[:] = cv2.addWeighted(
+                roi, 1 - 0.45 * strength / 2, np.full_like(roi, self.plate), 0.45 * strength / 2, 0
+            )
+            sigma = max(0.3, strength * self.h / 10)
+            roi[:] = cv2.GaussianBlur(roi, (0, 0), sigma)
             # Glare: a bright ellipse sweeping along the plate, washing out part of it.
             cx = x0 + (0.5 + 0.45 * np.sin(index * 0.3 + self.glare_phase)) * (x1 - x0)
             glare = np.zeros(frame.shape[:2], np.float32)
             cv2.ellipse(
                 glare,
                 (round(cx), (y0 + y1) // 2),
-                (max(4, (x1 - x0) // 4), max(3, (y1 - y0) // 2)),
+                (max(4, (x1 - x0) // 5), max(3, (y1 - y0) // 2)),
                 0,
                 0,
                 360,
@@ -224,7 +235,7 @@ class _Line:
                 thickness=-1,
             )
             glare = cv2.GaussianBlur(glare, (0, 0), max(1.0, self.h / 4))[..., None]
-            frame[:] = np.clip(frame + glare * 150, 0, 255).astype(np.uint8)
+            frame[:] = np.clip(frame + glare * 120 * strength, 0, 255).astype(np.uint8)
         return x0, y0, x1, y1
 
 

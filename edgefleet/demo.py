@@ -1,0 +1,283 @@
+"""`edgefleet demo`: the whole system on one machine, with a score at the end.
+
+It starts a real Mosquitto, the cloud orchestrator and N edge agents as separate
+processes, enrolled through `edgefleet fleet enroll` like real devices, each agent playing
+a video that the demo renders with known text (edgefleet.demo_video). While it runs it
+shows what the fleet view shows; at the end it scores the edge alone and the edge with
+the cloud's corrections against the ground truth, and counts the bytes each device sent.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from edgefleet.demo_report import (
+    DeviceScore,
+    live_table,
+    pct,
+    read_jsonl,
+    report_table,
+    score_device,
+    total_score,
+)
+from edgefleet.demo_stack import (
+    MOSQUITTO_MISSING,
+    Device,
+    Stack,
+    UplinkMeter,
+    agent_env,
+    broker_config,
+    edgefleet_argv,
+    enroll_devices,
+    free_port,
+    mosquitto_binary,
+    port_open,
+    wait_until,
+    write_cloud_config,
+)
+from edgefleet.demo_video import GroundTruth, VideoSpec, render_video
+from shared.errors import ConfigError, EdgefleetError
+
+
+def prepare_videos(
+    workdir: Path, devices: int, videos: list[Path] | None, seed: int, duration: float
+) -> list[tuple[Path, GroundTruth | None]]:
+    """One video per device: the user's (cycled), or rendered with known text."""
+    if videos:
+        out = []
+        for i in range(devices):
+            path = Path(videos[i % len(videos)]).expanduser().resolve()
+            if not path.is_file():
+                raise ConfigError(f"--video {path}: no such file")
+            truth_file = path.with_suffix(".json")
+            truth = GroundTruth.load(truth_file) if truth_file.is_file() else None
+            out.append((path, truth))
+        return out
+    # Long enough that no agent loops within the run (startup included).
+    spec = VideoSpec(duration_s=min(3600.0, duration + 60.0))
+    rendered = []
+    for i in range(devices):
+        path = workdir / "videos" / f"scene-{i}.mp4"
+        rendered.append((path, render_video(path, spec.model_copy(update={"seed": seed + i}))))
+    return rendered
+
+
+# ----------------------------------------------------------------- the command
+
+
+def demo(
+    duration: float = typer.Option(
+        60.0, "--duration", min=5.0, help="seconds the agents run before the final report"
+    ),
+    devices: int = typer.Option(3, "--devices", min=1, max=16, help="edge agents to start"),
+    video: list[Path] = typer.Option(
+        None,
+        "--video",
+        help="your own video file(s) instead of the rendered scenes (repeat the option; "
+        "a ground truth JSON beside a video, same name, enables its accuracy columns)",
+    ),
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="HTTP port (0 = a free one)"),
+    seed: int = typer.Option(0, "--seed", min=0, help="seed of the rendered scenes"),
+    workdir: Path = typer.Option(
+        None, "--workdir", help="keep everything (logs, stores, videos) here; default: temporary"
+    ),
+) -> None:
+    """Run the whole system on this machine: broker, cloud, edge agents, dashboard, report.
+
+    Needs no arguments and no network. Starts Mosquitto, the cloud orchestrator and
+    DEVICES edge agents (enrolled with `edgefleet fleet enroll`), each on a rendered
+    video of moving text whose content is known; shows fps, escalations and cloud
+    corrections live; stops on Ctrl-C or after DURATION seconds and prints the edge-only
+    and edge+cloud text accuracy, the share of frames escalated and the bytes uplinked.
+
+    Example: edgefleet demo --duration 30 --devices 2
+    """
+    console = Console()
+    try:
+        mosquitto = mosquitto_binary()
+    except ConfigError:
+        console.print(f"[red]error:[/] {MOSQUITTO_MISSING}")
+        raise typer.Exit(2) from None
+    temp = None
+    if workdir is None:
+        temp = tempfile.TemporaryDirectory(prefix="edgefleet-demo-")
+        root = Path(temp.name)
+    else:
+        root = Path(workdir).expanduser().resolve()
+        root.mkdir(parents=True, exist_ok=True)
+    stack = Stack(root, console)
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        scores = _run(stack, mosquitto, duration, devices, video or [], port, seed, interrupted)
+    except EdgefleetError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        console.print(f"logs are in {root / 'logs'}" if temp is None else "")
+        raise typer.Exit(1) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        stack.stop_all()
+        if temp is not None:
+            temp.cleanup()
+    console.print(report_table(scores))
+    total = total_score(scores)
+    if total.frames == 0:
+        console.print("[red]no frame was processed[/]: see the agents' logs")
+        raise typer.Exit(1)
+    console.print(
+        f"[bold]edge-only accuracy {pct(total.edge_accuracy)}, "
+        f"edge+cloud {pct(total.combined_accuracy)}, "
+        f"{pct(total.escalated_share)} of frames escalated, "
+        f"{total.bytes_per_frame:,.0f} bytes uplinked per frame[/]"
+    )
+
+
+def _run(
+    stack: Stack,
+    mosquitto: str,
+    duration: float,
+    n_devices: int,
+    videos: list[Path],
+    http_port: int,
+    seed: int,
+    interrupted: threading.Event,
+) -> list[DeviceScore]:
+    import httpx
+
+    console, root = stack.console, stack.workdir
+    with console.status("rendering the demo videos…"):
+        scenes = prepare_videos(root, n_devices, videos, seed, duration)
+    http_port = http_port or free_port()
+    broker_port = free_port()
+    operator_key = "efk_" + secrets.token_urlsafe(24)
+    service_password = secrets.token_urlsafe(24)
+    cloud_yaml = write_cloud_config(root, http_port, broker_port, operator_key, service_password)
+
+    with console.status("enrolling devices with `edgefleet fleet enroll`…"):
+        device_ids = [f"demo-cam-{i + 1:02d}" for i in range(n_devices)]
+        enrolled = enroll_devices(root, cloud_yaml, device_ids, service_password, broker_port)
+    fleet_devices = [
+        Device(
+            device_id=device_id,
+            bundle=enrolled.bundles[device_id],
+            video=scenes[i][0],
+            truth=scenes[i][1],
+            results=root / "devices" / device_id / "results.jsonl",
+            health_port=free_port(),
+        )
+        for i, device_id in enumerate(device_ids)
+    ]
+
+    with console.status("starting Mosquitto…"):
+        conf = broker_config(root, broker_port, enrolled.password_file, enrolled.acl_file)
+        broker = stack.start("mosquitto", [mosquitto, "-c", str(conf)])
+        wait_until(lambda: port_open(broker_port), 30, "the broker", [broker])
+
+    base = f"http://127.0.0.1:{http_port}"
+    headers = {"Authorization": f"Bearer {operator_key}"}
+    http = httpx.Client(base_url=base, headers=headers, timeout=5.0)
+
+    def ready() -> bool:
+        try:
+            return http.get("/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    with console.status("starting the cloud orchestrator (loading and warming models)…"):
+        cloud = stack.start("cloud", edgefleet_argv("cloud", "serve", "-c", str(cloud_yaml)))
+        wait_until(ready, 300, "the cloud to be ready (/readyz)", [broker, cloud])
+
+    meter = UplinkMeter(broker_port, "cloud", service_password)
+    with console.status(f"starting {n_devices} edge agents…"):
+        for device in fleet_devices:
+            device.results.parent.mkdir(parents=True, exist_ok=True)
+            device.agent = stack.start(
+                device.device_id,
+                [
+                    sys.executable,
+                    "-m",
+                    "edgefleet.demo_agent",
+                    str(device.bundle / "edge.yaml"),
+                    str(device.results),
+                ],
+                env=agent_env(device, root),
+            )
+        agents = [d.agent for d in fleet_devices if d.agent is not None]
+        wait_until(
+            lambda: all(port_open(d.health_port) for d in fleet_devices),
+            300,
+            "the edge agents to load their models",
+            [broker, cloud, *agents],
+        )
+
+    console.print(f"dashboard: [link={base}/#key={operator_key}]{base}/#key={operator_key}[/link]")
+    console.print(f"REST API:  {base}/docs   (operator key: {operator_key})")
+    console.print(f"work dir:  {root}   — Ctrl-C stops the demo early\n")
+    started = time.monotonic()
+    fleet: dict[str, dict[str, Any]] = {}
+    with Live(live_table(fleet_devices, fleet, 0), console=console, refresh_per_second=2) as live:
+        while not interrupted.is_set() and time.monotonic() - started < duration:
+            try:
+                listing = http.get("/v1/devices").json().get("devices", [])
+                fleet = {d["device_id"]: d for d in listing}
+            except (httpx.HTTPError, ValueError):
+                pass  # the table keeps the last answer
+            live.update(live_table(fleet_devices, fleet, time.monotonic() - started))
+            for child in [broker, cloud]:
+                if not child.alive():
+                    raise EdgefleetError(
+                        f"{child.name} stopped unexpectedly; its log ends with:\n{child.tail()}",
+                        code="demo_failed",
+                    )
+            interrupted.wait(1.0)
+
+    with console.status("stopping the agents (they flush their outboxes)…"):
+        for agent in agents:
+            agent.stop(30.0)
+        _wait_for_verdicts(http, fleet_devices, timeout_s=15.0)
+    meter.close()
+    with console.status("scoring against the ground truth…"):
+        cases = _fetch_cases(http, fleet_devices)
+    scores = [score_device(d, cases, meter.bytes.get(d.device_id, 0)) for d in fleet_devices]
+    (root / "report.json").write_text(
+        json.dumps([s.__dict__ | {"escalated_share": s.escalated_share} for s in scores], indent=1)
+    )
+    http.close()
+    return scores
+
+
+def _wait_for_verdicts(http: Any, devices: list[Device], timeout_s: float) -> None:
+    """Give the cloud a moment to answer cases that were in flight when the agents stopped."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pending = sum(
+            (d.get("outbox_depth") or 0) for d in http.get("/v1/devices").json().get("devices", [])
+        )
+        if pending == 0:
+            return
+        time.sleep(0.5)
+
+
+def _fetch_cases(http: Any, devices: list[Device]) -> dict[str, dict[str, Any]]:
+    """The cloud's record (frame index, verdict) of every case a verdict came back for."""
+    cases: dict[str, dict[str, Any]] = {}
+    for device in devices:
+        for row in read_jsonl(device.results):
+            if row.get("kind") != "verdict" or row["case_id"] in cases:
+                continue
+            response = http.get(f"/v1/escalations/{row['case_id']}")
+            if response.status_code == 200:
+                cases[row["case_id"]] = response.json()
+    return cases

@@ -1,0 +1,81 @@
+"""`python -m edgefleet.demo_agent EDGE_YAML RESULTS`: an edge agent that keeps a record.
+
+It is the real agent (`edge.agent.Agent`, the one `edgefleet edge run` starts) plus the
+demo's local application: it writes every frame's result and every cloud verdict, through
+the agent's public callbacks, to a JSONL file so the demo can score the edge against the
+ground truth afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# ----------------------------------------------------------------- the agent runner
+
+
+def run_agent_recording(config: Path, results: Path) -> None:
+    """Run the agent until SIGTERM, appending `frame`, `escalated` and `verdict` rows."""
+    from edge.agent import Agent
+    from edge.settings import EdgeSettings
+    from shared.config import load_settings
+    from shared.logs import configure_logging
+
+    configure_logging("WARNING")
+    settings = load_settings(EdgeSettings, config)
+    agent = Agent(settings)
+    lock = threading.Lock()
+    out = results.open("a", buffering=1)
+
+    def write(row: dict[str, Any]) -> None:
+        with lock:
+            out.write(json.dumps(row) + "\n")
+
+    escalated_before = [0]
+
+    def on_result(stream_id: str, frame_index: int, detections: list[Any]) -> None:
+        texts = [d.text for d in detections if d.text]
+        write({"kind": "frame", "stream_id": stream_id, "frame_index": frame_index, "texts": texts})
+
+    def on_verdict(matched: Any) -> None:
+        write(
+            {
+                "kind": "verdict",
+                "case_id": matched.verdict.case_id,
+                "stream_id": matched.stream_id,
+                "agrees": matched.agrees,
+                "fallback_level": matched.verdict.fallback_level,
+            }
+        )
+
+    def count_escalations() -> None:
+        while True:
+            time.sleep(0.5)
+            now = agent.escalations_created
+            for _ in range(now - escalated_before[0]):
+                write({"kind": "escalated"})
+            escalated_before[0] = now
+
+    agent.on_result.append(on_result)
+    agent.add_verdict_callback(on_verdict)
+    threading.Thread(target=count_escalations, daemon=True).start()
+    try:
+        agent.run_forever()
+    finally:
+        for _ in range(agent.escalations_created - escalated_before[0]):
+            write({"kind": "escalated"})
+        out.close()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 2:
+        sys.exit("usage: python -m edgefleet.demo_agent EDGE_YAML RESULTS_JSONL")
+    run_agent_recording(Path(argv[0]), Path(argv[1]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,181 @@
+"""Scoring and display for `edgefleet demo`: live fleet table and the final report.
+
+The agents record each frame's reading and each cloud verdict (edgefleet.demo_agent);
+the cloud's case records give the frame each verdict answers. Accuracy is the OCR
+character accuracy of edgefleet.demo_video against the rendered ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from edgefleet.demo_stack import Device
+from edgefleet.demo_video import best_match_accuracy
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    try:
+        with path.open() as f:
+            for line in f:
+                line = line.strip()
+                if line.endswith("}"):
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        continue  # a line being written right now
+    except OSError:
+        pass
+    return rows
+
+
+@dataclass
+class DeviceScore:
+    device_id: str
+    frames: int = 0
+    escalated: int = 0
+    verdicts: int = 0
+    corrections: int = 0
+    edge_accuracy: float | None = None
+    combined_accuracy: float | None = None
+    bytes_uplinked: int = 0
+
+    @property
+    def escalated_share(self) -> float | None:
+        return self.escalated / self.frames if self.frames else None
+
+    @property
+    def bytes_per_frame(self) -> float | None:
+        return self.bytes_uplinked / self.frames if self.frames else None
+
+
+def score_device(
+    device: Device, cases: dict[str, dict[str, Any]], uplink_bytes: int
+) -> DeviceScore:
+    """Edge-only and edge+cloud accuracy of one device over the frames it processed.
+
+    `cases` maps case_id to the cloud's record (frame index and verdict). A frame whose
+    case got a real answer from the cloud (not the `busy` level) is scored on that answer
+    in the edge+cloud column; every other frame on the edge's own reading.
+    """
+    rows = read_jsonl(device.results)
+    frames = [r for r in rows if r.get("kind") == "frame"]
+    verdicts = [r for r in rows if r.get("kind") == "verdict"]
+    score = DeviceScore(device.device_id, frames=len(frames), bytes_uplinked=uplink_bytes)
+    score.escalated = sum(1 for r in rows if r.get("kind") == "escalated")
+    score.verdicts = len(verdicts)
+    score.corrections = sum(1 for v in verdicts if v.get("agrees") is False)
+    corrected: dict[tuple[str, int], list[str]] = {}
+    for verdict in verdicts:
+        record = cases.get(verdict["case_id"])
+        if record is None or record.get("verdict") is None:
+            continue
+        answer = record["verdict"]
+        if answer.get("fallback_level", 3) >= 3:
+            continue
+        texts = [d.get("text") or "" for d in answer.get("result", [])]
+        corrected[(record["stream_id"], int(record["frame_index"]))] = texts
+    if device.truth is None or not frames:
+        return score
+    edge_total = combined_total = 0.0
+    for frame in frames:
+        truth = device.truth.texts(int(frame["frame_index"]))
+        edge_total += best_match_accuracy(frame["texts"], truth)
+        key = (frame["stream_id"], int(frame["frame_index"]))
+        combined_total += best_match_accuracy(corrected.get(key, frame["texts"]), truth)
+    score.edge_accuracy = edge_total / len(frames)
+    score.combined_accuracy = combined_total / len(frames)
+    return score
+
+
+# ----------------------------------------------------------------- display
+
+
+def pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f} %"
+
+
+def live_table(devices: list[Device], fleet: dict[str, dict[str, Any]], elapsed: float) -> Table:
+    table = Table(title=f"edgefleet demo — {elapsed:5.0f} s", title_justify="left")
+    for column in (
+        "device",
+        "online",
+        "fps",
+        "frames",
+        "escalations",
+        "verdicts",
+        "corrections",
+        "agreement",
+        "outbox",
+    ):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    for device in devices:
+        row = fleet.get(device.device_id, {})
+        records = read_jsonl(device.results)
+        frames = sum(1 for r in records if r.get("kind") == "frame")
+        escalated = sum(1 for r in records if r.get("kind") == "escalated")
+        verdicts = [r for r in records if r.get("kind") == "verdict"]
+        corrections = sum(1 for v in verdicts if v.get("agrees") is False)
+        agreement = row.get("agreement")
+        if agreement is None and verdicts:
+            agreement = 1 - corrections / len(verdicts)
+        fps = row.get("fps")
+        table.add_row(
+            device.device_id,
+            "[green]yes[/]" if row.get("online") else "[red]no[/]",
+            "–" if fps is None else f"{fps:.1f}",
+            str(frames),
+            str(escalated),
+            str(len(verdicts)),
+            str(corrections),
+            pct(agreement),
+            "–" if row.get("outbox_depth") is None else str(row["outbox_depth"]),
+        )
+    return table
+
+
+def report_table(scores: list[DeviceScore]) -> Table:
+    table = Table(title="final report", title_justify="left")
+    for column in (
+        "device",
+        "frames",
+        "edge-only accuracy",
+        "edge+cloud accuracy",
+        "escalated",
+        "cloud corrections",
+        "bytes uplinked / frame",
+    ):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    for s in [*scores, total_score(scores)]:
+        table.add_row(
+            s.device_id,
+            str(s.frames),
+            pct(s.edge_accuracy),
+            pct(s.combined_accuracy),
+            pct(s.escalated_share),
+            str(s.corrections),
+            "–" if s.bytes_per_frame is None else f"{s.bytes_per_frame:,.0f}",
+        )
+    return table
+
+
+def total_score(scores: list[DeviceScore]) -> DeviceScore:
+    total = DeviceScore("all devices")
+    total.frames = sum(s.frames for s in scores)
+    total.escalated = sum(s.escalated for s in scores)
+    total.verdicts = sum(s.verdicts for s in scores)
+    total.corrections = sum(s.corrections for s in scores)
+    total.bytes_uplinked = sum(s.bytes_uplinked for s in scores)
+    scored = [s for s in scores if s.edge_accuracy is not None and s.frames]
+    frames = sum(s.frames for s in scored)
+    if frames:
+        total.edge_accuracy = sum(s.edge_accuracy * s.frames for s in scored) / frames  # type: ignore[operator]
+        total.combined_accuracy = (
+            sum(s.combined_accuracy * s.frames for s in scored) / frames  # type: ignore[operator]
+        )
+    return total

@@ -1,0 +1,329 @@
+"""The processes of `edgefleet demo`: broker, cloud, agents, and the bytes they uplink.
+
+Each piece is started as its own process (own session, so Ctrl-C reaches only the demo,
+which stops them in order) with its log in the work folder, configured the way a real
+deployment is: a Mosquitto with per-device passwords and ACLs, a cloud.yaml, and the
+enrollment bundle of each device with the demo's stream and paths on top.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from edgefleet.demo_video import GroundTruth
+from shared.errors import ConfigError, EdgefleetError
+
+MOSQUITTO_MISSING = (
+    "The demo needs the Mosquitto MQTT broker (the `mosquitto` binary), which is not installed.\n"
+    "  Debian/Ubuntu:  sudo apt-get install mosquitto mosquitto-clients\n"
+    "  Fedora/RHEL:    sudo dnf install mosquitto\n"
+    "  macOS:          brew install mosquitto\n"
+    "or run `make demo`, which installs it. Then run `edgefleet demo` again."
+)
+# Channels a device publishes on: what counts as uplink.
+UPLINK_CHANNELS = ("status", "telemetry", "escalations", "reported")
+
+
+@dataclass
+class Child:
+    """A process the demo started, stopped in the reverse order of starting."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float) -> int | None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Device:
+    device_id: str
+    bundle: Path
+    video: Path
+    truth: GroundTruth | None
+    results: Path
+    health_port: int
+    agent: Child | None = None
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    console: Console
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        log = self.workdir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=self.workdir,
+                # Own session: Ctrl-C reaches only the demo, which then stops the children
+                # in order (agents flush their outboxes while the broker is still up).
+                start_new_session=True,
+            )
+        child = Child(name, process, log)
+        self.children.append(child)
+        return child
+
+    def stop_all(self) -> None:
+        for child in reversed(self.children):
+            child.stop(30.0)
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mosquitto_binary() -> str:
+    """Path of the broker binary; ConfigError with install instructions when missing."""
+    found = shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if Path(p).exists()),
+        None,
+    )
+    if found is None:
+        raise ConfigError("mosquitto is not installed", hint=MOSQUITTO_MISSING)
+    return found
+
+
+def wait_until(
+    check: Callable[[], bool], timeout_s: float, what: str, children: list[Child]
+) -> None:
+    """Poll `check` until true; fail early, with its log, if a child process died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in children:
+            if not child.alive():
+                raise EdgefleetError(
+                    f"{child.name} exited with code {child.process.returncode} while waiting "
+                    f"for {what}; its log ({child.log}) ends with:\n{child.tail()}",
+                    code="demo_failed",
+                )
+        if check():
+            return
+        time.sleep(0.25)
+    raise EdgefleetError(
+        f"timed out after {timeout_s:.0f} s waiting for {what}", code="demo_failed"
+    )
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def edgefleet_argv(*args: str) -> list[str]:
+    """The `edgefleet` command of this interpreter (works without the venv on PATH)."""
+    return [sys.executable, "-m", "edgefleet", *args]
+
+
+def broker_config(workdir: Path, port: int, password_file: Path, acl_file: Path) -> Path:
+    """A local Mosquitto config: the production settings that matter, on localhost."""
+    data = workdir / "broker"
+    data.mkdir(parents=True, exist_ok=True)
+    lines = [
+        f"listener {port} 127.0.0.1",
+        "allow_anonymous false",
+        f"password_file {password_file}",
+        f"acl_file {acl_file}",
+        "persistence true",
+        f"persistence_location {data}/",
+        "max_queued_messages 100000",
+        "max_inflight_messages 200",
+        "max_packet_size 8388608",
+        f"pid_file {data / 'mosquitto.pid'}",
+        "log_dest stdout",
+        "log_type error",
+        "log_type warning",
+        "log_type notice",
+    ]
+    if hasattr(os, "getuid") and os.getuid() == 0:
+        # Running as root, mosquitto would switch to its own user and could not write here.
+        lines.append("user root")
+    path = data / "mosquitto.conf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_cloud_config(
+    workdir: Path, http_port: int, broker_port: int, operator_key: str, service_password: str
+) -> Path:
+    from cloud.auth import key_digest
+
+    config = {
+        "http": {"host": "127.0.0.1", "port": http_port},
+        "mqtt": {
+            "host": "127.0.0.1",
+            "port": broker_port,
+            "username": "cloud",
+            "password": service_password,
+        },
+        "data_dir": str(workdir / "cloud"),
+        "api_keys": [{"name": "demo", "sha256": key_digest(operator_key)}],
+        "execution": {"intra_op_threads": 2},
+        "telemetry": {"bucket_s": 5},
+        "log_level": "WARNING",
+    }
+    path = workdir / "cloud.yaml"
+    path.write_text(json.dumps(config, indent=1))  # JSON is YAML
+    path.chmod(0o600)
+    return path
+
+
+def agent_env(device: Device, workdir: Path) -> dict[str, str]:
+    """The demo's settings for one agent, over its enrollment bundle (EDGEFLEET_EDGE_...)."""
+    state = workdir / "devices" / device.device_id
+    stream = {
+        "id": "cam",
+        "url": str(device.video),
+        "kind": "file",
+        "realtime": True,
+        "loop": True,
+        "expect_result": True,
+    }
+    return {
+        "EDGEFLEET_EDGE_STREAMS": json.dumps([stream]),
+        "EDGEFLEET_EDGE_OUTBOX__PATH": str(state / "outbox.db"),
+        "EDGEFLEET_EDGE_STATE_DIR": str(state / "state"),
+        "EDGEFLEET_EDGE_HEALTH__PORT": str(device.health_port),
+        "EDGEFLEET_EDGE_TELEMETRY_INTERVAL_S": "2",
+        "EDGEFLEET_EDGE_POLICY__SEED": "0",
+        # Several agents share the CPU here: one inference thread each.
+        "EDGEFLEET_EDGE_MODEL__EXECUTION__INTRA_OP_THREADS": "1",
+        "EDGEFLEET_EDGE_MODEL__EXECUTION__INTER_OP_THREADS": "1",
+    }
+
+
+class UplinkMeter:
+    """Counts the bytes each device publishes (topic + payload + properties), as the broker
+    receives them, by listening on the device channels with the cloud's account."""
+
+    def __init__(self, port: int, username: str, password: str, topic_root: str = "ef/v1"):
+        import paho.mqtt.client as mqtt
+
+        self.bytes: dict[str, int] = {}
+        self.messages: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._root = topic_root
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=f"edgefleet-demo-meter-{secrets.token_hex(3)}",
+            protocol=mqtt.MQTTv5,
+        )
+        self.client.username_pw_set(username, password)
+        self.client.on_connect = self._on_connect
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        for channel in UPLINK_CHANNELS:
+            client.subscribe(f"{self._root}/+/{channel}", qos=0)
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        parts = message.topic.split("/")
+        device = parts[-2] if len(parts) >= 2 else "?"
+        size = len(message.topic) + len(message.payload)
+        props = getattr(message, "properties", None)
+        for key, value in getattr(props, "UserProperty", None) or []:
+            size += len(key) + len(value)
+        size += len(getattr(props, "ContentType", "") or "")
+        with self._lock:
+            self.bytes[device] = self.bytes.get(device, 0) + size
+            self.messages[device] = self.messages.get(device, 0) + 1
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+@dataclass
+class Enrolled:
+    bundles: dict[str, Path]
+    password_file: Path
+    acl_file: Path
+
+
+def enroll_devices(
+    root: Path, cloud_yaml: Path, device_ids: list[str], service_password: str, broker_port: int
+) -> Enrolled:
+    """PROVISIONAL: enroll through the fleet registry in-process until `fleet enroll` lands."""
+    from cloud.settings import CloudSettings
+    from fleet.acl import write_mosquitto_files
+    from fleet.registry import DeviceRegistry
+    from shared.config import load_settings
+    from shared.db import Database
+
+    settings = load_settings(CloudSettings, cloud_yaml)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database.connect(settings.resolved_database_url())
+    registry = DeviceRegistry(db)
+    registry.set_service_password("cloud", service_password)
+    bundles = {}
+    for device_id in device_ids:
+        enrollment = registry.enroll(device_id, "demo")
+        bundle = root / "bundles" / device_id
+        bundle.mkdir(parents=True, exist_ok=True)
+        (bundle / "edge.yaml").write_text(
+            json.dumps(
+                {
+                    "device_id": device_id,
+                    "device_key": enrollment.device_key.hex(),
+                    "mqtt": {
+                        "host": "127.0.0.1",
+                        "port": broker_port,
+                        "username": device_id,
+                        "password": enrollment.broker_password,
+                    },
+                }
+            )
+        )
+        bundles[device_id] = bundle
+    files = write_mosquitto_files(registry, root / "broker-auth")
+    db.close()
+    return Enrolled(bundles, files.password_file, files.acl_file)
