@@ -265,3 +265,23 @@ def test_both_references_agree_and_native_matches_imaging_reference(h, w, size):
     got, t = kernels.nv12_to_tensor(f, size, MEAN, STD, 114)
     assert t == t_ref == t_img
     assert unit_scale_diff(got, want) <= TOL
+
+
+def test_concurrent_calls_from_python_threads_agree():
+    # The GIL is released inside the kernels: calls from several threads run at once
+    # and must not share state (each call owns its tables and row buffers).
+    from concurrent.futures import ThreadPoolExecutor
+
+    frames = [frame("nv12", 240, 320, seed=s) for s in range(8)]
+    boxes, scores, _ = random_boxes(500, seed=2)
+    expected = [native.frame_to_tensor(f, "nv12", (160, 160), MEAN, STD)[0] for f in frames]
+    expected_keep = native.nms(boxes, scores, 0.5, max_det=500)
+
+    def work(i: int):
+        t, _ = native.frame_to_tensor(frames[i % 8], "nv12", (160, 160), MEAN, STD, threads=2)
+        return i, t, native.nms(boxes, scores, 0.5, max_det=500)
+
+    with ThreadPoolExecutor(4) as pool:
+        for i, tensor, keep in pool.map(work, range(32)):
+            np.testing.assert_array_equal(tensor, expected[i % 8])
+            np.testing.assert_array_equal(keep, expected_keep)
