@@ -1,0 +1,190 @@
+"""Models and dynamic batching against the way users call a model, side by side.
+
+Run: `.venv/bin/python -m bench.bench_executor` (`--images 16 --rounds 1` by default).
+
+For each default model (`ppocr`, `ppocr-heavy`) on each backend available here:
+- latency of one image at a time (batch 1, no queue), p50/p95;
+- N concurrent callers (1/2/4/8 threads) each calling `predict_many([image])` directly
+  (batch 1, what a user writes) vs the same callers going through the dynamic batcher
+  (`predict`), with throughput (images/s) and the ratio batcher / batch 1;
+- the rapidocr-onnxruntime pipeline (same ONNX files) as a peer, when importable.
+Images: 960x540 scenes rendered here with two lines of text each.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import cv2
+import numpy as np
+import typer
+
+from shared.executor.registry import probe_backends
+from shared.executor.settings import BatcherSettings, ExecutionSettings
+from shared.models import load_model
+
+app = typer.Typer(add_completion=False)
+CALLERS = (1, 2, 4, 8)
+
+
+def scenes(count: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(count):
+        img = np.full((540, 960, 3), int(rng.integers(200, 245)), np.uint8)
+        cv2.putText(
+            img,
+            f"GATE {i:02d} BAY {7 * i + 3}",
+            (60, 180),
+            cv2.FONT_HERSHEY_DUPLEX,
+            1.6,
+            (20, 20, 20),
+            3,
+        )
+        cv2.putText(
+            img,
+            f"SERIAL SN {5518 + 37 * i}-{i:04d}",
+            (60, 380),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            1.4,
+            (40, 10, 10),
+            3,
+        )
+        out.append(img)
+    return out
+
+
+def run_callers(call, images: list[np.ndarray], callers: int) -> tuple[float, list[float]]:
+    """Images/s and per-request latencies with `callers` threads sharing the images."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    work = list(images)
+
+    def worker():
+        while True:
+            with lock:
+                if not work:
+                    return
+                img = work.pop()
+            t0 = time.perf_counter()
+            call(img)
+            dt = time.perf_counter() - t0
+            with lock:
+                latencies.append(dt)
+
+    threads = [threading.Thread(target=worker) for _ in range(callers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(images) / (time.perf_counter() - t0), latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values) * 1000, q))
+
+
+def forward_only(data: list[np.ndarray], rounds: int) -> None:
+    """The executor alone: det forward of 4 images one by one vs one batch of 4."""
+    settings = ExecutionSettings(batching=BatcherSettings(enabled=False))
+    with load_model("ppocr", settings=settings) as model:
+        batch = model.pre_process(data[:4]).tensor
+        singles = [batch[i : i + 1] for i in range(4)]
+        model.det.run(batch)
+        one_by_one = min(_time(lambda: [model.det.run(x) for x in singles]) for _ in range(rounds))
+        batched = min(_time(lambda: model.det.run(batch)) for _ in range(rounds))
+    print()
+    print("| executor (ppocr-det forward, 4 images 640x384) | ms | ratio |")
+    print("|---|---|---|")
+    print(f"| 4 x batch 1 | {one_by_one * 1000:.0f} | 1.00x |")
+    print(f"| 1 x batch 4 | {batched * 1000:.0f} | {one_by_one / batched:.2f}x |")
+
+
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+@app.command()
+def main(
+    images: int = typer.Option(16, help="rendered images per measurement"),
+    rounds: int = typer.Option(1, help="repeat each measurement, keep the best"),
+    max_delay_ms: float = typer.Option(5.0, help="batcher max delay"),
+    workers: int = typer.Option(2, help="batcher worker threads (overlap Python and ORT)"),
+) -> None:
+    data = scenes(images)
+    available = [name for name, why in probe_backends().items() if why is None]
+    unavailable = {n: w for n, w in probe_backends().items() if w is not None}
+    print(f"backends here: {', '.join(available)}")
+    for name, why in unavailable.items():
+        print(f"  not measured: {name} ({why})")
+    print()
+    print(
+        "| model | backend | callers | batch 1 img/s | batcher img/s | ratio | "
+        "batch 1 p50 ms | batcher p50 ms | mean batch |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    singles: dict[tuple[str, str], list[float]] = {}
+    for backend in available:
+        if backend.startswith("torch"):
+            continue  # the default pack is ONNX
+        for model_name in ("ppocr", "ppocr-heavy"):
+            settings = ExecutionSettings(
+                backends=[backend],
+                batching=BatcherSettings(
+                    preferred_batch_size=4,
+                    max_batch_size=8,
+                    max_delay_ms=max_delay_ms,
+                    max_queue=256,
+                    workers=workers,
+                ),
+            )
+            with load_model(model_name, settings=settings) as model:
+                model.predict_many([data[0]])  # warm
+                for callers in CALLERS:
+                    best_naive = best_batched = (0.0, [])
+                    sizes_before = len(model.batcher.batch_sizes)
+                    for _ in range(rounds):
+                        naive = run_callers(lambda im: model.predict_many([im]), data, callers)
+                        batched = run_callers(model.predict, data, callers)
+                        best_naive = max(best_naive, naive, key=lambda r: r[0])
+                        best_batched = max(best_batched, batched, key=lambda r: r[0])
+                    sizes = list(model.batcher.batch_sizes)[sizes_before:]
+                    if callers == 1:
+                        singles[(model_name, backend)] = best_naive[1]
+                    print(
+                        f"| {model_name} | {backend} | {callers} | {best_naive[0]:.2f} | "
+                        f"{best_batched[0]:.2f} | {best_batched[0] / best_naive[0]:.2f}x | "
+                        f"{pct(best_naive[1], 50):.0f} | {pct(best_batched[1], 50):.0f} | "
+                        f"{statistics.mean(sizes):.2f} |"
+                    )
+    forward_only(data, rounds)
+    print()
+    print("| pipeline | backend | p50 ms / image | p95 ms / image |")
+    print("|---|---|---|---|")
+    for (model_name, backend), lat in singles.items():
+        print(f"| edgefleet {model_name} | {backend} | {pct(lat, 50):.0f} | {pct(lat, 95):.0f} |")
+    try:
+        from rapidocr_onnxruntime import RapidOCR
+    except Exception as exc:  # the peer is optional: its extra deps may be absent
+        print(f"| rapidocr-onnxruntime | - | not importable: {type(exc).__name__} | - |")
+        return
+    engine = RapidOCR()
+    engine(cv2.cvtColor(data[0], cv2.COLOR_RGB2BGR))
+    lat = []
+    for img in data:
+        t0 = time.perf_counter()
+        engine(cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+        lat.append(time.perf_counter() - t0)
+    print(
+        f"| rapidocr-onnxruntime 1.4.4 (peer, cls on) | onnxruntime-cpu | "
+        f"{pct(lat, 50):.0f} | {pct(lat, 95):.0f} |"
+    )
+
+
+if __name__ == "__main__":
+    app()
