@@ -42,12 +42,14 @@ def run_agent_recording(config: Path, results: Path) -> None:
         write({"kind": "frame", "stream_id": stream_id, "frame_index": frame_index, "texts": texts})
 
     def on_verdict(matched: Any) -> None:
+        edge = None if matched.edge_result is None else [d.text or "" for d in matched.edge_result]
         write(
             {
                 "kind": "verdict",
                 "case_id": matched.verdict.case_id,
                 "stream_id": matched.stream_id,
-                "agrees": matched.agrees,
+                "edge_texts": edge,
+                "cloud_texts": [d.text or "" for d in matched.verdict.result],
                 "fallback_level": matched.verdict.fallback_level,
             }
         )

@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from edgefleet.demo_stack import Device
-from edgefleet.demo_video import best_match_accuracy
+from edgefleet.demo_video import best_match_accuracy, normalise_text
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -54,6 +54,19 @@ class DeviceScore:
         return self.bytes_uplinked / self.frames if self.frames else None
 
 
+def is_correction(verdict: dict[str, Any]) -> bool:
+    """The cloud answered (not `busy`) and read something else than the edge did.
+
+    Texts are compared as a reader would (case and spacing ignored), so `PD 008 HN` vs
+    `PD008HN` is agreement, not a correction.
+    """
+    if verdict.get("fallback_level", 3) >= 3 or verdict.get("edge_texts") is None:
+        return False
+    edge = sorted(normalise_text(t) for t in verdict["edge_texts"] if normalise_text(t))
+    cloud = sorted(normalise_text(t) for t in verdict["cloud_texts"] if normalise_text(t))
+    return edge != cloud
+
+
 def score_device(
     device: Device, cases: dict[str, dict[str, Any]], uplink_bytes: int
 ) -> DeviceScore:
@@ -69,7 +82,7 @@ def score_device(
     score = DeviceScore(device.device_id, frames=len(frames), bytes_uplinked=uplink_bytes)
     score.escalated = sum(1 for r in rows if r.get("kind") == "escalated")
     score.verdicts = len(verdicts)
-    score.corrections = sum(1 for v in verdicts if v.get("agrees") is False)
+    score.corrections = sum(1 for v in verdicts if is_correction(v))
     corrected: dict[tuple[str, int], list[str]] = {}
     for verdict in verdicts:
         record = cases.get(verdict["case_id"])
@@ -120,10 +133,9 @@ def live_table(devices: list[Device], fleet: dict[str, dict[str, Any]], elapsed:
         frames = sum(1 for r in records if r.get("kind") == "frame")
         escalated = sum(1 for r in records if r.get("kind") == "escalated")
         verdicts = [r for r in records if r.get("kind") == "verdict"]
-        corrections = sum(1 for v in verdicts if v.get("agrees") is False)
-        agreement = row.get("agreement")
-        if agreement is None and verdicts:
-            agreement = 1 - corrections / len(verdicts)
+        corrections = sum(1 for v in verdicts if is_correction(v))
+        answered = sum(1 for v in verdicts if v.get("fallback_level", 3) < 3)
+        agreement = 1 - corrections / answered if answered else None
         fps = row.get("fps")
         table.add_row(
             device.device_id,

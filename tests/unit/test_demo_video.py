@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
+from edgefleet.demo_report import DeviceScore, is_correction, score_device, total_score
+from edgefleet.demo_stack import Device
 from edgefleet.demo_video import (
     GroundTruth,
     VideoSpec,
@@ -120,3 +123,95 @@ def test_accuracy_scoring() -> None:
     assert best_match_accuracy([], ["EXIT", "STOP"]) == 0.0
     assert best_match_accuracy(["EXIT", "STEP"], ["EXIT", "STOP"]) == pytest.approx(0.875)
     assert best_match_accuracy(["anything"], []) == 1.0
+
+
+# ----------------------------------------------------------------- the demo's scoring
+
+
+def _device(tmp_path: Path, truth: GroundTruth | None, rows: list[dict]) -> Device:
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"kind": "fra')
+    return Device("cam-01", tmp_path, tmp_path / "v.avi", truth, results, 0)
+
+
+def test_scoring_edge_alone_and_with_the_clouds_corrections(tmp_path: Path) -> None:
+    # given a clip whose frame 0 and 1 read ["AB", "CD"] (a hand-made truth)
+    truth = render_video(tmp_path / "v.avi", SMALL)
+    truth = truth.model_copy(
+        update={
+            "frames": [
+                f.model_copy(
+                    update={
+                        "items": [
+                            i.model_copy(update={"text": t})
+                            for i, t in zip(f.items, ["AB", "CD", "EF"], strict=True)
+                        ]
+                    }
+                )
+                for f in truth.frames
+            ]
+        }
+    )
+    # the edge read frame 0 right and frame 1 half wrong; frame 1 was escalated and the
+    # cloud read it right; a second verdict was only `busy` and must not count
+    rows = [
+        {"kind": "frame", "stream_id": "cam", "frame_index": 0, "texts": ["AB", "CD", "EF"]},
+        {"kind": "frame", "stream_id": "cam", "frame_index": 1, "texts": ["AB", "XX", "EF"]},
+        {"kind": "escalated"},
+        {"kind": "escalated"},
+        {
+            "kind": "verdict",
+            "case_id": "case-1",
+            "stream_id": "cam",
+            "fallback_level": 0,
+            "edge_texts": ["AB", "XX", "EF"],
+            "cloud_texts": ["A B", "CD", "EF"],
+        },
+        {
+            "kind": "verdict",
+            "case_id": "case-2",
+            "stream_id": "cam",
+            "fallback_level": 3,
+            "edge_texts": ["AB"],
+            "cloud_texts": [],
+        },
+    ]
+    cases = {
+        "case-1": {
+            "stream_id": "cam",
+            "frame_index": 1,
+            "verdict": {
+                "fallback_level": 0,
+                "result": [{"text": "AB"}, {"text": "CD"}, {"text": "EF"}],
+            },
+        },
+        "case-2": {
+            "stream_id": "cam",
+            "frame_index": 0,
+            "verdict": {"fallback_level": 3, "result": []},
+        },
+    }
+    score = score_device(_device(tmp_path, truth, rows), cases, uplink_bytes=3000)
+    # then the half-written last line is ignored, and the numbers follow
+    assert score.frames == 2 and score.escalated == 2 and score.verdicts == 2
+    assert score.corrections == 1  # case-1: XX -> CD; spacing alone is no correction
+    assert score.edge_accuracy == pytest.approx((1.0 + 2 / 3) / 2)
+    assert score.combined_accuracy == pytest.approx(1.0)
+    assert score.escalated_share == 1.0
+    assert score.bytes_per_frame == 1500
+    total = total_score([score, DeviceScore("cam-02")])
+    assert total.frames == 2 and total.edge_accuracy == score.edge_accuracy
+
+
+def test_scoring_without_ground_truth_counts_but_does_not_score(tmp_path: Path) -> None:
+    rows = [{"kind": "frame", "stream_id": "cam", "frame_index": 0, "texts": ["AB"]}]
+    score = score_device(_device(tmp_path, None, rows), {}, uplink_bytes=10)
+    assert score.frames == 1 and score.edge_accuracy is None
+
+
+def test_a_verdict_without_edge_texts_or_with_same_reading_is_no_correction() -> None:
+    base = {"fallback_level": 0, "cloud_texts": ["pd 008 hn"]}
+    assert not is_correction({**base, "edge_texts": None})
+    assert not is_correction({**base, "edge_texts": ["PD008HN"]})
+    assert is_correction({**base, "edge_texts": ["PD0O8HN"]})
+    assert not is_correction({**base, "edge_texts": ["X"], "fallback_level": 3})
