@@ -40,3 +40,12 @@ MEMORY_RESERVED = Gauge(
 MEMORY_REFUSED = Counter(
     "edgefleet_memory_refused_total", "Loads or requests refused by the memory budget", ["reason"]
 )
+PREDICTIONS = Counter(
+    "edgefleet_model_predictions_total", "Images run through a model", ["model"]
+)
+PREDICT_SECONDS = Histogram(
+    "edgefleet_model_predict_seconds",
+    "Pre-process + forward + post-process time per batch of images",
+    ["model"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import abc
 import logging
+import threading
+import time
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from shared.executor.batcher import DynamicBatcher
 from shared.executor.memory import MemoryBudget
+from shared.executor.metrics import PREDICT_SECONDS, PREDICTIONS
 from shared.executor.settings import ExecutionSettings
 from shared.messages import Detection, ModelInfo
 from shared.models.preprocess import check_image
@@ -47,6 +51,8 @@ class Model(abc.ABC):
             if main.executor.capabilities.precision in {"fp32", "fp16", "int8", "bf16"}
             else None,
         )
+        self._recent: deque[tuple[float, int]] = deque(maxlen=4096)
+        self._recent_lock = threading.Lock()
         self._batcher: DynamicBatcher[np.ndarray, list[Detection]] | None = None
         if settings.batching.enabled:
             per_item = sum(s.footprint.activations_per_item for s in sessions)
@@ -79,8 +85,21 @@ class Model(abc.ABC):
         checked = [check_image(image) for image in images]
         if not checked:
             return []
+        started = time.perf_counter()
         prepared = self.pre_process(checked)
-        return self.post_process(self.forward(prepared), prepared)
+        results = self.post_process(self.forward(prepared), prepared)
+        PREDICT_SECONDS.labels(self.spec.name).observe(time.perf_counter() - started)
+        PREDICTIONS.labels(self.spec.name).inc(len(checked))
+        with self._recent_lock:
+            self._recent.append((time.monotonic(), len(checked)))
+        return results
+
+    def qps(self, window_s: float = 60.0) -> float:
+        """Images per second over the last `window_s` (for readiness pages)."""
+        since = time.monotonic() - window_s
+        with self._recent_lock:
+            count = sum(n for t, n in self._recent if t >= since)
+        return count / window_s
 
     def predict(self, image_rgb: np.ndarray, *, timeout_s: float | None = None) -> list[Detection]:
         """Detections for one RGB uint8 HxWx3 image; batched with concurrent callers.

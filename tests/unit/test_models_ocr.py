@@ -119,6 +119,7 @@ def test_concurrent_threads_and_asyncio_go_through_the_batcher(ppocr):
 
     assert [[d.text for d in r] for r in asyncio.run(both())] == [["BAY 11"], ["BAY 22"]]
     assert ppocr.batcher is not None and ppocr.batcher.batches_run >= 1
+    assert ppocr.qps() > 0
 
 
 @pytest.mark.parametrize(
