@@ -55,6 +55,27 @@ def chain(frame: np.ndarray, t: LetterboxTransform) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
+def chain_steps(frame: np.ndarray, t: LetterboxTransform, repeat: int, rounds: int) -> str:
+    """Where the chain's time goes, step by step."""
+    rgb = cv2.cvtColor(frame, cv2.COLOR_YUV2RGB_NV12)
+    small = cv2.resize(rgb, (t.new_w, t.new_h), interpolation=cv2.INTER_LINEAR)
+    bottom, right = t.dst_h - t.new_h - t.pad_top, t.dst_w - t.new_w - t.pad_left
+    canvas = cv2.copyMakeBorder(small, t.pad_top, bottom, t.pad_left, right, cv2.BORDER_CONSTANT)
+    x = (canvas.astype(np.float32) / 255.0 - np.float32(MEAN)) / np.float32(STD)
+    steps = {
+        "cvtColor": lambda: cv2.cvtColor(frame, cv2.COLOR_YUV2RGB_NV12),
+        "resize": lambda: cv2.resize(rgb, (t.new_w, t.new_h), interpolation=cv2.INTER_LINEAR),
+        "copyMakeBorder": lambda: cv2.copyMakeBorder(
+            small, t.pad_top, bottom, t.pad_left, right, cv2.BORDER_CONSTANT
+        ),
+        "normalise": lambda: (
+            (canvas.astype(np.float32) / 255.0 - np.float32(MEAN)) / np.float32(STD)
+        ),
+        "to NCHW": lambda: np.ascontiguousarray(x.transpose(2, 0, 1)[None]),
+    }
+    return ", ".join(f"{k} {timed(f, repeat, rounds) * 1e3:.3f} ms" for k, f in steps.items())
+
+
 def copy_bandwidth(nbytes: int, repeat: int, rounds: int) -> float:
     """Bytes per second of np.copyto (read + write counted) on an nbytes buffer."""
     src = np.ones(nbytes, np.uint8)
@@ -73,6 +94,14 @@ def bench_preprocess(repeat: int, rounds: int) -> None:
     print(f"backend: {kernels.backend()}; max |fused - chain| on the [0,1] scale: {diff:.2e}")
     t_chain = timed(lambda: chain(frame, t), repeat, rounds)
     print(f"1080p NV12 -> 640x640 f32  OpenCV+numpy chain        {t_chain * 1e3:7.3f} ms")
+    print("   its steps: " + chain_steps(frame, t, repeat, rounds))
+    cv_threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        t_chain1 = timed(lambda: chain(frame, t), repeat, rounds)
+    finally:
+        cv2.setNumThreads(cv_threads)
+    print(f"1080p NV12 -> 640x640 f32  same chain, OpenCV 1 thread {t_chain1 * 1e3:7.3f} ms")
     results = {}
     for threads in (1, 2):
         results[threads] = timed(
@@ -85,6 +114,7 @@ def bench_preprocess(repeat: int, rounds: int) -> None:
         print(
             f"1080p NV12 -> 640x640 f32  fused, {threads} thread(s)          "
             f"{results[threads] * 1e3:7.3f} ms   {t_chain / results[threads]:5.1f}x faster"
+            f" ({t_chain1 / results[threads]:.1f}x the 1-thread chain)"
         )
     out16 = np.empty((1, 3, *size), np.float16)
     t16 = timed(
