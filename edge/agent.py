@@ -70,6 +70,7 @@ class Agent:
         self.verdicts = VerdictBook()
         self.policy = EscalationPolicy(settings.policy)
         self.on_result: list[ResultCallback] = []
+        self.on_escalation: list[Callable[[EscalationCase], None]] = []
         self.escalations_created = 0
         self.outbox: Outbox | None = None
         self.uplink: Uplink | None = None
@@ -132,13 +133,21 @@ class Agent:
         self._telemetry_thread.start()
         return self
 
-    def stop(self, *, drain_timeout_s: float = 10.0, flush_timeout_s: float = 5.0) -> None:
-        """Graceful: stop capture, drain, flush, publish offline, close."""
-        self._stop.set()
+    def stop_capture(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop the capture threads and let the pipeline finish what it holds."""
         for capture in self.captures:
             capture.stop(timeout=2.0)
         if self.pipeline is not None:
             self.pipeline.stop(drain_timeout_s)
+
+    def add_escalation_callback(self, callback: Callable[[EscalationCase], None]) -> None:
+        """Called with each case once it is safely in the outbox."""
+        self.on_escalation.append(callback)
+
+    def stop(self, *, drain_timeout_s: float = 10.0, flush_timeout_s: float = 5.0) -> None:
+        """Graceful: stop capture, drain, flush, publish offline, close."""
+        self._stop.set()
+        self.stop_capture(drain_timeout_s)
         if self._telemetry_thread.is_alive():
             self._telemetry_thread.join(2.0)
         if self.uplink is not None:
@@ -202,6 +211,8 @@ class Agent:
         if self.outbox.put("escalation", topic, case.model_dump_json().encode(), escalation.jpeg):
             self.escalations_created += 1
             self.verdicts.expect(case.case_id, frame.stream_id, case.edge_result)
+            for callback in self.on_escalation:
+                callback(case)
         if self.uplink is not None:
             self.uplink.wake()
 

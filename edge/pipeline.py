@@ -94,7 +94,9 @@ class Pipeline:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Drain: feeders stop, queued frames finish, then workers and post exit."""
+        """Drain: feeders stop, queued frames finish, then workers and post exit (idempotent)."""
+        if self._stop_feed.is_set():
+            return
         self._stop_feed.set()
         deadline = time.monotonic() + timeout_s
         for thread in self._feeders:

@@ -1,0 +1,72 @@
+"""Broker outage: stopped for 10 s mid-run and restarted → every accepted case arrives."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge.agent import Agent
+from tests.integration.test_edge_support import (
+    Collector,
+    build_settings,
+    edge_settings,
+    persistent_broker,
+    wait_for,
+    write_video,
+)
+from tests.support.broker import MosquittoBroker
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
+    """This test's own broker, with working persistence (sessions survive its restart)."""
+    broker = persistent_broker(tmp_path / "mosquitto").start()
+    yield broker
+    broker.kill()
+
+
+def test_broker_outage_loses_nothing_accepted_into_the_outbox(
+    own_broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    # given an agent that escalates every frame of a looping video in real time
+    video = write_video(tmp_path / "loop.mp4", [f"LOT {i:02d}" for i in range(20)], fps=10)
+    collector = Collector(own_broker, "cloud-outage")
+    data = edge_settings(
+        tmp_path,
+        own_broker,
+        "unused",
+        streams=[{"id": "lot", "url": str(video), "loop": True, "realtime": True}],
+        uplink={"replay_rate_per_s": 50},
+    )
+    agent = Agent(build_settings(data))
+    accepted: list[str] = []
+    agent.add_escalation_callback(lambda case: accepted.append(case.case_id))
+    agent.start()
+    try:
+        wait_for(lambda: len(collector.cases) >= 5, 60, "first escalations")
+        # when the broker is down for 10 s while cases keep being accepted
+        own_broker.stop()
+        wait_for(lambda: not agent.uplink.connected.is_set(), 20, "agent to notice")
+        during_before = len(accepted)
+        time.sleep(10)
+        assert len(accepted) > during_before  # the pipeline kept going into the outbox
+        assert agent.outbox.depth("escalation") > 0
+        own_broker.start()
+        # then after the restart the backlog drains while live cases keep flowing
+        wait_for(agent.uplink.connected.is_set, 60, "reconnection")
+        wait_for(lambda: len(accepted) > during_before + 20, 60, "live cases after restart")
+        agent.stop_capture()
+        wait_for(lambda: agent.outbox.depth() == 0, 120, "outbox drained")
+        wait_for(lambda: set(accepted) <= set(collector.cases), 60, "every case delivered")
+    finally:
+        agent.stop()
+    # every case accepted into the outbox arrived, and none twice after de-dup by case_id
+    with collector.lock:
+        delivered = set(collector.deliveries)
+    assert delivered == set(accepted)
+    assert len(collector.cases) == len(accepted)
+    assert collector.rejected == []
+    collector.close()

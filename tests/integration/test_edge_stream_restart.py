@@ -1,0 +1,107 @@
+"""A live stream served by a local ffmpeg (MPEG-TS over UDP) dies and comes back:
+the agent marks it stalled/down, reconnects with backoff, and says so in telemetry."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from edge.agent import Agent
+from shared.messages import StreamTelemetry
+from tests.integration.test_edge_support import Collector, build_settings, edge_settings, wait_for
+from tests.support.broker import MosquittoBroker
+
+
+def _udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _serve(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            "ffmpeg",
+            "-loglevel",
+            "error",
+            "-re",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc=size=160x120:rate=10",
+            "-f",
+            "mpegts",
+            f"udp://127.0.0.1:{port}?pkt_size=1316",
+        ],
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg")
+def test_udp_stream_killed_and_restarted_is_reconnected(
+    broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    port = _udp_port()
+    server = _serve(port)
+    collector = Collector(broker, "cloud-stream-restart")
+    data = edge_settings(
+        tmp_path,
+        broker,
+        "unused",
+        device_id="cam-01",
+        streams=[
+            {
+                "id": "udp-cam",
+                "url": f"udp://127.0.0.1:{port}",
+                "stall_timeout_s": 2,
+                "open_timeout_s": 3,
+                "reconnect_min_s": 0.2,
+                "reconnect_max_s": 1,
+            }
+        ],
+        policy={"sample_share": 0.0},
+        telemetry_interval_s=0.5,
+    )
+    agent = Agent(build_settings(data))
+    agent.start()
+
+    def latest() -> StreamTelemetry | None:
+        with collector.lock:
+            return collector.telemetry[-1].streams[0] if collector.telemetry else None
+
+    try:
+        # given a live stream with frames flowing
+        wait_for(
+            lambda: (t := latest()) is not None and t.state == "live" and t.fps > 0,
+            60,
+            "live stream",
+        )
+        # when ffmpeg dies, the stream is reported stalled or down
+        server.kill()
+        server.wait()
+        wait_for(lambda: (t := latest()) is not None and t.state != "live", 60, "outage seen")
+        lost = latest()
+        assert lost is not None and lost.state in {"stalled", "down", "connecting"}
+        # when it comes back, the agent reconnects and says so
+        server = _serve(port)
+        wait_for(
+            lambda: (
+                (t := latest()) is not None
+                and t.state == "live"
+                and t.reconnects >= 1
+                and t.fps > 0
+            ),
+            90,
+            "reconnected stream",
+        )
+        health = agent.health_report()["streams"][0]
+        assert health["state"] == "live" and health["reconnects"] >= 1
+    finally:
+        agent.stop()
+        server.kill()
+        server.wait()
+        collector.close()

@@ -1,0 +1,166 @@
+"""Helpers for the edge integration tests: a verifying subscriber, synthetic video, settings.
+
+(Kept in a test module of the edge's own; its one test checks the subscriber itself.)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import paho.mqtt.client as mqtt
+
+from edge.settings import EdgeSettings
+from shared.messages import DeviceStatus, DeviceTelemetry, EscalationCase, Message
+from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+from shared.topics import Topics
+from shared.wire import ReplayedMessage, Verifier, encode
+from tests.support.broker import MosquittoBroker
+
+DEVICE = "cam-01"
+KEY = bytes(range(32))
+
+
+def persistent_broker(workdir: Path) -> MosquittoBroker:
+    """A broker whose persistence really works when the tests run as root.
+
+    Started as root, mosquitto drops to the `mosquitto` user, which cannot write under
+    pytest's 0700 temp folders: its persistence file (and log) then silently never appear,
+    and a restart forgets every session. `user root` keeps it able to write there.
+    """
+    extra = "user root" if os.geteuid() == 0 else ""
+    return MosquittoBroker(workdir, extra_config=extra)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or predicate}")
+
+
+def text_frame(text: str, size: tuple[int, int] = (240, 320)) -> np.ndarray:
+    img = np.full((*size, 3), 255, np.uint8)
+    cv2.putText(img, text, (30, size[0] // 2 + 20), cv2.FONT_HERSHEY_SIMPLEX, 1.6, (0, 0, 0), 4)
+    return img
+
+
+def write_video(path: Path, texts: list[str], fps: float = 10.0) -> Path:
+    """An MP4 whose frame i shows texts[i] (known frames for the assertions)."""
+    frames = [text_frame(t) for t in texts]
+    h, w = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+def edge_settings(tmp_path: Path, broker: MosquittoBroker, url: str, **extra: Any) -> dict:
+    """Settings (as the YAML dict) of an agent that escalates every new frame quickly."""
+    data: dict[str, Any] = {
+        "device_id": DEVICE,
+        "device_key": KEY.hex(),
+        "mqtt": {
+            "host": broker.host,
+            "port": broker.port,
+            "reconnect_min_s": 1,
+            "reconnect_max_s": 2,
+        },
+        "streams": [{"id": "gate", "url": url, "realtime": False}],
+        "policy": {
+            "sample_share": 1.0,
+            "rate_per_min": 60_000,
+            "burst": 1000,
+            "dedup_window_s": 0,
+            "jpeg_quality": 90,
+        },
+        "outbox": {"path": str(tmp_path / "outbox.db")},
+        "telemetry_interval_s": 1.0,
+        "health": {"port": 0},
+        "state_dir": str(tmp_path / "state"),
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
+
+
+def build_settings(data: dict) -> EdgeSettings:
+    return EdgeSettings(**data)
+
+
+class Collector:
+    """A cloud-side subscriber: verifies every message like the cloud does, keeps them."""
+
+    def __init__(self, broker: MosquittoBroker, client_id: str = "test-cloud"):
+        self.broker = broker
+        self.lock = threading.Lock()
+        self.cases: dict[str, tuple[EscalationCase, bytes]] = {}
+        self.deliveries: list[str] = []  # case ids in arrival order, duplicates included
+        self.telemetry: list[DeviceTelemetry] = []
+        self.statuses: list[tuple[DeviceStatus, bool]] = []
+        self.rejected: list[str] = []
+        self.verifier = Verifier(key_for_device=lambda d: KEY if d == DEVICE else None)
+        settings = MqttSettings(host=broker.host, port=broker.port, reconnect_max_s=2)
+        self.client = make_client(settings, client_id)
+        self.client.on_connect = self._on_connect
+        self.client.on_message = self._on_message
+        self.connected = threading.Event()
+        connect(self.client, settings, clean_start=False)
+        wait_for(self.connected.is_set, 30, "collector connection")
+
+    def _on_connect(self, client, userdata, flags, rc, props) -> None:
+        client.subscribe(Topics().device_prefix(DEVICE), qos=1)
+        self.connected.set()
+
+    def _on_message(self, client, userdata, message: mqtt.MQTTMessage) -> None:
+        wire = from_paho(message)
+        try:
+            verified = self.verifier.verify(wire)
+        except ReplayedMessage as exc:
+            verified = exc.verified
+        except Exception as exc:
+            with self.lock:
+                self.rejected.append(f"{wire.topic}: {exc}")
+            return
+        msg: Message = verified.message
+        with self.lock:
+            if isinstance(msg, EscalationCase):
+                self.deliveries.append(msg.case_id)
+                self.cases[msg.case_id] = (msg, verified.image or b"")
+            elif isinstance(msg, DeviceTelemetry):
+                self.telemetry.append(msg)
+            elif isinstance(msg, DeviceStatus):
+                self.statuses.append((msg, bool(message.retain)))
+
+    def send(self, message: Message, topic: str) -> None:
+        info = publish(self.client, encode(message, KEY, topic), qos=1)
+        info.wait_for_publish(10)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def test_collector_verifies_and_rejects(broker: MosquittoBroker) -> None:
+    # given a collector, when a signed and a badly signed status arrive
+    collector = Collector(broker, "collector-self-test")
+    topic = Topics().status(DEVICE)
+    collector.send(DeviceStatus(device_id=DEVICE, state="online", agent_version="t"), topic)
+    bad = encode(DeviceStatus(device_id=DEVICE, state="online", agent_version="t"), b"x", topic)
+    publish(collector.client, bad, qos=1).wait_for_publish(10)
+    # then one is kept and one rejected
+    wait_for(lambda: collector.statuses and collector.rejected, 20, "both messages")
+    assert "ef-sig" in collector.rejected[0]
+    collector.close()
