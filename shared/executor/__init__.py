@@ -5,7 +5,7 @@ It only runs forward passes; loading goes through `shared.models` (hash-checked 
 
 from __future__ import annotations
 
-from shared.executor.base import Capabilities, Executor, ModelBlob, TensorSpec
+from shared.executor.base import Capabilities, Executor, ModelBlob, ModelLoadError, TensorSpec
 from shared.executor.batcher import BatcherClosed, DynamicBatcher
 from shared.executor.memory import Footprint, MemoryBudget, MemorySnapshot
 from shared.executor.registry import create_executor, probe_backends
@@ -29,6 +29,7 @@ __all__ = [
     "MemorySettings",
     "MemorySnapshot",
     "ModelBlob",
+    "ModelLoadError",
     "NoBackendAvailable",
     "TensorRTSettings",
     "TensorSpec",

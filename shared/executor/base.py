@@ -7,6 +7,16 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from shared.errors import EdgefleetError
+
+
+class ModelLoadError(EdgefleetError):
+    """A verified file that the chosen backend cannot parse or prepare."""
+
+    code = "model_load_failed"
+    http_status = 422
+    hint = "the file passed its hash check but is not a valid model for this backend"
+
 
 @dataclass(frozen=True)
 class TensorSpec:

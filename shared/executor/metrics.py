@@ -40,9 +40,7 @@ MEMORY_RESERVED = Gauge(
 MEMORY_REFUSED = Counter(
     "edgefleet_memory_refused_total", "Loads or requests refused by the memory budget", ["reason"]
 )
-PREDICTIONS = Counter(
-    "edgefleet_model_predictions_total", "Images run through a model", ["model"]
-)
+PREDICTIONS = Counter("edgefleet_model_predictions_total", "Images run through a model", ["model"])
 PREDICT_SECONDS = Histogram(
     "edgefleet_model_predict_seconds",
     "Pre-process + forward + post-process time per batch of images",

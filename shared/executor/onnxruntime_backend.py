@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from shared.errors import EdgefleetError
-from shared.executor.base import Capabilities, ModelBlob, TensorSpec
+from shared.executor.base import Capabilities, ModelBlob, ModelLoadError, TensorSpec
 from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
 from shared.executor.settings import ExecutionSettings
 
@@ -104,12 +104,16 @@ class OnnxRuntimeExecutor:
                 f"{self.name}: ONNX Runtime lacks {', '.join(missing)}",
                 hint="install onnxruntime-gpu for CUDA/TensorRT providers",
             )
-        self._session = ort.InferenceSession(
-            blob.data,
-            sess_options=self._session_options(),
-            providers=providers,
-            provider_options=self._provider_options(),
-        )
+        try:
+            self._session = ort.InferenceSession(
+                blob.data,
+                sess_options=self._session_options(),
+                providers=providers,
+                provider_options=self._provider_options(),
+            )
+        except Exception as exc:  # ORT raises its own (non-typed) errors on bad graphs
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
+            raise ModelLoadError(f"{self.name} cannot load {blob.name}: {first}") from None
         self._model = blob.name
         self._inputs = [
             TensorSpec(i.name, _dims(i.shape), _NUMPY_DTYPES.get(i.type, "float32"))

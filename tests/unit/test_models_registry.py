@@ -161,3 +161,16 @@ def test_user_manifest_merges_over_the_default(tmp_path: Path):
     assert merged.get("ppocr").version == "9"
     assert merged.get("ppocr").ocr.det_max_side == 320
     assert merged.get("ppocr-heavy").ocr.tta is True
+
+
+def test_a_pinned_but_corrupt_onnx_is_a_typed_load_error(tmp_path: Path):
+    from shared.executor.base import ModelLoadError
+
+    data = b"\x08\x07" + b"\xff" * 64  # passes the hash and the sniff, not a graph
+    (tmp_path / "m.onnx").write_bytes(data)
+    registry = manifest(
+        tmp_path,
+        [{"name": "m", "version": "1", "task": "yolo", "file": "m.onnx", "sha256": sha(data)}],
+    )
+    with pytest.raises(ModelLoadError, match="onnxruntime-cpu cannot load m"):
+        load_model("m", registry=registry)
