@@ -1,0 +1,444 @@
+"""`edgefleet fleet ...`: enrollment, credentials, broker files, rollouts and fleet status.
+
+One scheme, two kinds of command:
+- credential commands (`enroll`, `revoke`, `broker-files`, `model-add`, `ca-*`) run on the
+  cloud host and work on the store directly (`--db URL`, default: the cloud's store);
+- operational commands (`deploy`, `deployment`, `status`) go through the cloud's REST API
+  when `--api URL --api-key KEY` are given (or EDGEFLEET_API_URL / EDGEFLEET_API_KEY), as
+  an operator would from a laptop; `status` also reads the store directly without them.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from shared.config import load_settings
+from shared.errors import EdgefleetError, InvalidInput
+
+app = typer.Typer(
+    help="Fleet: enroll devices, broker credentials and ACLs, rollouts, status.",
+    no_args_is_help=True,
+)
+console = Console()
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="fleet.yaml")]
+DbOpt = Annotated[
+    str | None, typer.Option("--db", help="store URL (default: the cloud's, from settings)")
+]
+ApiOpt = Annotated[
+    str | None, typer.Option("--api", envvar="EDGEFLEET_API_URL", help="cloud REST base URL")
+]
+KeyOpt = Annotated[
+    str | None, typer.Option("--api-key", envvar="EDGEFLEET_API_KEY", help="operator API key")
+]
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.secho(f"error: {exc}", fg="red", err=True)
+    return typer.Exit(2)
+
+
+def _settings(config: Path | None, db: str | None):
+    from fleet.settings import FleetSettings
+
+    overrides = {"database_url": db} if db else {}
+    return load_settings(FleetSettings, config, **overrides)
+
+
+class _Store:
+    """The registry (and friends) on the store named by the settings."""
+
+    def __init__(self, config: Path | None, db: str | None):
+        from fleet.registry import DeviceRegistry
+        from shared.db import Database
+
+        self.settings = _settings(config, db)
+        self.db = Database.connect(self.settings.resolved_database_url())
+        self.registry = DeviceRegistry(self.db, master_key=self.settings.master_key())
+
+    def regenerate_broker_files(self) -> Path:
+        from fleet.acl import reload_mosquitto, write_mosquitto_files
+
+        files = write_mosquitto_files(self.registry, self.settings.resolved_broker_dir())
+        if self.settings.broker_pid_file:
+            reload_mosquitto(self.settings.broker_pid_file)
+        return files.password_file.parent
+
+    def close(self) -> None:
+        self.db.close()
+
+
+@app.command()
+def enroll(
+    device: str,
+    group: Annotated[str, typer.Option(help="device group (rollouts target groups)")] = "default",
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+    bundles: Annotated[
+        Path | None, typer.Option(help="bundle directory (overrides settings)")
+    ] = None,
+) -> None:
+    """Create DEVICE: key, broker credential, REST token, ACL entry and its bundle (0600)."""
+    from fleet.bundle import write_bundle
+
+    try:
+        store = _Store(config, db)
+        try:
+            enrollment = store.registry.enroll(device, group=group)
+            s = store.settings
+            out = write_bundle(
+                enrollment,
+                bundles or s.bundles_dir,
+                broker_host=s.broker_host,
+                broker_port=s.broker_port,
+                public_url=s.public_url,
+                mount=s.bundle_mount,
+            )
+            broker_dir = store.regenerate_broker_files()
+        finally:
+            store.close()
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
+    console.print(f"[green]enrolled[/] {device} in group [bold]{group}[/]")
+    console.print(f"bundle: {out} (mount it at {s.bundle_mount} in the edge container)")
+    console.print(f"broker files: {broker_dir}")
+
+
+@app.command()
+def revoke(
+    device: str,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+    bundles: Annotated[
+        Path | None, typer.Option(help="bundle directory (overrides settings)")
+    ] = None,
+) -> None:
+    """Remove DEVICE everywhere: registry credentials, broker files (+ reload), its bundle."""
+    from fleet.bundle import remove_bundle
+
+    try:
+        store = _Store(config, db)
+        try:
+            store.registry.revoke(device)
+            broker_dir = store.regenerate_broker_files()
+            removed = remove_bundle(bundles or store.settings.bundles_dir, device)
+        finally:
+            store.close()
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
+    console.print(f"[yellow]revoked[/] {device}; broker files rewritten in {broker_dir}")
+    if removed:
+        console.print("its bundle was deleted")
+
+
+@app.command("broker-files")
+def broker_files(
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+    out: Annotated[Path | None, typer.Option(help="directory (default: settings)")] = None,
+    emqx: Annotated[bool, typer.Option(help="also write the EMQX export")] = False,
+) -> None:
+    """Write the Mosquitto password + ACL files (and the `cloud` service account)."""
+    from fleet.acl import (
+        mosquitto_auth_config,
+        write_emqx_files,
+        write_mosquitto_files,
+        write_private,
+    )
+
+    try:
+        store = _Store(config, db)
+        try:
+            target = out or store.settings.resolved_broker_dir()
+            password = store.registry.ensure_service_account("cloud")
+            files = write_mosquitto_files(store.registry, target)
+            if password:
+                write_private(target / "cloud.secret", password + "\n")
+            if emqx:
+                write_emqx_files(store.registry, target)
+        finally:
+            store.close()
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
+    console.print(f"wrote {files.password_file} and {files.acl_file}")
+    if password:
+        console.print(f"new `cloud` broker password in {target / 'cloud.secret'} (0600)")
+    console.print("mosquitto.conf needs:\n" + mosquitto_auth_config(files))
+
+
+@app.command("model-add")
+def model_add(
+    name: str,
+    version: str,
+    file: Path,
+    config: ConfigOpt = None,
+    store_dir: Annotated[
+        Path | None, typer.Option(help="model store (default data_dir/models)")
+    ] = None,
+) -> None:
+    """Put a model file in the cloud's model store so deployments can name it NAME@VERSION."""
+    from fleet.models import ModelStore
+
+    try:
+        s = _settings(config, None)
+        stored = ModelStore(store_dir or s.data_dir / "models", s.public_url).add(
+            name, version, file
+        )
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
+    console.print(f"{name}@{version}: {stored.size} bytes, sha256 {stored.sha256}")
+
+
+def _parse_model(text: str) -> dict[str, Any]:
+    """`NAME@VER` (from the cloud's model store) or `NAME@VER=URL#SHA256`."""
+    ref, _, explicit = text.partition("=")
+    name, at, version = ref.partition("@")
+    if not name or not at or not version:
+        raise InvalidInput(f"--model {text!r}: use NAME@VERSION or NAME@VERSION=URL#SHA256")
+    model: dict[str, Any] = {"name": name, "version": version}
+    if explicit:
+        url, hashmark, sha = explicit.rpartition("#")
+        if not hashmark:
+            raise InvalidInput(f"--model {text!r}: an explicit URL needs #SHA256 after it")
+        model.update(url=url, sha256=sha)
+    return model
+
+
+def _parse_canary(text: str) -> float:
+    try:
+        value = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise InvalidInput(f"--canary {text!r}: use a percentage such as 10%") from None
+    return value
+
+
+def _client(api: str | None, api_key: str | None) -> httpx.Client:
+    if not api or not api_key:
+        raise InvalidInput(
+            "this command talks to the cloud API",
+            hint="pass --api URL --api-key KEY (or EDGEFLEET_API_URL / EDGEFLEET_API_KEY)",
+        )
+    return httpx.Client(
+        base_url=api.rstrip("/"), headers={"Authorization": f"Bearer {api_key}"}, timeout=30
+    )
+
+
+def _check(resp: httpx.Response) -> dict[str, Any]:
+    if resp.status_code >= 400:
+        try:
+            err = resp.json()["error"]
+            message = f"{err['code']}: {err['message']}"
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:500]
+        raise EdgefleetError(f"HTTP {resp.status_code} {message}")
+    return resp.json()
+
+
+@app.command()
+def deploy(
+    group: Annotated[str, typer.Option(help="device group")],
+    image: Annotated[str, typer.Option(help="container image with an explicit tag")],
+    model: Annotated[list[str], typer.Option(help="NAME@VER or NAME@VER=URL#SHA256")] = [],  # noqa: B006
+    canary: Annotated[str, typer.Option(help="share of the group that goes first")] = "10%",
+    auto_rollback: Annotated[
+        bool,
+        typer.Option("--auto-rollback/--no-auto-rollback", help="roll canaries back on failure"),
+    ] = True,
+    soak: Annotated[float, typer.Option(help="seconds canaries must stay healthy")] = 30.0,
+    min_fps: Annotated[float | None, typer.Option(help="canary bound: total fps at least")] = None,
+    max_p95: Annotated[float | None, typer.Option(help="canary bound: p95 latency ms")] = None,
+    pipeline: Annotated[Path | None, typer.Option(help="pipeline config YAML")] = None,
+    wait: Annotated[bool, typer.Option(help="follow progress until it ends")] = False,
+    api: ApiOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Roll an image + models + pipeline config out to GROUP: canaries first, then the rest."""
+    import yaml
+
+    try:
+        body = {
+            "group": group,
+            "image": image,
+            "models": [_parse_model(m) for m in model],
+            "config": yaml.safe_load(pipeline.read_text()) or {} if pipeline else {},
+            "canary_percent": _parse_canary(canary),
+            "auto_rollback": auto_rollback,
+            "soak_s": soak,
+            "min_fps": min_fps,
+            "max_latency_p95_ms": max_p95,
+        }
+        with _client(api, api_key) as client:
+            dep = _check(client.post("/v1/deployments", json=body))
+            console.print(f"deployment [bold]{dep['id']}[/]: canaries {', '.join(dep['canaries'])}")
+            while wait and dep["status"] in ("canary", "rolling"):
+                time.sleep(2)
+                dep = _check(client.get(f"/v1/deployments/{dep['id']}"))
+                console.print(f"  {dep['status']}: {dep['counts']}")
+    except (EdgefleetError, OSError, httpx.HTTPError) as exc:
+        raise _fail(exc) from None
+    colour = "green" if dep["status"] in ("canary", "rolling", "completed") else "red"
+    console.print(
+        f"status: [{colour}]{dep['status']}[/]" + (f" ({dep['error']})" if dep.get("error") else "")
+    )
+
+
+@app.command()
+def deployment(deployment_id: str, api: ApiOpt = None, api_key: KeyOpt = None) -> None:
+    """Show one deployment and its targets."""
+    try:
+        with _client(api, api_key) as client:
+            dep = _check(client.get(f"/v1/deployments/{deployment_id}"))
+    except (EdgefleetError, httpx.HTTPError) as exc:
+        raise _fail(exc) from None
+    table = Table(title=f"{dep['id']} · {dep['group']} · {dep['image']} · {dep['status']}")
+    for col in ("device", "role", "state", "error"):
+        table.add_column(col)
+    for t in dep["targets"]:
+        table.add_row(t["device_id"], t["role"], t["state"], t["error"] or "")
+    console.print(table)
+
+
+def _ago(value: str | None) -> str:
+    if not value:
+        return "never"
+    seen = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    s = (datetime.now(timezone.utc) - seen).total_seconds()
+    return (
+        f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.0f}h ago"
+    )
+
+
+def status_table(devices: list[dict[str, Any]]) -> Table:
+    """The fleet as a rich table, coloured by health."""
+    table = Table(title=f"{len(devices)} devices", header_style="bold")
+    for col, justify in (
+        ("device", "left"),
+        ("group", "left"),
+        ("online", "left"),
+        ("deployment", "left"),
+        ("fps", "right"),
+        ("temp °C", "right"),
+        ("outbox", "right"),
+        ("last seen", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for d in devices:
+        online = "[green]● online[/]" if d["online"] else "[red]○ offline[/]"
+        status = d.get("deployment_status")
+        dcol = {"healthy": "green", "applying": "yellow", "failed": "red"}.get(status or "", "dim")
+        dep = f"[{dcol}]{d['deployment_id']} {status}[/]" if d.get("deployment_id") else "–"
+        temp = d.get("gpu_temp")
+        tcol = "red" if temp and temp >= 85 else "yellow" if temp and temp >= 75 else "default"
+        outbox = d.get("outbox_depth")
+        ocol = (
+            "red"
+            if outbox and outbox >= 1000
+            else "yellow"
+            if outbox and outbox >= 100
+            else "default"
+        )
+        table.add_row(
+            d["device_id"],
+            d["group"],
+            online,
+            dep,
+            f"{d['fps']:.1f}" if d.get("fps") is not None else "–",
+            f"[{tcol}]{temp:.0f}[/]" if temp is not None else "–",
+            f"[{ocol}]{outbox}[/]" if outbox is not None else "–",
+            _ago(d.get("last_seen")),
+        )
+    return table
+
+
+@app.command()
+def status(
+    group: Annotated[str | None, typer.Option(help="only this group")] = None,
+    watch: Annotated[bool, typer.Option(help="refresh until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option(help="refresh period (s) with --watch")] = 2.0,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+    api: ApiOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Table of devices: group, online, deployment, fps, temperature, outbox, last seen."""
+    try:
+        if api:
+            client = _client(api, api_key)
+            params = {"group": group} if group else {}
+
+            def fetch() -> list[dict[str, Any]]:
+                return _check(client.get("/v1/devices", params=params))["devices"]
+        else:
+            store = _Store(config, db)
+
+            def fetch() -> list[dict[str, Any]]:
+                return [d.model_dump(mode="json") for d in store.registry.list_devices(group)]
+
+        if not watch:
+            console.print(status_table(fetch()))
+            return
+        with Live(status_table(fetch()), console=console, refresh_per_second=4) as live:
+            while True:
+                time.sleep(interval)
+                live.update(status_table(fetch()))
+    except KeyboardInterrupt:
+        return
+    except (EdgefleetError, httpx.HTTPError) as exc:
+        raise _fail(exc) from None
+
+
+@app.command("ca-init")
+def ca_init(
+    directory: Annotated[Path, typer.Option(help="CA directory")] = Path("edgefleet-ca"),
+) -> None:
+    """Create the device CA for mutual TLS (EC P-256, key 0600)."""
+    from fleet.ca import DeviceCA
+
+    try:
+        path = DeviceCA(directory).init()
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
+    console.print(f"CA certificate: {path}")
+
+
+@app.command("ca-issue")
+def ca_issue(
+    device: str,
+    directory: Annotated[Path, typer.Option(help="CA directory")] = Path("edgefleet-ca"),
+    out: Annotated[Path, typer.Option(help="where the cert and key go")] = Path("."),
+) -> None:
+    """Issue DEVICE a client certificate (CN = device id)."""
+    from fleet.ca import DeviceCA
+
+    try:
+        cert, key = DeviceCA(directory).issue_device(device, out)
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
+    console.print(f"{cert}\n{key}")
+
+
+@app.command("ca-broker")
+def ca_broker(
+    hosts: list[str],
+    directory: Annotated[Path, typer.Option(help="CA directory")] = Path("edgefleet-ca"),
+    out: Annotated[Path, typer.Option(help="where the cert and key go")] = Path("."),
+    port: Annotated[int, typer.Option(help="TLS listener port")] = 8883,
+) -> None:
+    """Issue the broker's certificate for HOSTS and print the Mosquitto listener block."""
+    from fleet.ca import DeviceCA, mosquitto_tls_listener
+
+    try:
+        ca = DeviceCA(directory)
+        cert, key = ca.issue_server(hosts, out)
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
+    console.print(mosquitto_tls_listener(port, ca, cert, key), highlight=False)
