@@ -285,3 +285,49 @@ def test_concurrent_calls_from_python_threads_agree():
         for i, tensor, keep in pool.map(work, range(32)):
             np.testing.assert_array_equal(tensor, expected[i % 8])
             np.testing.assert_array_equal(keep, expected_keep)
+
+
+def guarded(nbytes: int):
+    """A uint8 array whose last byte is followed by an inaccessible page (Linux)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    total = -(-nbytes // page) * page + page
+    buf = mmap.mmap(-1, total, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + total - page, page, 0) == 0  # PROT_NONE
+    arr = np.frombuffer(buf, np.uint8, count=nbytes, offset=total - page - nbytes)
+    return arr, buf
+
+
+@pytest.mark.skipif(
+    not hasattr(np, "frombuffer") or __import__("sys").platform != "linux",
+    reason="guard pages via mprotect need Linux",
+)
+@pytest.mark.parametrize(
+    ("fmt", "h", "w"),
+    [
+        ("nv12", 1080, 1920),
+        ("i420", 64, 72),
+        ("nv12", 2, 8),
+        ("i420", 6, 18),
+        ("bgr", 5, 9),
+        ("rgb", 33, 17),
+    ],
+)
+def test_no_read_past_the_end_of_the_frame(fmt, h, w):
+    # SIMD gathers read whole words: a frame that ends right before a guard page would
+    # crash the process if any path read past its last byte. Upscale and downscale.
+    shape = (h * 3 // 2, w) if fmt in ("nv12", "i420") else (h, w, 3)
+    flat, keep_alive = guarded(int(np.prod(shape)))
+    flat[:] = np.random.default_rng(h).integers(0, 256, flat.size, dtype=np.uint8)
+    f = flat.reshape(shape)
+    for size in ((h * 2 + 1, w * 2 + 3), (max(1, h // 3), max(1, w // 3)), (640, 640)):
+        got, _ = native.frame_to_tensor(f, fmt, size)
+        want, _ = reference.frame_to_tensor(np.array(f), fmt, size)
+        assert unit_scale_diff(got, want, (1, 1, 1)) <= TOL
+    del f, flat
+    keep_alive.close()
