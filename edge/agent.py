@@ -246,7 +246,10 @@ class Agent:
             return None
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self._desired_pool = ThreadPoolExecutor(1, thread_name_prefix="desired")
-        return DesiredStateApplier(self, self.settings.state_dir)
+        token = self.settings.device_token
+        return DesiredStateApplier(
+            self, self.settings.state_dir, token=token.get_secret_value() if token else None
+        )
 
     def recent_verdicts(self) -> list[dict[str, Any]]:
         return [
@@ -304,7 +307,10 @@ class Agent:
                 raise EdgefleetError(f"loading {name} from {path} failed: {exc}") from exc
             old, self._model = self._model, new
             self._model_ref = ModelRef(
-                name=name, version=spec.version, url=path.as_uri(), sha256=sha256
+                name=name,
+                version=_version_of(path, sha256, spec.version),
+                url=path.as_uri(),
+                sha256=sha256,
             )
             log.info("model swapped to %s (%s)", name, sha256[:12])
         if old is not None:
@@ -428,3 +434,12 @@ class Agent:
         if self.outbox is None or not self.outbox.writable():
             reasons.append("outbox not writable")
         return (not reasons, reasons)
+
+
+def _version_of(path: Path, sha256: str, default: str) -> str:
+    """The version the updater filed the model under (`<version>-<sha12>/`), else `default`."""
+    folder = path.parent.name
+    suffix = f"-{sha256[:12]}"
+    if folder.endswith(suffix) and len(folder) > len(suffix):
+        return folder[: -len(suffix)][:64]
+    return default

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
 from edge.model import Predictor
 from edge.policy import Escalation, EscalationPolicy
@@ -25,6 +25,7 @@ from edge.settings import PipelineSettings
 from edge.sources.base import Frame
 from edge.sources.capture import Capture
 from edge.telemetry import WindowStats
+from shared.errors import Overloaded
 from shared.messages import Detection, ModelInfo
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ STAGE = Histogram(
 )
 E2E = Histogram(
     "ef_edge_frame_latency_seconds", "Capture to result, per frame", ["stream"], buckets=_BUCKETS
+)
+
+OVERLOADED = Counter(
+    "ef_edge_frames_shed_total", "Frames the executor refused (overloaded or memory watermark)"
 )
 
 _DONE = object()
@@ -148,6 +153,10 @@ class Pipeline:
             start = time.perf_counter()
             try:
                 work.detections = model.predict(work.rgb)
+            except Overloaded as exc:  # the executor sheds load: a dropped frame, not a case
+                OVERLOADED.inc()
+                log.debug("frame %s#%d shed: %s", work.frame.stream_id, work.frame.index, exc)
+                continue
             except Exception as exc:  # one bad frame or model error must not stop the stream
                 work.error = f"{type(exc).__name__}: {exc}"
                 self.errors += 1

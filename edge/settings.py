@@ -155,6 +155,9 @@ class EdgeSettings(EdgefleetSettings):
         None,
         description="enrollment bundle (YAML/JSON with `device_key`) or a file holding the key",
     )
+    device_token: SecretStr | None = Field(
+        None, description="bearer token for fleet/cloud REST (model downloads), from enroll"
+    )
     agent_version: str = Field("0.1.0", max_length=64, description="reported in status")
     mqtt: MqttSettings = Field(default_factory=MqttSettings, description="broker connection")
     streams: list[SourceSettings] = Field(

@@ -17,7 +17,13 @@ import numpy as np
 import paho.mqtt.client as mqtt
 
 from edge.settings import EdgeSettings
-from shared.messages import DeviceStatus, DeviceTelemetry, EscalationCase, Message
+from shared.messages import (
+    DeviceStatus,
+    DeviceTelemetry,
+    EscalationCase,
+    Message,
+    ReportedState,
+)
 from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
 from shared.topics import Topics
 from shared.wire import ReplayedMessage, Verifier, encode
@@ -111,6 +117,7 @@ class Collector:
         self.telemetry: list[DeviceTelemetry] = []
         self.statuses: list[tuple[DeviceStatus, bool]] = []
         self.rejected: list[str] = []
+        self.reported: list[ReportedState] = []
         self.verifier = Verifier(key_for_device=lambda d: KEY if d == DEVICE else None)
         settings = MqttSettings(host=broker.host, port=broker.port, reconnect_max_s=2)
         self.client = make_client(settings, client_id)
@@ -141,6 +148,8 @@ class Collector:
                 self.cases[msg.case_id] = (msg, verified.image or b"")
             elif isinstance(msg, DeviceTelemetry):
                 self.telemetry.append(msg)
+            elif isinstance(msg, ReportedState):
+                self.reported.append(msg)
             elif isinstance(msg, DeviceStatus):
                 self.statuses.append((msg, bool(message.retain)))
 
