@@ -1,0 +1,220 @@
+"""A rollout across 5 device processes through a real Mosquitto with the generated ACLs.
+
+The devices are `tests.support.fleet_device` processes (the real updater, ONNX Runtime
+warm-ups, the process runtime, the real MQTT wire contract); the cloud side is the fleet
+app served by uvicorn plus an MQTT client logged in as the `cloud` service account.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from fleet.acl import mosquitto_auth_config, write_mosquitto_files
+from shared.errors import EdgefleetError
+from shared.messages import DeviceStatus, ReportedState
+from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+from shared.topics import Channel, Topics
+from shared.wire import Verifier, WireMessage
+from tests.support.broker import MosquittoBroker
+from tests.support.fleet import FleetServer, tiny_onnx, wait_until
+
+DEVICES = [f"cam-{i:02d}" for i in range(5)]
+REPO = Path(__file__).resolve().parents[2]
+
+
+class CloudLink:
+    """The cloud's MQTT side for the fleet: publishes desired states, ingests reports."""
+
+    def __init__(self, server: FleetServer, port: int, password: str):
+        self.server = server
+        self.topics = Topics()
+        self.settings = MqttSettings(port=port, username="cloud", password=password)
+        self.client = make_client(self.settings, "cloud-test")
+        self.verifier = Verifier(server.registry.device_key)
+        self.inbox: queue.Queue = queue.Queue()
+        self.published: list[tuple[str, str | None]] = []
+        self.connected = threading.Event()
+        self.client.on_connect = self._on_connect
+        self.client.on_message = lambda c, u, m: self.inbox.put(from_paho(m))
+        self.worker = threading.Thread(target=self._ingest, daemon=True)
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        client.subscribe(
+            [
+                (self.topics.all_devices(Channel.REPORTED), 1),
+                (self.topics.all_devices(Channel.STATUS), 1),
+            ]
+        )
+        self.connected.set()
+
+    def start(self) -> CloudLink:
+        connect(self.client, self.settings, clean_start=True)
+        assert self.connected.wait(30)
+        self.worker.start()
+        return self
+
+    def publish(self, wire: WireMessage, retain: bool) -> None:
+        deployment = json.loads(wire.payload)["deployment_id"] if wire.payload else None
+        self.published.append((wire.topic, deployment))
+        publish(self.client, wire, qos=1, retain=retain)
+
+    def _ingest(self) -> None:
+        while True:
+            wire = self.inbox.get()
+            if wire is None:
+                return
+            try:
+                message = self.verifier.verify(wire).message
+                if isinstance(message, DeviceStatus):
+                    self.server.registry.record_status(message)
+                elif isinstance(message, ReportedState):
+                    self.server.registry.record_reported(message)
+                    self.server.rollouts.on_reported(message)
+            except EdgefleetError:
+                continue  # counted by the verifier; a test assertion will tell
+
+    def stop(self) -> None:
+        self.inbox.put(None)
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path):
+    server = FleetServer(tmp_path / "cloud", publish=lambda w, r: link.publish(w, r))
+    server.start()
+    enrollments = {d: server.registry.enroll(d, group="line") for d in DEVICES}
+    cloud_password = server.registry.ensure_service_account("cloud")
+    files = write_mosquitto_files(server.registry, tmp_path / "auth")
+    extra = mosquitto_auth_config(files) + ("user root\n" if os.geteuid() == 0 else "")
+    broker = MosquittoBroker(tmp_path / "broker", extra_config=extra).start()
+    link = CloudLink(server, broker.port, cloud_password).start()
+    procs = []
+    for device, enrollment in enrollments.items():
+        log = open(tmp_path / f"{device}.log", "wb")  # noqa: SIM115
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.support.fleet_device",
+                    "--device",
+                    device,
+                    "--key",
+                    enrollment.device_key.hex(),
+                    "--port",
+                    str(broker.port),
+                    "--password",
+                    enrollment.broker_password,
+                    "--state",
+                    str(tmp_path / "devices" / device),
+                ],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        log.close()
+    yield server, link, tmp_path
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    link.stop()
+    broker.kill()
+    server.stop()
+
+
+def device_state(tmp_path: Path, device: str) -> dict:
+    try:
+        return json.loads((tmp_path / "devices" / device / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def logs(tmp_path: Path) -> str:
+    return "\n".join((tmp_path / f"{d}.log").read_text()[-2000:] for d in DEVICES)
+
+
+def rollout(server: FleetServer, version: str, sha256: str | None = None) -> str:
+    model = {"name": "det", "version": version}
+    if sha256:
+        model.update(url=server.store.url("det", version), sha256=sha256)
+    dep = server.rollouts.create(
+        {
+            "group": "line",
+            "image": f"ghcr.io/acme/edge:{version}.0",
+            "models": [model],
+            "canary_percent": 20,
+            "soak_s": 0,
+            "auto_rollback": True,
+        }
+    )
+    assert len(dep.canaries) == 1
+    return dep.id
+
+
+@pytest.mark.slow
+def test_good_rollout_reaches_all_bad_ones_stop_at_the_canary(fleet) -> None:
+    server, link, tmp_path = fleet
+    server.store.add("det", "1", tiny_onnx(tmp_path / "m1" / "det.onnx", scale=1.0))
+    server.store.add("det", "2", tiny_onnx(tmp_path / "m2" / "det.onnx", scale=2.0))
+    broken = tmp_path / "m3" / "det.onnx"
+    broken.parent.mkdir()
+    broken.write_bytes(b"\x08\x07garbage that is no onnx graph" * 64)
+    server.store.add("det", "3", broken)
+    # given all five devices online
+    assert wait_until(
+        lambda: sum(d.online for d in server.registry.list_devices("line")) == 5, timeout_s=90
+    ), logs(tmp_path)
+
+    # when a good model is rolled out with one canary, it reaches all five
+    good = rollout(server, "1")
+    assert wait_until(lambda: server.rollouts.get(good).status == "completed", 90), logs(tmp_path)
+    for device in DEVICES:
+        assert server.registry.reported(device).deployment_id == good
+        assert device_state(tmp_path, device)["deployment_id"] == good
+
+    # when a model whose sha256 does not match the served file is rolled out
+    bad_hash = rollout(server, "2", sha256="f" * 64)
+    view = server.rollouts.get(bad_hash)
+    canary = view.canaries[0]
+    # then it stops at the canary, which gets the good deployment back
+    assert wait_until(lambda: server.rollouts.get(bad_hash).status == "rolled_back", 90)
+    assert "does not match" in server.rollouts.get(bad_hash).error
+    assert wait_until(
+        lambda: (
+            server.registry.reported(canary).deployment_id == good
+            and server.registry.reported(canary).status == "healthy"
+        ),
+        60,
+    ), logs(tmp_path)
+
+    # when a model that fails its warm-up is rolled out
+    bad_warmup = rollout(server, "3")
+    canary3 = server.rollouts.get(bad_warmup).canaries[0]
+    assert wait_until(lambda: server.rollouts.get(bad_warmup).status == "rolled_back", 90)
+    assert "warm-up" in server.rollouts.get(bad_warmup).error
+    assert wait_until(lambda: server.registry.reported(canary3).deployment_id == good, 60)
+
+    # and the other devices never left the good version: never sent the bad ones at all
+    for bad, can in ((bad_hash, canary), (bad_warmup, canary3)):
+        sent_to = {topic.split("/")[2] for topic, dep in link.published if dep == bad}
+        assert sent_to == {can}
+        targets = {t.device_id: t.state for t in server.rollouts.get(bad).targets}
+        assert targets[can] == "rolled_back"
+        assert all(state == "pending" for d, state in targets.items() if d != can)
+    for device in DEVICES:
+        assert device_state(tmp_path, device)["deployment_id"] == good
+        assert server.registry.desired(device).deployment_id == good
