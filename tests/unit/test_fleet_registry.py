@@ -1,0 +1,178 @@
+"""Device registry on a real SQLite file (and PostgreSQL where it runs): secrets, state, history."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from fleet.credentials import KeySealer, mosquitto_hash, verify_mosquitto_hash
+from fleet.registry import DeviceRegistry
+from fleet.rollout import RolloutController
+from shared.db import Database
+from shared.errors import ConfigError, Conflict, InvalidInput, NotFound
+from shared.messages import DeviceStatus, DeviceTelemetry, EscalationCounters, ReportedState
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def telemetry(device: str, seq: int, sent: int, ts: datetime) -> DeviceTelemetry:
+    return DeviceTelemetry(
+        device_id=device,
+        ts=ts,
+        seq=seq,
+        uptime_s=seq,
+        escalations=EscalationCounters(sent=sent, pending=0, dropped=0),
+        outbox_depth=seq,
+        cpu_pct=10,
+        ram_used_mb=10,
+    )
+
+
+@pytest.fixture
+def db(tmp_path: Path):
+    database = Database.connect(f"sqlite:///{tmp_path}/fleet.db")
+    yield database
+    database.close()
+
+
+def test_mosquitto_hash_is_what_mosquitto_passwd_writes() -> None:
+    # a line `mosquitto_passwd -b pf u1 secret` wrote (mosquitto 2.0.11)
+    known = (
+        "$7$101$zM0LgIYisWu2ffq6$wR3Gw58X4w7MgMoCWDTZPjNu+bDXL3xBlhvjJVXUb4+cOlciAziyePvRa"
+        "STzvkh4iKSvGwt204o2Occ0vHFLEQ=="
+    )
+    assert verify_mosquitto_hash("secret", known)
+    assert not verify_mosquitto_hash("Secret", known)
+    ours = mosquitto_hash("pw")
+    assert ours.startswith("$7$101$") and verify_mosquitto_hash("pw", ours)
+
+
+def test_enroll_issues_secrets_stored_only_as_needed(db: Database, tmp_path: Path) -> None:
+    registry = DeviceRegistry(db)
+    e = registry.enroll("cam-01", group="dock")
+    assert len(e.device_key) == 32 and e.token.startswith("eft_")
+    assert registry.device_key("cam-01") == e.device_key
+    assert registry.authenticate_token(e.token) == "cam-01"
+    assert registry.authenticate_token(e.token + "x") is None
+    assert registry.authenticate_token("") is None
+    raw = (tmp_path / "fleet.db").read_bytes()
+    assert e.token.encode() not in raw and e.broker_password.encode() not in raw
+    (username, encoded) = registry.broker_accounts()[0]
+    assert username == "cam-01" and verify_mosquitto_hash(e.broker_password, encoded)
+    with pytest.raises(Conflict):
+        registry.enroll("cam-01")
+    for bad in ("Cam-01", "-x", "a" * 64, "cloud"):
+        with pytest.raises(InvalidInput):
+            registry.enroll(bad)
+    with pytest.raises(InvalidInput):
+        registry.enroll("cam-02", group="Bad Group")
+
+
+def test_master_key_seals_device_keys(db: Database, tmp_path: Path) -> None:
+    master = KeySealer.generate_master_key()
+    registry = DeviceRegistry(db, master_key=master)
+    e = registry.enroll("cam-01")
+    assert e.device_key.hex().encode() not in (tmp_path / "fleet.db").read_bytes()
+    # a second process with the same master key reads it back
+    assert DeviceRegistry(db, master_key=master).device_key("cam-01") == e.device_key
+    with pytest.raises(ConfigError):
+        DeviceRegistry(db, master_key=KeySealer.generate_master_key()).device_key("cam-01")
+    with pytest.raises(ConfigError):
+        DeviceRegistry(db).device_key("cam-01")
+    with pytest.raises(ConfigError):
+        DeviceRegistry(db, master_key="not a fernet key")
+
+
+def test_revoke_removes_every_credential(db: Database) -> None:
+    registry = DeviceRegistry(db)
+    e = registry.enroll("cam-01")
+    registry.revoke("cam-01")
+    assert registry.device_key("cam-01") is None
+    assert registry.authenticate_token(e.token) is None
+    assert registry.broker_accounts() == [] and registry.list_devices() == []
+    with pytest.raises(NotFound):
+        registry.revoke("cam-01")
+    with pytest.raises(NotFound):
+        registry.record_status(DeviceStatus(device_id="cam-01", state="online", agent_version="1"))
+    # the id may be enrolled again, with new secrets
+    again = registry.enroll("cam-01")
+    assert again.device_key != e.device_key
+
+
+def test_state_views_and_downsampled_history(db: Database) -> None:
+    registry = DeviceRegistry(db, history_bucket_s=60)
+    registry.enroll("cam-01", group="a")
+    registry.enroll("cam-02", group="b")
+    registry.record_status(DeviceStatus(device_id="cam-01", state="online", agent_version="0.9"))
+    t0 = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=10)
+    # two samples in one minute bucket, one in the next
+    registry.record_telemetry(telemetry("cam-01", 1, sent=10, ts=t0 + timedelta(seconds=1)))
+    registry.record_telemetry(telemetry("cam-01", 2, sent=16, ts=t0 + timedelta(seconds=31)))
+    registry.record_telemetry(telemetry("cam-01", 3, sent=16, ts=t0 + timedelta(seconds=61)))
+    points = registry.history("cam-01", hours=1)
+    assert [p.outbox_depth for p in points] == [2, 3]
+    assert points[0].escalation_rate == pytest.approx(12.0)  # 6 in 30 s
+    detail = registry.get_device("cam-01")
+    assert detail.online and detail.agent_version == "0.9" and detail.telemetry["seq"] == 3
+    registry.record_reported(
+        ReportedState(device_id="cam-01", deployment_id="dep-1", image="e:1", status="healthy")
+    )
+    summary = registry.list_devices("a")[0]
+    assert summary.deployment_id == "dep-1" and summary.deployment_status == "healthy"
+    assert [d.device_id for d in registry.list_devices()] == ["cam-01", "cam-02"]
+    assert registry.groups() == ["a", "b"]
+    with pytest.raises(NotFound):
+        registry.get_device("cam-09")
+    with pytest.raises(NotFound):
+        registry.record_telemetry(telemetry("cam-09", 1, 0, datetime.now(timezone.utc)))
+
+
+def test_postgres_store() -> None:
+    """The scale path: the same registry and rollout tables on PostgreSQL, in a fresh schema."""
+    try:
+        admin = Database.connect(PG_URL)
+    except Exception as exc:  # no server here: say so instead of pretending
+        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {exc}")
+    schema = "fleet_t_" + secrets.token_hex(4)
+    admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        db = Database.connect(f"{PG_URL}?options=-csearch_path%3D{schema}")
+        try:
+            registry = DeviceRegistry(db)
+            for i in range(3):
+                registry.enroll(f"cam-{i}", group="pg")
+            now = datetime.now(timezone.utc)
+            registry.record_telemetry(telemetry("cam-1", 1, 1, now))
+            registry.record_telemetry(telemetry("cam-1", 2, 2, now))  # same bucket: upsert
+            assert len(registry.history("cam-1")) == 1
+            sent = []
+            rollouts = RolloutController(registry, db, lambda w, r: sent.append(w))
+            dep = rollouts.create(
+                {
+                    "group": "pg",
+                    "image": "edge:1",
+                    "models": [
+                        {"name": "m", "version": "1", "url": "http://x", "sha256": "a" * 64}
+                    ],
+                    "soak_s": 0,
+                }
+            )
+            with pytest.raises(Conflict):
+                rollouts.create({"group": "pg", "image": "edge:2"})
+            rollouts.on_reported(
+                ReportedState(
+                    device_id=dep.canaries[0],
+                    deployment_id=dep.id,
+                    image="edge:1",
+                    status="healthy",
+                )
+            )
+            assert rollouts.get(dep.id).status == "rolling" and len(sent) == 3
+        finally:
+            db.close()
+    finally:
+        admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.close()
