@@ -24,6 +24,7 @@ __all__ = [
     "backend",
     "bgr_to_tensor",
     "choose_backend",
+    "crop_resize",
     "i420_to_tensor",
     "keypoint_nms",
     "nms",
@@ -142,6 +143,28 @@ def rgb_to_tensor(
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """As `nv12_to_tensor` for packed (H, W, 3) RGB frames."""
     return _to_tensor("rgb", frame, size, mean, std, pad, dtype, out)
+
+
+def crop_resize(
+    frame,
+    boxes,
+    size,
+    fmt="nv12",
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    pad=114,
+    dtype=np.float32,
+    out=None,
+):
+    """Crop each float32 xyxy box of `frame` and letterbox it into an (N, 3, h, w) batch.
+
+    Returns (batch, placements); `placements[i].boxes_to_frame` maps slot i's model
+    coordinates back to frame pixels. Crops are cut on whole (even, for 4:2:0) pixels.
+    """
+    from shared.kernels.crops import crop_resize as run
+
+    module = _active().module
+    return run(module.frame_to_tensor, frame, fmt, boxes, size, mean, std, pad, dtype, out)
 
 
 def nms(

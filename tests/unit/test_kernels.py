@@ -331,3 +331,54 @@ def test_no_read_past_the_end_of_the_frame(fmt, h, w):
         assert unit_scale_diff(got, want, (1, 1, 1)) <= TOL
     del f, flat
     keep_alive.close()
+
+
+@pytest.mark.parametrize("fmt", ["nv12", "i420", "bgr", "rgb"])
+def test_crop_resize_matches_reference_per_slot(fmt):
+    from shared.kernels import checks
+    from shared.kernels.crops import crop_windows
+
+    f = frame(fmt, 120, 200, seed=9)
+    boxes = np.array(
+        [
+            [10.2, 20.7, 90.1, 44.0],  # an OCR-line shape
+            [150.0, 0.0, 260.0, 130.0],  # spills past the right and bottom edges
+            [5.0, 5.0, 5.0, 5.0],  # empty: becomes the minimal crop
+            [-40.0, -40.0, -10.0, -10.0],  # outside: the nearest minimal crop
+            [60.0, 90.0, 40.0, 70.0],  # inverted corners
+        ],
+        np.float32,
+    )
+    batch, places = kernels.crop_resize(f, boxes, (48, 160), fmt, MEAN, STD)
+    assert batch.shape == (5, 3, 48, 160) and len(places) == 5
+    rgb = reference.to_rgb(f, fmt)
+    norm = checks.normalise(MEAN, STD, 114)
+    for i, (x0, y0, x1, y1) in enumerate(crop_windows(boxes, (120, 200), fmt)):
+        assert 0 <= x0 < x1 <= 200 and 0 <= y0 < y1 <= 120
+        if fmt in ("nv12", "i420"):
+            assert x0 % 2 == y0 % 2 == x1 % 2 == y1 % 2 == 0
+        want, t = reference.letterbox_normalise(rgb[y0:y1, x0:x1], (48, 160), norm, np.float32)
+        assert places[i].transform == t and (places[i].x0, places[i].y0) == (x0, y0)
+        assert unit_scale_diff(batch[i : i + 1], want) <= TOL
+    # Slot coordinates map back into the frame: the crop's own corners.
+    t0 = places[0].transform
+    corners = np.array([[t0.pad_left, t0.pad_top, t0.pad_left + t0.new_w, t0.pad_top + t0.new_h]])
+    x0, y0, x1, y1 = crop_windows(boxes, (120, 200), fmt)[0]
+    assert (x0, y0, x1, y1) == ((10, 20, 92, 44) if fmt in ("nv12", "i420") else (10, 20, 91, 44))
+    np.testing.assert_allclose(places[0].boxes_to_frame(corners), [[x0, y0, x1, y1]], atol=1e-3)
+
+
+def test_crop_resize_bad_input():
+    f = frame("bgr", 20, 20)
+    for bad in (
+        np.zeros((2, 4), np.float64),
+        np.zeros((2, 3), np.float32),
+        np.array([[0, 0, np.nan, 4]], np.float32),
+        [[0, 0, 4, 4]],
+    ):
+        with pytest.raises(InvalidInput):
+            kernels.crop_resize(f, bad, (8, 8), "bgr")
+    with pytest.raises(InvalidInput):
+        kernels.crop_resize(f, np.zeros((2, 4), np.float32), (8, 8), "bgr", out=np.empty(3))
+    empty, places = kernels.crop_resize(f, np.zeros((0, 4), np.float32), (8, 8), "bgr")
+    assert empty.shape == (0, 3, 8, 8) and places == []
