@@ -1,9 +1,10 @@
 """The real-time pipeline: capture → pre-process → infer → post/policy → uplink.
 
-Stages are threads joined by bounded queues, so decode (capture threads), colour
-conversion, inference and JPEG/outbox work overlap; OpenCV and ONNX Runtime release the
-GIL. When inference falls behind, the queues fill, feeders block, and the capture threads
-keep overwriting their one-frame slot: the pipeline always works on the newest frame.
+Stages are threads, so decode (one capture thread per stream), colour conversion and
+inference (N workers sharing one model through its dynamic batcher) and JPEG/outbox work
+(the post thread, behind a bounded queue) overlap; OpenCV and ONNX Runtime release the
+GIL. When inference falls behind, the capture threads keep overwriting their one-frame
+slot: the pipeline always works on the newest frame and counts the ones it skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cv2
-import numpy as np
 from prometheus_client import Counter, Histogram
 
 from edge.model import Predictor
@@ -51,7 +51,6 @@ class Work:
 
     frame: Frame
     expect_result: bool
-    rgb: np.ndarray | None = None
     detections: list[Detection] = field(default_factory=list)
     model: ModelInfo | None = None
     error: str | None = None
@@ -61,7 +60,12 @@ Sink = Callable[[Work, Escalation | None], None]
 
 
 class Pipeline:
-    """Owns the stage threads; `model` is asked for each frame so a swap takes effect live."""
+    """Owns the stage threads; `model` is asked for each frame so a swap takes effect live.
+
+    Inference workers pull: a worker that becomes free takes the newest frame of the next
+    stream that has one, so no frame ages in a queue in front of the model. The post stage
+    (policy, JPEG, outbox) has its own thread behind a bounded queue.
+    """
 
     def __init__(
         self,
@@ -78,15 +82,15 @@ class Pipeline:
         self._sink = sink
         self.stats = stats
         self.settings = settings
-        self._infer_q: queue.Queue = queue.Queue(settings.queue_size)
         self._post_q: queue.Queue = queue.Queue(settings.queue_size)
         self._stop_feed = threading.Event()
+        self._ready = threading.Condition()
+        self._turn = 0
+        self._busy = 0
         self.processed = 0
         self.errors = 0
-        self._feeders = [
-            threading.Thread(target=self._feed, args=(c,), name=f"pre-{c.stream_id}")
-            for c in captures
-        ]
+        for capture in captures:
+            capture.on_frame = self._frame_arrived
         self._workers = [
             threading.Thread(target=self._infer, name=f"infer-{i}")
             for i in range(settings.infer_workers)
@@ -94,20 +98,17 @@ class Pipeline:
         self._post = threading.Thread(target=self._post_loop, name="post")
 
     def start(self) -> Pipeline:
-        for thread in (*self._workers, self._post, *self._feeders):
+        for thread in (*self._workers, self._post):
             thread.start()
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Drain: feeders stop, queued frames finish, then workers and post exit (idempotent)."""
+        """Drain: workers finish the frame in hand, then post empties its queue (idempotent)."""
         if self._stop_feed.is_set():
             return
         self._stop_feed.set()
+        self._frame_arrived()
         deadline = time.monotonic() + timeout_s
-        for thread in self._feeders:
-            thread.join(max(0.1, deadline - time.monotonic()))
-        for _ in self._workers:
-            self._infer_q.put(_DONE)
         for thread in self._workers:
             thread.join(max(0.1, deadline - time.monotonic()))
         self._post_q.put(_DONE)
@@ -115,61 +116,64 @@ class Pipeline:
 
     @property
     def idle(self) -> bool:
-        return self._infer_q.empty() and self._post_q.empty()
+        return (
+            self._busy == 0 and self._post_q.empty() and not any(c.pending for c in self.captures)
+        )
 
     # --- stages ------------------------------------------------------------------------
 
-    def _feed(self, capture: Capture) -> None:
-        """Pre-process: take the newest frame, convert BGR → RGB, hand it to inference."""
-        expect = capture.settings.expect_result
-        while not self._stop_feed.is_set():
-            frame = capture.get(timeout=0.2)
-            if frame is None:
-                if capture.finished and not capture.alive:
-                    return
-                continue
-            start = time.perf_counter()
-            work = Work(frame, expect)
-            work.rgb = cv2.cvtColor(frame.image, cv2.COLOR_BGR2RGB)
-            STAGE.labels("preprocess").observe(time.perf_counter() - start)
-            self._put(self._infer_q, work)
+    def _frame_arrived(self) -> None:
+        with self._ready:
+            self._ready.notify_all()
 
-    def _put(self, q: queue.Queue, item: object) -> None:
-        while True:
-            try:
-                q.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                if self._stop_feed.is_set() and q is self._infer_q:
-                    # shutting down with a full queue: the frame is dropped, not blocked on
-                    return
+    def _next_frame(self) -> tuple[Frame, Capture] | None:
+        """The newest frame of the next stream (round robin) that has one; None on stop."""
+        while not self._stop_feed.is_set():
+            with self._ready:
+                count = len(self.captures)
+                for offset in range(count):
+                    capture = self.captures[(self._turn + offset) % count]
+                    frame = capture.take()
+                    if frame is not None:
+                        self._turn = (self._turn + offset + 1) % count
+                        self._busy += 1
+                        return frame, capture
+                self._ready.wait(0.2)
+        return None
 
     def _infer(self) -> None:
         while True:
-            work = self._infer_q.get()
-            if work is _DONE:
+            taken = self._next_frame()
+            if taken is None:
                 return
-            model = self._model()
-            start = time.perf_counter()
+            frame, capture = taken
             try:
-                work.detections = model.predict(work.rgb)
-            except Overloaded as exc:  # the executor sheds load: a dropped frame, not a case
-                OVERLOADED.inc()
-                log.debug("frame %s#%d shed: %s", work.frame.stream_id, work.frame.index, exc)
-                continue
-            except Exception as exc:  # one bad frame or model error must not stop the stream
-                work.error = f"{type(exc).__name__}: {exc}"
-                self.errors += 1
-                log.warning(
-                    "inference failed on %s#%d: %s",
-                    work.frame.stream_id,
-                    work.frame.index,
-                    work.error,
-                )
-            STAGE.labels("infer").observe(time.perf_counter() - start)
-            work.model = model.info
-            work.rgb = None
-            self._post_q.put(work)
+                self._infer_one(Work(frame, capture.settings.expect_result))
+            finally:
+                with self._ready:
+                    self._busy -= 1
+
+    def _infer_one(self, work: Work) -> None:
+        start = time.perf_counter()
+        rgb = cv2.cvtColor(work.frame.image, cv2.COLOR_BGR2RGB)  # pre-process
+        mid = time.perf_counter()
+        STAGE.labels("preprocess").observe(mid - start)
+        model = self._model()
+        try:
+            work.detections = model.predict(rgb)
+        except Overloaded as exc:  # the executor sheds load: a dropped frame, not a case
+            OVERLOADED.inc()
+            log.debug("frame %s#%d shed: %s", work.frame.stream_id, work.frame.index, exc)
+            return
+        except Exception as exc:  # one bad frame or model error must not stop the stream
+            work.error = f"{type(exc).__name__}: {exc}"
+            self.errors += 1
+            log.warning(
+                "inference failed on %s#%d: %s", work.frame.stream_id, work.frame.index, work.error
+            )
+        STAGE.labels("infer").observe(time.perf_counter() - mid)
+        work.model = model.info
+        self._post_q.put(work)
 
     def _post_loop(self) -> None:
         while True:

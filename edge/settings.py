@@ -131,7 +131,9 @@ class PipelineSettings(_Closed):
     infer_workers: int = Field(
         2, ge=1, le=16, description="threads calling the model (the batcher merges them)"
     )
-    queue_size: int = Field(4, ge=1, le=1024, description="bound of each inter-stage queue")
+    queue_size: int = Field(
+        4, ge=1, le=1024, description="bound of the queue between inference and post/uplink"
+    )
 
 
 class HealthSettings(_Closed):

@@ -84,6 +84,7 @@ class Capture:
         self._clock = clock
         self._backoff = Backoff(settings.reconnect_min_s, settings.reconnect_max_s)
         self._every_frame = source.is_file and not settings.realtime
+        self.on_frame: Callable[[], None] = lambda: None  # the pipeline's wake-up
         self._slot: Frame | None = None
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -111,6 +112,19 @@ class Capture:
             frame, self._slot = self._slot, None
             self._cond.notify_all()
             return frame
+
+    def take(self) -> Frame | None:
+        """The newest frame not yet taken, without waiting."""
+        with self._cond:
+            frame, self._slot = self._slot, None
+            if frame is not None:
+                self._cond.notify_all()
+            return frame
+
+    @property
+    def pending(self) -> bool:
+        """A frame waits in the slot."""
+        return self._slot is not None
 
     @property
     def alive(self) -> bool:
@@ -220,3 +234,4 @@ class Capture:
                 DROPPED.labels(self.stream_id).inc()
             self._slot = frame
             self._cond.notify_all()
+        self.on_frame()
