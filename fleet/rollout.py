@@ -188,11 +188,13 @@ class RolloutController:
         *,
         model_store: ModelStore | None = None,
         topics: Topics = Topics(),
+        tick_interval_s: float | None = 1.0,
     ):
         self.registry = registry
         self.db = db
         self.publish = publish
         self.model_store = model_store
+        self.tick_interval_s = tick_interval_s
         self.topics = topics
         self._lock = threading.RLock()
         self._timer: threading.Thread | None = None
@@ -274,6 +276,8 @@ class RolloutController:
         for device in canaries:
             self._send(dep_id, device, spec)
         self.tick()
+        if self.tick_interval_s:
+            self.start(self.tick_interval_s)  # soak times need a clock, not only reports
         return self.get(dep_id)
 
     def _resolve(self, spec: ModelSpec) -> ModelRef:
@@ -343,6 +347,8 @@ class RolloutController:
 
     def on_reported(self, reported: ReportedState) -> None:
         """Record a device's report and move its deployment along."""
+        if self.tick_interval_s and self._timer is None:
+            self.start(self.tick_interval_s)  # e.g. a restarted orchestrator mid-rollout
         with self._lock:
             row = self.db.query_one(
                 "SELECT t.role, t.state, d.status FROM fleet_deployment_targets t "

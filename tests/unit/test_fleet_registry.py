@@ -149,7 +149,9 @@ def test_postgres_store() -> None:
             registry.record_telemetry(telemetry("cam-1", 2, 2, now))  # same bucket: upsert
             assert len(registry.history("cam-1")) == 1
             sent = []
-            rollouts = RolloutController(registry, db, lambda w, r: sent.append(w))
+            rollouts = RolloutController(
+                registry, db, lambda w, r: sent.append(w), tick_interval_s=None
+            )
             dep = rollouts.create(
                 {
                     "group": "pg",

@@ -34,7 +34,10 @@ class Fleet:
             self.registry.enroll(d, group="lab")
         self.sent: list[tuple[WireMessage, bool]] = []
         self.rollouts = RolloutController(
-            self.registry, self.db, lambda wire, retain: self.sent.append((wire, retain))
+            self.registry,
+            self.db,
+            lambda wire, retain: self.sent.append((wire, retain)),
+            tick_interval_s=None,  # the tests turn the clock themselves
         )
         self.verifier = Verifier(self.registry.device_key, max_skew_s=3600)
 
@@ -208,3 +211,17 @@ def test_concurrent_rollout_to_the_same_group_conflicts(fleet: Fleet) -> None:
     assert first.id in str(caught.value)
     assert len(fleet.sent) == sent
     assert [d.id for d in fleet.rollouts.list()] == [first.id]
+
+
+def test_the_timer_ends_the_soak_without_more_reports(tmp_path: Path) -> None:
+    from tests.support.fleet import wait_until
+
+    fleet = Fleet(tmp_path)
+    fleet.rollouts.tick_interval_s = 0.05
+    try:
+        dep = fleet.rollouts.create(request(soak_s=0.2))
+        fleet.report(dep.canaries[0], dep.id, "healthy")
+        # no further report arrives: the controller's own clock promotes the rollout
+        assert wait_until(lambda: fleet.rollouts.get(dep.id).status == "rolling", timeout_s=30)
+    finally:
+        fleet.rollouts.stop()
