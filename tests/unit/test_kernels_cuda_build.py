@@ -1,5 +1,7 @@
 """CUDA kernels: every .cu compiles for Orin (sm_87) and H200 (sm_90) with the installed
-nvcc (runs in CI, no GPU needed); on a GPU, the CUDA backend matches the reference."""
+nvcc (runs in CI, no GPU needed); their code, run on the CPU through a shim
+(tests/native/cuda_emulation.cpp), is bit-identical to the C kernels; on a GPU, the CUDA
+backend matches the reference."""
 
 from __future__ import annotations
 
@@ -46,6 +48,32 @@ def test_launcher_translation_unit_compiles(arch, tmp_path):
     cubin = nvcc(src, arch, tmp_path)
     for name in (b"ef_to_tensor_f32", b"ef_to_tensor_f16", b"ef_nms_mask"):
         assert name in cubin
+
+
+ROOT = cuda_backend.CUDA_DIR.parents[2]
+
+
+@pytest.mark.skipif(
+    shutil.which("g++") is None or shutil.which("gcc") is None, reason="needs gcc and g++"
+)
+def test_cuda_kernel_code_emulated_on_cpu_matches_c_kernels(tmp_path):
+    src = ROOT / "shared/kernels/src"
+    flags = ["-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror"]
+    objects = []
+    for name in ("preprocess", "preprocess_x86", "nms"):
+        obj = tmp_path / f"{name}.o"
+        c_flags = ["-std=c99", "-D_GNU_SOURCE", "-I", str(src)]
+        cmd = ["gcc", *flags, *c_flags, "-c", str(src / f"{name}.c"), "-o", str(obj)]
+        subprocess.run(cmd, check=True, timeout=120)
+        objects.append(str(obj))
+    exe = tmp_path / "emu"
+    shim = ROOT / "tests/native/cuda_shim"
+    cmd = ["g++", *flags, "-std=c++14", "-I", str(shim), "-I", str(src)]
+    cmd += [str(ROOT / "tests/native/cuda_emulation.cpp"), *objects, "-pthread", "-o", str(exe)]
+    subprocess.run(cmd, check=True, timeout=180)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("OK ")
 
 
 def test_backend_reports_why_it_is_unavailable():

@@ -15,19 +15,20 @@ extern "C" __global__ void ef_nms_mask(const float4 *boxes, const int32_t *cls, 
     int rows = min(n - row_tile * TILE, TILE), cols = min(n - col_tile * TILE, TILE);
     __shared__ float4 sb[TILE];
     __shared__ int32_t sc[TILE];
-    if (threadIdx.x < cols) {
-        sb[threadIdx.x] = boxes[col_tile * TILE + threadIdx.x];
-        sc[threadIdx.x] = cls[col_tile * TILE + threadIdx.x];
+    int tid = (int)threadIdx.x;
+    if (tid < cols) {
+        sb[tid] = boxes[col_tile * TILE + tid];
+        sc[tid] = cls[col_tile * TILE + tid];
     }
     __syncthreads();
-    if (threadIdx.x >= rows) return;
-    int i = row_tile * TILE + threadIdx.x;
+    if (tid >= rows) return;
+    int i = row_tile * TILE + tid;
     float4 a = boxes[i];
     int32_t ca = cls[i];
     float wa = a.z - a.x, ha = a.w - a.y;
     float area_a = (wa > 0.f ? wa : 0.f) * (ha > 0.f ? ha : 0.f);
     unsigned long long bits = 0;
-    int start = row_tile == col_tile ? threadIdx.x + 1 : 0;
+    int start = row_tile == col_tile ? tid + 1 : 0;
     for (int t = start; t < cols; t++) {
         float4 b = sb[t];
         if (sc[t] != ca) continue;

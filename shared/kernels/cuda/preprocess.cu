@@ -44,8 +44,8 @@ __device__ __forceinline__ Axis axis(int src, int dst, int d) {
 __device__ __forceinline__ int clamp8(int v) { return v < 0 ? 0 : (v > 255 ? 255 : v); }
 
 // format: 0 NV12, 1 I420, 2 BGR, 3 RGB
-__device__ __forceinline__ void rgb_at(const uint8_t *f, int format, int h, int w, int pitch,
-                                       int x, int y, int rgb[3]) {
+__device__ __forceinline__ void rgb_at(const uint8_t *f, int format, int h, int pitch, int x,
+                                       int y, int rgb[3]) {
     if (format >= 2) {
         const uint8_t *p = f + (size_t)y * pitch + 3 * x;
         int swap = format == 2;
@@ -102,10 +102,10 @@ __device__ void to_tensor(const uint8_t *frame, int format, int src_h, int src_w
     }
     Axis ax = axis(src_w, new_w, rx), ay = axis(src_h, new_h, ry);
     int p00[3], p01[3], p10[3], p11[3];
-    rgb_at(frame, format, src_h, src_w, pitch, ax.s0, ay.s0, p00);
-    rgb_at(frame, format, src_h, src_w, pitch, ax.s1, ay.s0, p01);
-    rgb_at(frame, format, src_h, src_w, pitch, ax.s0, ay.s1, p10);
-    rgb_at(frame, format, src_h, src_w, pitch, ax.s1, ay.s1, p11);
+    rgb_at(frame, format, src_h, pitch, ax.s0, ay.s0, p00);
+    rgb_at(frame, format, src_h, pitch, ax.s1, ay.s0, p01);
+    rgb_at(frame, format, src_h, pitch, ax.s0, ay.s1, p10);
+    rgb_at(frame, format, src_h, pitch, ax.s1, ay.s1, p11);
     float k[3] = {scale.x, scale.y, scale.z}, b[3] = {bias.x, bias.y, bias.z};
     for (int c = 0; c < 3; c++) {
         int h0 = p00[c] * ax.w0 + p01[c] * ax.w1;
