@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import typer
 from rich.console import Console
 from rich.live import Live
@@ -154,20 +155,18 @@ def _run(
     seed: int,
     interrupted: threading.Event,
 ) -> list[DeviceScore]:
-    import httpx
-
     console, root = stack.console, stack.workdir
     with console.status("rendering the demo videos…"):
         scenes = prepare_videos(root, n_devices, videos, seed, duration)
     http_port = http_port or free_port()
     broker_port = free_port()
     operator_key = "efk_" + secrets.token_urlsafe(24)
-    service_password = secrets.token_urlsafe(24)
-    cloud_yaml = write_cloud_config(root, http_port, broker_port, operator_key, service_password)
-
     with console.status("enrolling devices with `edgefleet fleet enroll`…"):
         device_ids = [f"demo-cam-{i + 1:02d}" for i in range(n_devices)]
-        enrolled = enroll_devices(root, cloud_yaml, device_ids, service_password, broker_port)
+        enrolled = enroll_devices(root, device_ids, broker_port, http_port)
+    cloud_yaml = write_cloud_config(
+        root, http_port, broker_port, operator_key, enrolled.cloud_password
+    )
     fleet_devices = [
         Device(
             device_id=device_id,
@@ -199,7 +198,7 @@ def _run(
         cloud = stack.start("cloud", edgefleet_argv("cloud", "serve", "-c", str(cloud_yaml)))
         wait_until(ready, 300, "the cloud to be ready (/readyz)", [broker, cloud])
 
-    meter = UplinkMeter(broker_port, "cloud", service_password)
+    meter = UplinkMeter(broker_port, "cloud", enrolled.cloud_password)
     with console.status(f"starting {n_devices} edge agents…"):
         for device in fleet_devices:
             device.results.parent.mkdir(parents=True, exist_ok=True)
@@ -246,10 +245,8 @@ def _run(
     with console.status("stopping the agents (they flush their outboxes)…"):
         for agent in agents:
             agent.stop(30.0)
-        _wait_for_verdicts(http, fleet_devices, timeout_s=15.0)
     meter.close()
-    with console.status("scoring against the ground truth…"):
-        cases = _fetch_cases(http, fleet_devices)
+    cases = _collect_cases(http, fleet_devices, console)
     scores = [score_device(d, cases, meter.bytes.get(d.device_id, 0)) for d in fleet_devices]
     (root / "report.json").write_text(
         json.dumps([s.__dict__ | {"escalated_share": s.escalated_share} for s in scores], indent=1)
@@ -258,26 +255,37 @@ def _run(
     return scores
 
 
-def _wait_for_verdicts(http: Any, devices: list[Device], timeout_s: float) -> None:
-    """Give the cloud a moment to answer cases that were in flight when the agents stopped."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pending = sum(
-            (d.get("outbox_depth") or 0) for d in http.get("/v1/devices").json().get("devices", [])
-        )
-        if pending == 0:
-            return
-        time.sleep(0.5)
+def _collect_cases(
+    http: Any, devices: list[Device], console: Console, timeout_s: float = 120.0
+) -> dict[str, dict[str, Any]]:
+    """The cloud's record of every escalated case, waiting for the answers still due.
 
-
-def _fetch_cases(http: Any, devices: list[Device]) -> dict[str, dict[str, Any]]:
-    """The cloud's record (frame index, verdict) of every case a verdict came back for."""
+    Cases the agents flushed on the way out are still in the broker or the cloud's queue;
+    stop waiting when all are answered, after `timeout_s`, or when nothing moved for 30 s
+    (the report then counts the rest as unanswered).
+    """
+    wanted = {
+        row["case_id"]
+        for device in devices
+        for row in read_jsonl(device.results)
+        if row.get("kind") == "escalated"
+    }
     cases: dict[str, dict[str, Any]] = {}
-    for device in devices:
-        for row in read_jsonl(device.results):
-            if row.get("kind") != "verdict" or row["case_id"] in cases:
-                continue
-            response = http.get(f"/v1/escalations/{row['case_id']}")
-            if response.status_code == 200:
-                cases[row["case_id"]] = response.json()
-    return cases
+    deadline = time.monotonic() + timeout_s
+    last_progress = time.monotonic()
+    with console.status("waiting for the cloud's answers…") as status:
+        while True:
+            for case_id in sorted(wanted - set(cases)):
+                try:
+                    response = http.get(f"/v1/escalations/{case_id}")
+                except httpx.HTTPError:
+                    continue
+                if response.status_code == 200 and response.json().get("verdict"):
+                    cases[case_id] = response.json()
+                    last_progress = time.monotonic()
+            pending = len(wanted) - len(cases)
+            status.update(f"waiting for the cloud's answers… {pending} of {len(wanted)} due")
+            now = time.monotonic()
+            if pending == 0 or now > deadline or now - last_progress > 30:
+                return cases
+            time.sleep(1.0)

@@ -11,17 +11,21 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-# ----------------------------------------------------------------- the agent runner
-
 
 def run_agent_recording(config: Path, results: Path) -> None:
-    """Run the agent until SIGTERM, appending `frame`, `escalated` and `verdict` rows."""
+    """Run the agent until SIGTERM, appending `frame`, `escalated` and `verdict` rows.
+
+    The agent's sink calls the result callbacks and then, for an escalated frame,
+    `verdicts.expect(case_id, ...)`, in that order on the one post-processing thread; a
+    VerdictBook that remembers the frame last seen on its thread therefore ties every
+    case id to its frame index, which the cloud's answer is scored against later.
+    """
     from edge.agent import Agent
     from edge.settings import EdgeSettings
+    from edge.verdicts import VerdictBook
     from shared.config import load_settings
     from shared.logs import configure_logging
 
@@ -29,15 +33,29 @@ def run_agent_recording(config: Path, results: Path) -> None:
     settings = load_settings(EdgeSettings, config)
     agent = Agent(settings)
     lock = threading.Lock()
+    last_frame = threading.local()
     out = results.open("a", buffering=1)
 
     def write(row: dict[str, Any]) -> None:
         with lock:
             out.write(json.dumps(row) + "\n")
 
-    escalated_before = [0]
+    class RecordingBook(VerdictBook):
+        def expect(self, case_id: str, stream_id: str, edge_result: list[Any]) -> None:
+            super().expect(case_id, stream_id, edge_result)
+            seen = getattr(last_frame, "value", None)
+            frame_index = seen[1] if seen and seen[0] == stream_id else None
+            write(
+                {
+                    "kind": "escalated",
+                    "case_id": case_id,
+                    "stream_id": stream_id,
+                    "frame_index": frame_index,
+                }
+            )
 
     def on_result(stream_id: str, frame_index: int, detections: list[Any]) -> None:
+        last_frame.value = (stream_id, frame_index)
         texts = [d.text for d in detections if d.text]
         write({"kind": "frame", "stream_id": stream_id, "frame_index": frame_index, "texts": texts})
 
@@ -54,22 +72,12 @@ def run_agent_recording(config: Path, results: Path) -> None:
             }
         )
 
-    def count_escalations() -> None:
-        while True:
-            time.sleep(0.5)
-            now = agent.escalations_created
-            for _ in range(now - escalated_before[0]):
-                write({"kind": "escalated"})
-            escalated_before[0] = now
-
+    agent.verdicts = RecordingBook()
     agent.on_result.append(on_result)
     agent.add_verdict_callback(on_verdict)
-    threading.Thread(target=count_escalations, daemon=True).start()
     try:
         agent.run_forever()
     finally:
-        for _ in range(agent.escalations_created - escalated_before[0]):
-            write({"kind": "escalated"})
         out.close()
 
 

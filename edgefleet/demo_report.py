@@ -67,32 +67,41 @@ def is_correction(verdict: dict[str, Any]) -> bool:
     return edge != cloud
 
 
+def cloud_answer(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A cloud case record as a verdict row (edge and cloud texts); None if unanswered."""
+    if record is None or record.get("verdict") is None:
+        return None
+    verdict = record["verdict"]
+    return {
+        "edge_texts": [d.get("text") or "" for d in record.get("edge_result", [])],
+        "cloud_texts": [d.get("text") or "" for d in verdict.get("result", [])],
+        "fallback_level": verdict.get("fallback_level", 3),
+    }
+
+
 def score_device(
     device: Device, cases: dict[str, dict[str, Any]], uplink_bytes: int
 ) -> DeviceScore:
     """Edge-only and edge+cloud accuracy of one device over the frames it processed.
 
-    `cases` maps case_id to the cloud's record (frame index and verdict). A frame whose
-    case got a real answer from the cloud (not the `busy` level) is scored on that answer
-    in the edge+cloud column; every other frame on the edge's own reading.
+    `cases` maps case_id to the cloud's record of it (with its verdict). A frame that was
+    escalated and got a real answer from the cloud (not the `busy` level) is scored on
+    that answer in the edge+cloud column; every other frame on the edge's own reading.
     """
     rows = read_jsonl(device.results)
     frames = [r for r in rows if r.get("kind") == "frame"]
-    verdicts = [r for r in rows if r.get("kind") == "verdict"]
+    escalated = [r for r in rows if r.get("kind") == "escalated"]
     score = DeviceScore(device.device_id, frames=len(frames), bytes_uplinked=uplink_bytes)
-    score.escalated = sum(1 for r in rows if r.get("kind") == "escalated")
-    score.verdicts = len(verdicts)
-    score.corrections = sum(1 for v in verdicts if is_correction(v))
+    score.escalated = len(escalated)
     corrected: dict[tuple[str, int], list[str]] = {}
-    for verdict in verdicts:
-        record = cases.get(verdict["case_id"])
-        if record is None or record.get("verdict") is None:
+    for case in escalated:
+        answer = cloud_answer(cases.get(case["case_id"]))
+        if answer is None:
             continue
-        answer = record["verdict"]
-        if answer.get("fallback_level", 3) >= 3:
-            continue
-        texts = [d.get("text") or "" for d in answer.get("result", [])]
-        corrected[(record["stream_id"], int(record["frame_index"]))] = texts
+        score.verdicts += 1
+        score.corrections += is_correction(answer)
+        if answer["fallback_level"] < 3 and case.get("frame_index") is not None:
+            corrected[(case["stream_id"], int(case["frame_index"]))] = answer["cloud_texts"]
     if device.truth is None or not frames:
         return score
     edge_total = combined_total = 0.0

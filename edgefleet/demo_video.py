@@ -56,7 +56,7 @@ class VideoSpec(_Closed):
         0.34, ge=0, le=1, description="share of lines made hard with blur and glare"
     )
     hard_strength: float = Field(
-        1.6, ge=0, le=2, description="how much blur, glare and fading the hard lines get"
+        0.7, ge=0, le=2, description="how much blur, glare and fading the hard lines get"
     )
     background: Background | None = Field(
         None, description="background style; none = chosen by the seed"

@@ -152,52 +152,33 @@ def test_scoring_edge_alone_and_with_the_clouds_corrections(tmp_path: Path) -> N
             ]
         }
     )
-    # the edge read frame 0 right and frame 1 half wrong; frame 1 was escalated and the
-    # cloud read it right; a second verdict was only `busy` and must not count
+    # the edge read frame 0 right and frame 1 half wrong; both were escalated: the cloud
+    # read frame 1 right, answered frame 0 only `busy`, and a third case is unanswered
     rows = [
         {"kind": "frame", "stream_id": "cam", "frame_index": 0, "texts": ["AB", "CD", "EF"]},
+        {"kind": "escalated", "case_id": "case-0", "stream_id": "cam", "frame_index": 0},
         {"kind": "frame", "stream_id": "cam", "frame_index": 1, "texts": ["AB", "XX", "EF"]},
-        {"kind": "escalated"},
-        {"kind": "escalated"},
-        {
-            "kind": "verdict",
-            "case_id": "case-1",
-            "stream_id": "cam",
-            "fallback_level": 0,
-            "edge_texts": ["AB", "XX", "EF"],
-            "cloud_texts": ["A B", "CD", "EF"],
-        },
-        {
-            "kind": "verdict",
-            "case_id": "case-2",
-            "stream_id": "cam",
-            "fallback_level": 3,
-            "edge_texts": ["AB"],
-            "cloud_texts": [],
-        },
+        {"kind": "escalated", "case_id": "case-1", "stream_id": "cam", "frame_index": 1},
+        {"kind": "escalated", "case_id": "case-2", "stream_id": "cam", "frame_index": 1},
     ]
+
+    def record(edge: list[str], cloud: list[str], level: int) -> dict:
+        return {
+            "edge_result": [{"text": t} for t in edge],
+            "verdict": {"fallback_level": level, "result": [{"text": t} for t in cloud]},
+        }
+
     cases = {
-        "case-1": {
-            "stream_id": "cam",
-            "frame_index": 1,
-            "verdict": {
-                "fallback_level": 0,
-                "result": [{"text": "AB"}, {"text": "CD"}, {"text": "EF"}],
-            },
-        },
-        "case-2": {
-            "stream_id": "cam",
-            "frame_index": 0,
-            "verdict": {"fallback_level": 3, "result": []},
-        },
+        "case-0": record(["AB", "CD", "EF"], [], 3),
+        "case-1": record(["AB", "XX", "EF"], ["A B", "CD", "EF"], 0),
     }
     score = score_device(_device(tmp_path, truth, rows), cases, uplink_bytes=3000)
     # then the half-written last line is ignored, and the numbers follow
-    assert score.frames == 2 and score.escalated == 2 and score.verdicts == 2
+    assert score.frames == 2 and score.escalated == 3 and score.verdicts == 2
     assert score.corrections == 1  # case-1: XX -> CD; spacing alone is no correction
     assert score.edge_accuracy == pytest.approx((1.0 + 2 / 3) / 2)
     assert score.combined_accuracy == pytest.approx(1.0)
-    assert score.escalated_share == 1.0
+    assert score.escalated_share == 1.5
     assert score.bytes_per_frame == 1500
     total = total_score([score, DeviceScore("cam-02")])
     assert total.frames == 2 and total.edge_accuracy == score.edge_accuracy
