@@ -10,6 +10,7 @@ One scheme, two kinds of command:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from shared.config import load_settings
-from shared.errors import EdgefleetError, InvalidInput
+from shared.errors import EdgefleetError, InvalidInput, NotFound
 
 app = typer.Typer(
     help="Fleet: enroll devices, broker credentials and ACLs, rollouts, status.",
@@ -122,13 +123,19 @@ def revoke(
         Path | None, typer.Option(help="bundle directory (overrides settings)")
     ] = None,
 ) -> None:
-    """Remove DEVICE everywhere: registry credentials, broker files (+ reload), its bundle."""
+    """Remove DEVICE everywhere: credentials, broker files (+ reload), CRL, its bundle."""
     from fleet.bundle import remove_bundle
+    from fleet.ca import DeviceCA
 
     try:
         store = _Store(config, db)
         try:
             store.registry.revoke(device)
+            ca_dir = store.settings.ca_dir
+            if ca_dir is not None and DeviceCA(ca_dir).exists:
+                # before the reload, so the broker reads the new CRL; no cert issued: nothing to do
+                with contextlib.suppress(NotFound):
+                    DeviceCA(ca_dir).revoke(device)
             broker_dir = store.regenerate_broker_files()
             removed = remove_bundle(bundles or store.settings.bundles_dir, device)
         finally:

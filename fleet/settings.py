@@ -41,6 +41,9 @@ class FleetSettings(EdgefleetSettings):
     public_url: str = Field(
         "http://127.0.0.1:8080", description="the cloud's URL as devices reach it (downloads)"
     )
+    ca_dir: Path | None = Field(
+        None, description="device CA for mutual TLS; revoke also puts the device's certs on its CRL"
+    )
     bundle_mount: str = Field(
         "/etc/edgefleet", description="where the edge container mounts its bundle"
     )

@@ -6,6 +6,7 @@ import stat
 from pathlib import Path
 
 import yaml
+from cryptography import x509
 from typer.testing import CliRunner
 
 from edgefleet.cli import app
@@ -24,7 +25,7 @@ def test_enroll_writes_a_private_bundle_and_broker_files(tmp_path: Path) -> None
     env = ["--db", db, "--bundles", str(tmp_path / "bundles")]
     # given a config naming the broker directory
     cfg = tmp_path / "fleet.yaml"
-    cfg.write_text(f"data_dir: {tmp_path}\nbroker_host: broker.lan\n")
+    cfg.write_text(f"data_dir: {tmp_path}\nbroker_host: broker.lan\nca_dir: {tmp_path / 'ca'}\n")
     result = run("enroll", "cam-01", "--group", "dock", "-c", str(cfg), *env)
     assert result.exit_code == 0, result.output
     bundle = tmp_path / "bundles" / "cam-01"
@@ -49,9 +50,16 @@ def test_enroll_writes_a_private_bundle_and_broker_files(tmp_path: Path) -> None
     # status reads the store
     table = run("status", "-c", str(cfg), "--db", db)
     assert table.exit_code == 0 and "cam-01" in table.output and "dock" in table.output
+    # with a device certificate issued from the fleet CA
+    assert run("ca-init", "--directory", str(tmp_path / "ca")).exit_code == 0
+    issued = run("ca-issue", "cam-01", "--directory", str(tmp_path / "ca"), "--out", str(tmp_path))
+    assert issued.exit_code == 0 and (tmp_path / "cam-01.crt").exists()
     # revoke removes it everywhere
     gone = run("revoke", "cam-01", "-c", str(cfg), *env)
     assert gone.exit_code == 0, gone.output
+    crl = x509.load_pem_x509_crl((tmp_path / "ca" / "crl.pem").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "cam-01.crt").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
     assert not bundle.exists()
     assert "cam-01" not in (tmp_path / "broker" / "passwords").read_text()
     assert "cam-01" not in (tmp_path / "broker" / "acl").read_text()
