@@ -69,7 +69,9 @@ class TensorRTSettings(_Closed):
 
     min_hw: tuple[int, int] = Field((32, 32), description="smallest H, W of dynamic inputs")
     opt_hw: tuple[int, int] = Field((640, 640), description="H, W TensorRT tunes kernels for")
-    max_hw: tuple[int, int] = Field((1024, 1024), description="largest H, W of dynamic inputs")
+    max_hw: tuple[int, int] = Field(
+        (1024, 1600), description="largest H, W of dynamic inputs (OCR lines are wide)"
+    )
     builder_optimization_level: int = Field(
         3, ge=0, le=5, description="TensorRT builder effort (higher builds slower, runs faster)"
     )

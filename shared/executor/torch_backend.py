@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from shared.errors import EdgefleetError, ModelIntegrityError
-from shared.executor.base import Capabilities, ModelBlob, TensorSpec
+from shared.executor.base import Capabilities, ModelBlob, ModelLoadError, TensorSpec
 from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
 from shared.executor.settings import ExecutionSettings
 
@@ -57,14 +57,21 @@ class TorchExecutor:
 
         started = time.perf_counter()
         buffer = io.BytesIO(blob.data)
-        if blob.format == "torchscript":
-            module = torch.jit.load(buffer, map_location=self._torch_device())
-        elif blob.format == "torch-export":
-            module = torch.export.load(buffer).module().to(self._torch_device())
-        else:
-            raise EdgefleetError(f"{self.name} runs TorchScript or torch.export, not {blob.format}")
-        if hasattr(module, "eval"):
-            module.eval()
+        try:
+            if blob.format == "torchscript":
+                module = torch.jit.load(buffer, map_location=self._torch_device())
+                module.eval()
+            elif blob.format == "torch-export":
+                # an exported program is already in inference form (it has no eval())
+                module = torch.export.load(buffer).module().to(self._torch_device())
+            else:
+                raise ModelLoadError(
+                    f"{self.name} runs TorchScript or torch.export, not {blob.format}"
+                )
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # torch raises many types on bad archives
+            raise ModelLoadError(f"{self.name} cannot load {blob.name}: {exc}") from None
         precision = self.settings.precision
         if precision in {"fp16", "bf16"}:
             module = module.to(getattr(torch, _DTYPES[precision]))

@@ -1,0 +1,89 @@
+"""PyTorch backend: TorchScript and torch.export programs from the manifest, CPU."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from shared.executor.settings import BatcherSettings, ExecutionSettings
+from shared.models import ModelRegistry, load_model
+
+torch = pytest.importorskip("torch")
+
+
+class Colour(torch.nn.Module):
+    """Logits = 10 x mean of each channel: a red image is 'red'."""
+
+    def forward(self, x):
+        return x.mean(dim=(2, 3)) * 10.0
+
+
+def registry_for(tmp_path: Path, name: str, data: bytes) -> ModelRegistry:
+    (tmp_path / name).write_bytes(data)
+    entry = {
+        "name": "colour",
+        "version": "1",
+        "task": "classification",
+        "file": name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "input": {"height": 8, "width": 8},
+        "labels": ["red", "green", "blue"],
+        "top_k": 1,
+    }
+    path = tmp_path / "manifest.yaml"
+    path.write_text(yaml.safe_dump({"models": [entry]}))
+    return ModelRegistry.from_file(path)
+
+
+def torchscript_bytes() -> bytes:
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(Colour()), buffer)
+    return buffer.getvalue()
+
+
+def export_bytes() -> bytes:
+    program = torch.export.export(Colour(), (torch.zeros(1, 3, 8, 8),))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "file,make", [("colour.ts", torchscript_bytes), ("colour.pt2", export_bytes)]
+)
+def test_torch_programs_run_on_cpu(tmp_path, file, make):
+    registry = registry_for(tmp_path, file, make())
+    settings = ExecutionSettings(
+        backends=["onnxruntime-cpu", "torch-cpu"], batching=BatcherSettings(enabled=False)
+    )
+    # the ONNX backend is preferred but cannot run a torch program: torch-cpu is chosen
+    with load_model("colour", settings=settings, registry=registry) as model:
+        assert model.info.backend == "torch-cpu"
+        red = np.zeros((20, 30, 3), np.uint8)
+        red[..., 0] = 255
+        blue = np.zeros((20, 30, 3), np.uint8)
+        blue[..., 2] = 255
+        out = (
+            model.predict_many([red, blue])
+            if file.endswith(".ts")
+            else [model.predict(red), model.predict(blue)]
+        )
+        assert [r[0].label for r in out] == ["red", "blue"]
+        assert out[0][0].score > 0.99
+
+
+def test_torch_pickle_checkpoint_is_refused_by_the_loader(tmp_path):
+    # a plain torch.save checkpoint (.pt) is pickle-based: never loaded as a model
+    buffer = io.BytesIO()
+    torch.save(Colour(), buffer)
+    registry = registry_for(tmp_path, "colour.pt", buffer.getvalue())
+    from shared.errors import ModelIntegrityError
+
+    with pytest.raises(ModelIntegrityError) as err:
+        load_model("colour", registry=registry)
+    assert err.value.code == "model_format_refused"
