@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
+from prometheus_client import Gauge
 
 from shared.errors import InvalidInput
 from shared.imaging.letterbox import LetterboxTransform
@@ -35,6 +36,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 BACKENDS = ("cuda", "native", "reference")
+BACKEND_ACTIVE = Gauge(
+    "edgefleet_kernels_backend", "1 for the active kernel backend, 0 for the others", ["backend"]
+)
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def _active() -> BackendChoice:
                 )
                 for cand, why in choice.rejected:
                     logger.info("kernels backend %s not used: %s", cand, why)
-                _choice = choice
+                _set_choice(choice)
     return _choice
 
 
@@ -100,8 +104,18 @@ def use_backend(name: str | None) -> str:
     if name is not None and name not in BACKENDS:
         raise InvalidInput(f"unknown kernel backend {name!r}; one of {BACKENDS}")
     with _lock:
-        _choice = None if name is None else choose_backend((name,))
+        if name is None:
+            _choice = None
+        else:
+            _set_choice(choose_backend((name,)))
     return backend()
+
+
+def _set_choice(choice: BackendChoice) -> None:
+    global _choice
+    _choice = choice
+    for name in ("cuda", "neon", "c", "reference"):
+        BACKEND_ACTIVE.labels(name).set(1 if name == choice.name else 0)
 
 
 def backend() -> str:

@@ -6,7 +6,9 @@ here with typed errors; the extension repeats the length checks as a second line
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -19,6 +21,22 @@ IMPL_AUTO, IMPL_PORTABLE = 0, 1
 _FIXED_POINT = float(255 * (1 << 22))  # colour levels x the two 2^11 bilinear weights
 
 _threads = max(1, min(4, os.cpu_count() or 1))
+logger = logging.getLogger(__name__)
+
+
+def _warn_if_stale() -> None:
+    """An editable install does not rebuild the extension when src/*.c change: say so."""
+    try:
+        built = Path(_native.__file__).stat().st_mtime
+        sources = Path(__file__).with_name("src").glob("*.[ch]")
+        newer = [p.name for p in sources if p.stat().st_mtime > built]
+    except OSError:
+        return
+    if newer:
+        logger.warning("native kernels are older than %s: run `pip install -e .`", newer)
+
+
+_warn_if_stale()
 
 
 def set_threads(n: int) -> None:
