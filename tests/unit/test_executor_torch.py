@@ -14,6 +14,7 @@ from shared.executor.settings import BatcherSettings, ExecutionSettings
 from shared.models import ModelRegistry, load_model
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
 
 class Colour(torch.nn.Module):
