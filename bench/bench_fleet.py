@@ -1,6 +1,7 @@
 """The fleet dashboard's live feed and telemetry history against the naive way, side by side.
 
-Run: `.venv/bin/python -m bench.bench_fleet` (`--devices 1000 --changed 50 --rounds 20 --messages 30`).
+Run: `.venv/bin/python -m bench.bench_fleet`
+(defaults `--devices 1000 --changed 50 --rounds 20 --messages 30`).
 
 - Live feed, per SSE tick: the naive dashboard re-sends the whole fleet every tick (one
   `list_devices()` + JSON of every row); ours sends only the rows changed since the last
