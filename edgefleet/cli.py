@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
-
 import typer
 
-from shared import cli as shared_cli
+from bench.cli import app as bench_app
+from cloud.cli import app as cloud_app
+from edge.cli import app as edge_app
+from edgefleet.demo import demo
+from fleet.cli import app as fleet_app
+from shared.cli import schema
+from shared.model_cli import app as model_app
+from shared.model_cli import infer
 
 app = typer.Typer(
     name="edgefleet",
@@ -14,43 +19,21 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.command("schema")(shared_cli.schema)
 
 
 @app.callback()
 def _root() -> None:
     """Edge-plus-cloud computer vision for Jetson fleets. Start with `edgefleet demo`."""
 
-# (module, attribute, name): sub-apps are mounted when their part exists.
-_SUBCOMMANDS = [
-    ("shared.model_cli", "app", "model"),
-    ("edge.cli", "app", "edge"),
-    ("cloud.cli", "app", "cloud"),
-    ("fleet.cli", "app", "fleet"),
-    ("bench.cli", "app", "bench"),
-]
-_COMMANDS = [
-    ("shared.model_cli", "infer", "infer"),
-    ("edgefleet.demo", "demo", "demo"),
-]
 
-for module_name, attr, name in _SUBCOMMANDS:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):
-            raise
-        continue
-    app.add_typer(getattr(module, attr), name=name)
-
-for module_name, attr, name in _COMMANDS:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):
-            raise
-        continue
-    app.command(name)(getattr(module, attr))
+app.command("demo")(demo)
+app.command("infer")(infer)
+app.command("schema")(schema)
+app.add_typer(edge_app, name="edge")
+app.add_typer(cloud_app, name="cloud")
+app.add_typer(fleet_app, name="fleet")
+app.add_typer(model_app, name="model")
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

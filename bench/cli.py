@@ -1,0 +1,40 @@
+"""`edgefleet bench NAME [OPTIONS]`: the benchmarks of bench/, each printing ratios against
+the naive way. Each benchmark is imported only when it runs (they pull in heavy libraries)."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    help="Benchmarks: each runs the naive way and edgefleet's side by side and prints ratios. "
+    "Example: `edgefleet bench kernels --rounds 5`; `edgefleet bench kernels --help`.",
+    no_args_is_help=True,
+)
+
+# name -> (module under bench/ whose `app` is the benchmark's typer app, what it measures)
+BENCHMARKS = {
+    "kernels": ("bench.bench_kernels", "fused NV12 pre-processing and NMS vs OpenCV/numpy"),
+    "imaging": ("bench.bench_imaging", "safe decoding: memory and speed vs Pillow/OpenCV"),
+    "executor": ("bench.bench_executor", "model latency, batch 1 vs dynamic batching"),
+    "edge": ("bench.bench_edge", "agent pipeline vs the naive loop; outbox throughput"),
+    "cloud": ("bench.bench_cloud", "REST and MQTT ingest under concurrent load"),
+    "fleet": ("bench.bench_fleet", "dashboard and registry with a large fleet"),
+}
+
+
+def _forwarder(name: str, module: str):
+    def run(ctx: typer.Context) -> None:
+        importlib.import_module(module).app(args=ctx.args, prog_name=f"edgefleet bench {name}")
+
+    return run
+
+
+for _name, (_module, _summary) in BENCHMARKS.items():
+    app.command(
+        _name,
+        help=f"{_summary}. Options: `edgefleet bench {_name} --help`.",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )(_forwarder(_name, _module))
