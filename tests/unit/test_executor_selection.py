@@ -121,7 +121,24 @@ def test_create_executor_runs_a_tiny_onnx_graph():
 
 @pytest.mark.gpu
 def test_cuda_provider_runs_on_a_gpu():
-    from shared.executor.registry import probe_backends as probe
+    from onnx import TensorProto, helper
 
-    probe.cache_clear()
-    assert probe()["onnxruntime-cuda"] is None, probe()["onnxruntime-cuda"]
+    from shared.executor.base import ModelBlob
+
+    probe_backends.cache_clear()
+    assert probe_backends()["onnxruntime-cuda"] is None, probe_backends()["onnxruntime-cuda"]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    executor = create_executor("onnxruntime-cuda", ExecutionSettings())
+    executor.load(ModelBlob("relu", model.SerializeToString(), "0" * 64, "onnx"))
+    x = np.array([[-1.0, 0.5, 2.0]], np.float32)
+    (y,) = executor.infer({"x": x})
+    assert np.array_equal(y, np.maximum(x, 0))
+    assert executor.capabilities.device == "cuda:0"
+    executor.close()

@@ -88,3 +88,16 @@ def test_torch_pickle_checkpoint_is_refused_by_the_loader(tmp_path):
     with pytest.raises(ModelIntegrityError) as err:
         load_model("colour", registry=registry)
     assert err.value.code == "model_format_refused"
+
+
+@pytest.mark.gpu
+def test_torchscript_on_cuda_in_fp16(tmp_path):
+    registry = registry_for(tmp_path, "colour.ts", torchscript_bytes())
+    settings = ExecutionSettings(
+        backends=["torch-cuda"], precision="fp16", batching=BatcherSettings(enabled=False)
+    )
+    with load_model("colour", settings=settings, registry=registry) as model:
+        assert model.info.backend == "torch-cuda" and model.info.precision == "fp16"
+        green = np.zeros((20, 30, 3), np.uint8)
+        green[..., 1] = 255
+        assert model.predict(green)[0].label == "green"
