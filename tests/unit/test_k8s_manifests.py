@@ -20,6 +20,7 @@ import yaml
 from cloud.settings import CloudSettings
 from shared.config import load_settings
 from tests.unit.test_docker_files import (
+    IMAGES,
     assert_env_sets_real_settings,
     declared_volumes,
     final_env,
@@ -121,7 +122,7 @@ def test_configuration_is_accepted_by_the_real_settings(
     assert settings.ingest.share_group == "edgefleet-cloud"
     env = {k: v for k, v in data.items() if k != "cloud.yaml"}
     env["INGEST__CLIENT_ID"] = "edgefleet-cloud-0"  # what the downward API gives each pod
-    assert assert_env_sets_real_settings(CloudSettings, {}, env, monkeypatch) == len(env)
+    assert assert_env_sets_real_settings(IMAGES["x86-cloud"], env, monkeypatch) == len(env)
     names = [e["name"] for e in _container()["env"]]
     assert names == ["INGEST__CLIENT_ID"]
     sources = {next(iter(s)) for s in _container()["envFrom"]}
