@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -105,7 +106,7 @@ class DynamicBatcher(Generic[T, R]):
         future = self.submit(item, timeout_s=timeout)
         try:
             return future.result(timeout=timeout)
-        except TimeoutError:
+        except (FutureTimeout, TimeoutError):  # distinct types before Python 3.11
             future.cancel()
             REJECTED.labels(self.name, "timeout").inc()
             raise InferenceTimeout(f"{self.name}: no result within {timeout:.3g}s") from None
@@ -182,20 +183,35 @@ class DynamicBatcher(Generic[T, R]):
             BATCH_SIZE.labels(self.name).observe(len(live))
             self.batches_run += 1
             self.batch_sizes.append(len(live))
-            try:
-                results = list(self._run_batch([r.item for r in live]))
-                if len(results) != len(live):
-                    raise EdgefleetError(
-                        f"{self.name}: batch of {len(live)} returned {len(results)} results"
-                    )
-            except BaseException as exc:  # every caller hears about the failure
+            self._run(live)
+
+    def _run(self, live: list[_Request[T, R]]) -> None:
+        """Run one batch; if it fails, run its requests one by one so that one poisoned
+        input fails only its own caller."""
+        try:
+            results = list(self._run_batch([r.item for r in live]))
+            if len(results) != len(live):
+                raise EdgefleetError(
+                    f"{self.name}: batch of {len(live)} returned {len(results)} results"
+                )
+        except Exception as exc:
+            if len(live) > 1:
+                log.warning(
+                    "batch failed; retrying its requests one by one",
+                    extra={"batcher": self.name, "size": len(live), "error": repr(exc)},
+                )
                 for req in live:
-                    req.future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            for req, result in zip(live, results, strict=True):
-                req.future.set_result(result)
+                    self._run([req])
+                return
+            REJECTED.labels(self.name, "error").inc()
+            live[0].future.set_exception(exc)
+            return
+        except BaseException as exc:  # KeyboardInterrupt/SystemExit: callers hear, then stop
+            for req in live:
+                req.future.set_exception(exc)
+            raise
+        for req, result in zip(live, results, strict=True):
+            req.future.set_result(result)
 
     def close(self, *, drain: bool = True, timeout_s: float = 30.0) -> None:
         """Stop accepting work; with drain, finish what is queued, else fail it."""

@@ -130,13 +130,37 @@ def test_batch_errors_reach_every_caller():
                 f.result(30)
 
 
+def test_one_poisoned_request_fails_alone():
+    calls: list[list[int]] = []
+
+    def picky(items):
+        calls.append(list(items))
+        if 13 in items:
+            raise ValueError("cannot handle 13")
+        return [x * 10 for x in items]
+
+    settings = BatcherSettings(preferred_batch_size=3, max_batch_size=3, max_delay_ms=10_000)
+    with DynamicBatcher(picky, settings, name="t-poison") as batcher:
+        futures = [batcher.submit(x) for x in (1, 13, 2)]
+        assert futures[0].result(30) == 10 and futures[2].result(30) == 20
+        with pytest.raises(ValueError, match="13"):
+            futures[1].result(30)
+    # the batch failed once, then each request ran alone
+    assert calls == [[1, 13, 2], [1], [13], [2]]
+
+
 def test_wrong_result_count_is_an_error_not_a_misroute():
     settings = BatcherSettings(preferred_batch_size=2, max_batch_size=2, max_delay_ms=10_000)
     with DynamicBatcher(lambda items: [1], settings, name="t-count") as batcher:
         futures = [batcher.submit(i) for i in range(2)]
-        for f in futures:
-            with pytest.raises(Exception, match="returned 1 results"):
-                f.result(30)
+        # the batch of 2 gives 1 result: retried alone, each gets its own answer
+        assert [f.result(30) for f in futures] == [1, 1]
+    alone = BatcherSettings(preferred_batch_size=1, max_batch_size=1)
+    with (
+        DynamicBatcher(lambda items: [], alone, name="t-count0") as batcher,
+        pytest.raises(Exception, match="returned 0 results"),
+    ):
+        batcher(1)
 
 
 def test_memory_cap_shrinks_batches():
