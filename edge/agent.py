@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from edge.model import Predictor, open_model
+from edge.model import Predictor, edge_execution, open_model
 from edge.outbox import Outbox
 from edge.pipeline import Pipeline, Work
 from edge.policy import Escalation, EscalationPolicy
@@ -97,7 +97,7 @@ class Agent:
         if self.outbox.recovered_from is not None:
             log.error("outbox was corrupt; the old file is at %s", self.outbox.recovered_from)
         if self._model is None:
-            self._model = open_model(s.model)
+            self._model = open_model(s.model, s.pipeline.infer_workers)
         log.info("model %s ready", self._model.info.model_dump_json())
         self._updater = self._make_updater()
         self.uplink = Uplink(
@@ -300,7 +300,10 @@ class Agent:
             ]
             target = self.settings.model.name if self.settings.model.name in pipelines else name
             try:
-                new = load_model(target, settings=self.settings.model.execution, registry=registry)
+                execution = self.settings.model.execution or edge_execution(
+                    self.settings.pipeline.infer_workers
+                )
+                new = load_model(target, settings=execution, registry=registry)
             except EdgefleetError:
                 raise
             except Exception as exc:  # a backend's own error: wrap it, the old model stays

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from edge.settings import ModelSettings
+from shared.executor.settings import BatcherSettings, ExecutionSettings
 from shared.messages import Detection, ModelInfo
 
 
@@ -25,8 +27,24 @@ class Predictor(Protocol):
         """Free the model."""
 
 
-def open_model(settings: ModelSettings) -> Predictor:
+def edge_execution(workers: int) -> ExecutionSettings:
+    """The edge's executor defaults: `workers` runs side by side, the cores split between.
+
+    Measured on 2 cores (bench/bench_edge.py): N single-threaded sessions running N frames
+    at once beat one session spreading one frame over N threads, because a good share of
+    OCR (box finding, crops, CTC decode) is single-threaded and overlaps this way. The
+    batcher still queues requests (several streams share the model) but sends a batch as
+    soon as one waits: merging two frames onto one single-threaded run would serialise them.
+    """
+    cores = os.cpu_count() or 2
+    return ExecutionSettings(
+        intra_op_threads=max(1, cores // workers),
+        batching=BatcherSettings(workers=workers, preferred_batch_size=1, max_delay_ms=2.0),
+    )
+
+
+def open_model(settings: ModelSettings, workers: int = 2) -> Predictor:
     """Load and warm the configured model through the shared registry."""
     from shared.models import load_model  # the registry pulls in the executor backends
 
-    return load_model(name=settings.name, settings=settings.execution)
+    return load_model(name=settings.name, settings=settings.execution or edge_execution(workers))

@@ -62,7 +62,9 @@ class SourceSettings(_Closed):
 class ModelSettings(_Closed):
     name: str = Field("ppocr", min_length=1, description="model (pack) name in the registry")
     execution: ExecutionSettings | None = Field(
-        None, description="executor settings; none = the registry's defaults"
+        None,
+        description="executor settings; none = one session thread per core share, a "
+        "batcher worker per inference worker (see edge.model.edge_execution)",
     )
 
 
