@@ -1,0 +1,127 @@
+"""The docs a new user meets stay true: the configuration reference is regenerated from the
+settings models, every settings field is described, and every command's --help is complete
+and shows an example."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from edgefleet import config_docs
+from edgefleet.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_LINE = re.compile(r"^\s*(\$ )?edgefleet ", re.MULTILINE)
+
+
+def _commands() -> list[tuple[list[str], object]]:
+    """Every command and group under `edgefleet`, as (argv path, click command)."""
+    found: list[tuple[list[str], object]] = []
+
+    def walk(command: object, path: list[str]) -> None:
+        found.append((path, command))
+        children = getattr(command, "commands", None) or {}
+        for name in sorted(children):
+            walk(children[name], [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+COMMANDS = _commands()
+
+
+def test_configuration_reference_is_current() -> None:
+    # given the settings models as they are now
+    expected = config_docs.render_markdown()
+    # when compared with the committed reference
+    path = ROOT / "docs" / "configuration.md"
+    current = path.read_text(encoding="utf-8") if path.exists() else ""
+    # then they are the same
+    assert current == expected, (
+        f"{path.relative_to(ROOT)} is stale: run `{config_docs.REGENERATE}` and commit it"
+    )
+
+
+def test_configuration_reference_covers_every_settings_tree() -> None:
+    text = config_docs.render_markdown()
+    for doc in config_docs.SETTINGS:
+        settings = doc.load()
+        prefix = config_docs.env_prefix_of(settings)
+        for name in settings.model_fields:
+            assert f"| `{name}` |" in text, f"{doc.import_path}.{name} missing from the reference"
+            assert f"`{prefix}{name.upper()}`" in text
+
+
+def test_env_var_names_are_the_ones_pydantic_settings_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a nested setting set only through the variable the reference names
+    from edge.settings import EdgeSettings
+
+    env = {f.key: f.env for f in config_docs.iter_fields(EdgeSettings, "EDGEFLEET_EDGE_")}
+    monkeypatch.setenv(env["device_id"], "cam-01")
+    monkeypatch.setenv(env["device_key"], "k" * 16)
+    monkeypatch.setenv(env["policy.unsure_low"], "0.25")
+    monkeypatch.setenv(env["model.execution.batching.max_delay_ms"], "7.5")
+    # when the settings are built from the environment
+    settings = EdgeSettings()
+    # then the values arrive where the reference says they do
+    assert settings.device_id == "cam-01"
+    assert settings.policy.unsure_low == 0.25
+    assert settings.model.execution is not None
+    assert settings.model.execution.batching.max_delay_ms == 7.5
+
+
+def test_every_settings_field_has_a_description() -> None:
+    missing = [
+        f"{doc.import_path} {field.key}"
+        for doc in config_docs.SETTINGS
+        for field in config_docs.iter_fields(doc.load(), "")
+        if not field.description
+    ]
+    assert not missing, "settings fields without description=: " + ", ".join(missing)
+
+
+def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
+    stale = tmp_path / "configuration.md"
+    stale.write_text("# old\n", encoding="utf-8")
+    assert config_docs.main(["--check", "--output", str(stale)]) == 1
+    assert config_docs.main(["--output", str(stale)]) == 0
+    assert config_docs.main(["--check", "--output", str(stale)]) == 0
+
+
+@pytest.mark.parametrize(
+    "path", [p for p, _ in COMMANDS], ids=[" ".join(["edgefleet", *p]) for p, _ in COMMANDS]
+)
+def test_command_help_is_complete_with_an_example(path: list[str]) -> None:
+    command = dict((tuple(p), c) for p, c in COMMANDS)[tuple(path)]
+    name = " ".join(["edgefleet", *path])
+    # when the user asks for help
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=100)
+    # then it renders, says what the command does and describes every option and argument
+    assert result.exit_code == 0, f"{name} --help failed ({result.exception!r}): {result.output}"
+    problems = []
+    if not (getattr(command, "help", None) or "").strip():
+        problems.append("no help text")
+    undescribed = [
+        param.name
+        for param in getattr(command, "params", [])
+        if param.name != "help" and not (getattr(param, "help", None) or "").strip()
+    ]
+    if undescribed:
+        problems.append(f"parameters without help: {undescribed}")
+    # and its own text (help up to click's \f cut, epilog; not its children's summaries)
+    # shows an example: the word, or a line that is a command line. A command without its
+    # own --help option forwards it (`edgefleet bench NAME`): what it printed is its text.
+    help_text = (getattr(command, "help", None) or "").split("\f")[0]
+    own = help_text + "\n" + (getattr(command, "epilog", None) or "")
+    if not getattr(command, "add_help_option", True):
+        own = result.output
+    if "Example" not in own and not EXAMPLE_LINE.search(own):
+        problems.append("no example ('Example' or a line starting `$ edgefleet `)")
+    assert not problems, f"{name} --help: " + "; ".join(problems)
