@@ -17,45 +17,26 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import typer
-from rich.console import Console
-from rich.live import Live
 
-from edgefleet.demo_report import (
-    DeviceScore,
-    live_table,
-    pct,
-    read_jsonl,
-    report_table,
-    score_device,
-    total_score,
-)
-from edgefleet.demo_stack import (
-    MOSQUITTO_MISSING,
-    Device,
-    Stack,
-    UplinkMeter,
-    agent_env,
-    broker_config,
-    edgefleet_argv,
-    enroll_devices,
-    free_port,
-    mosquitto_binary,
-    port_open,
-    wait_until,
-    write_cloud_config,
-)
-from edgefleet.demo_video import GroundTruth, VideoSpec, render_video
 from shared.errors import ConfigError, EdgefleetError
+
+if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
+    from rich.console import Console
+
+    from edgefleet.demo_report import DeviceScore
+    from edgefleet.demo_stack import Device, Stack
+    from edgefleet.demo_video import GroundTruth
 
 
 def prepare_videos(
     workdir: Path, devices: int, videos: list[Path] | None, seed: int, duration: float
 ) -> list[tuple[Path, GroundTruth | None]]:
     """One video per device: the user's (cycled), or rendered with known text."""
+    from edgefleet.demo_video import GroundTruth, VideoSpec, render_video
+
     if videos:
         out = []
         for i in range(devices):
@@ -105,6 +86,11 @@ def demo(
 
     Example: edgefleet demo --duration 30 --devices 2
     """
+    from rich.console import Console
+
+    from edgefleet.demo_report import pct, report_table, total_score
+    from edgefleet.demo_stack import MOSQUITTO_MISSING, Stack, mosquitto_binary
+
     console = Console()
     try:
         mosquitto = mosquitto_binary()
@@ -132,6 +118,7 @@ def demo(
         stack.stop_all()
         if temp is not None:
             temp.cleanup()
+    console.print()
     console.print(report_table(scores))
     total = total_score(scores)
     if total.frames == 0:
@@ -155,6 +142,23 @@ def _run(
     seed: int,
     interrupted: threading.Event,
 ) -> list[DeviceScore]:
+    import httpx
+    from rich.live import Live
+
+    from edgefleet.demo_report import live_table, score_device
+    from edgefleet.demo_stack import (
+        Device,
+        UplinkMeter,
+        agent_env,
+        broker_config,
+        edgefleet_argv,
+        enroll_devices,
+        free_port,
+        port_open,
+        wait_until,
+        write_cloud_config,
+    )
+
     console, root = stack.console, stack.workdir
     with console.status("rendering the demo videos…"):
         scenes = prepare_videos(root, n_devices, videos, seed, duration)
@@ -264,6 +268,10 @@ def _collect_cases(
     stop waiting when all are answered, after `timeout_s`, or when nothing moved for 30 s
     (the report then counts the rest as unanswered).
     """
+    import httpx
+
+    from edgefleet.demo_report import read_jsonl
+
     wanted = {
         row["case_id"]
         for device in devices
