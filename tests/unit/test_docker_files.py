@@ -10,6 +10,7 @@ found from the real settings classes with the image's own environment applied.
 from __future__ import annotations
 
 import importlib.resources
+import io
 import json
 import re
 import shutil
@@ -114,10 +115,15 @@ class Stage:
         return [v for i, v in self.instructions if i == instruction]
 
 
+def _parser(text: str) -> DockerfileParser:
+    # From a file object: a parser made from a path (default ./Dockerfile) writes its
+    # `content` back to that path.
+    return DockerfileParser(fileobj=io.BytesIO(text.encode()))
+
+
 def parse_stages(text: str) -> list[Stage]:
     """Stages of a Dockerfile, FROM arguments resolved against the global ARG defaults."""
-    parser = DockerfileParser(fileobj=None, cache_content=True)
-    parser.content = text
+    parser = _parser(text)
     parents = list(parser.parent_images)
     stages: list[Stage] = []
     for item in parser.structure:
@@ -179,9 +185,7 @@ def final_stage(name: str) -> Stage:
 
 
 def final_env(name: str) -> dict[str, str]:
-    parser = DockerfileParser(fileobj=None, cache_content=True)
-    parser.content = DOCKERFILES[name].read_text()
-    return dict(parser.envs)
+    return dict(_parser(DOCKERFILES[name].read_text()).envs)
 
 
 def declared_volumes(name: str) -> list[PurePosixPath]:
