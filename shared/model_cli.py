@@ -130,8 +130,6 @@ def build_engine_command(
                 max_batch=max_batch,
                 opt_batch=opt_batch,
                 spatial=(height, width) if height and width else None,
-                mean=spec.mean,
-                std=spec.std,
                 on_progress=on_progress,
             )
     except EdgefleetError as exc:

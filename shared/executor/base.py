@@ -52,6 +52,10 @@ class ModelBlob:
     data: bytes
     sha256: str
     format: str  # "onnx", "torchscript", "torch-export", "tensorrt-engine"
+    # how the model's input is prepared (INT8 calibration must feed the same tensors)
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    bgr: bool = False
 
 
 @runtime_checkable

@@ -189,9 +189,9 @@ def calibration_batches(
 
 
 def letterbox_loader(
-    hw: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+    hw: tuple[int, int], mean: Sequence[float], std: Sequence[float], bgr: bool = False
 ) -> Callable[[Path], np.ndarray]:
-    """Image file -> CHW float32 as the model sees it (RGB, letterboxed, normalised)."""
+    """Image file -> CHW float32 as the model sees it (letterboxed, normalised, its order)."""
 
     def load(path: Path) -> np.ndarray:
         from shared.imaging.decode import decode_file
@@ -201,8 +201,8 @@ def letterbox_loader(
         rgb = decode_file(path)
         plan = LetterboxTransform.plan(rgb.shape[:2], hw)
         canvas = np.empty((3, *hw), np.float32)
-        canvas[:] = pad_norm_value(114, list(mean), list(std), 1 / 255, False).reshape(3, 1, 1)
-        letterbox_into(canvas, rgb, plan, list(mean), list(std), 1 / 255, False)
+        canvas[:] = pad_norm_value(114, list(mean), list(std), 1 / 255, bgr).reshape(3, 1, 1)
+        letterbox_into(canvas, rgb, plan, list(mean), list(std), 1 / 255, bgr)
         return canvas
 
     return load
@@ -278,8 +278,6 @@ def build_or_load_engine(
     max_batch: int | None = None,
     opt_batch: int | None = None,
     spatial: tuple[int, int] | None = None,
-    mean: Sequence[float] = (0.0, 0.0, 0.0),
-    std: Sequence[float] = (1.0, 1.0, 1.0),
     on_progress: ProgressFn | None = None,
 ) -> BuildResult:
     """The cached engine for this ONNX on this GPU, building it (and caching) if absent."""
@@ -334,7 +332,7 @@ def build_or_load_engine(
             calibration_batches(
                 image_files(settings.calibration_dir),
                 first.opt[0],
-                letterbox_loader((first.opt[2], first.opt[3]), mean, std),
+                letterbox_loader((first.opt[2], first.opt[3]), blob.mean, blob.std, blob.bgr),
                 max_images=ts.calibration_images,
             ),
             batch_size=first.opt[0],

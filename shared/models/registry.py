@@ -228,7 +228,15 @@ class ModelRegistry:
                 f"{spec.sha256[:16]}…; refused before parsing"
             )
         fmt = sniff_format(data, spec.format, spec.name)
-        return ModelBlob(name=spec.name, data=data, sha256=digest, format=fmt)
+        return ModelBlob(
+            name=spec.name,
+            data=data,
+            sha256=digest,
+            format=fmt,
+            mean=tuple(spec.mean),
+            std=tuple(spec.std),
+            bgr=spec.input.color == "BGR",
+        )
 
     def verify_file(self, path: Path) -> ModelSpec:
         """The manifest entry this file is (by hash); ModelIntegrityError with the reason."""

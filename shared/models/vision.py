@@ -20,6 +20,15 @@ from shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
 from shared.models.session import Session, open_session
 
 
+def _fused_kernel():
+    """`shared.kernels.native.frame_to_tensor` when the native extension is built."""
+    try:
+        from shared.kernels.native import frame_to_tensor
+    except ImportError:
+        return None
+    return frame_to_tensor
+
+
 def _input_hw(spec: ModelSpec, session: Session | None, default: int) -> tuple[int, int]:
     """Input size: the manifest's, else the model's static shape, else `default`."""
     h, w = spec.input.height, spec.input.width
@@ -90,8 +99,27 @@ class YoloModel(_SingleSessionModel):
         self._fill = pad_norm_value(spec.input.pad_value, *self._norm)
 
     def pre_process(self, images: list[np.ndarray]) -> _Prepared:
-        plans = [LetterboxTransform.plan(img.shape[:2], self.hw) for img in images]
-        return _Prepared(stack_canvases(images, plans, self._fill, *self._norm), plans)
+        kernel = _fused_kernel() if self.spec.input.scale == 1 / 255 else None
+        if kernel is None:
+            plans = [LetterboxTransform.plan(img.shape[:2], self.hw) for img in images]
+            return _Prepared(stack_canvases(images, plans, self._fill, *self._norm), plans)
+        # the fused kernel: resize + pad + normalise + NCHW in one pass, into the batch
+        mean, std, _, bgr = self._norm
+        batch = np.empty((len(images), 3, *self.hw), np.float32)
+        plans = []
+        for i, img in enumerate(images):
+            # an RGB image read as "bgr" comes out channel-swapped: the BGR order it wants
+            _, plan = kernel(
+                img,
+                "bgr" if bgr else "rgb",
+                self.hw,
+                mean,
+                std,
+                self.spec.input.pad_value,
+                out=batch[i : i + 1],
+            )
+            plans.append(plan)
+        return _Prepared(batch, plans)
 
     def post_process(self, raw: np.ndarray, prepared: _Prepared) -> list[list[Detection]]:
         labels = self.spec.labels

@@ -158,3 +158,13 @@ def test_build_engine_caches_and_runs(tmp_path: Path):
     assert np.allclose(y, np.maximum(x, 0), atol=1e-2)
     executor.close()
     del onnx
+
+
+def test_calibration_tensors_follow_the_model_channel_order(tmp_path: Path):
+    red = np.zeros((32, 32, 3), np.uint8)
+    red[..., 2] = 255  # OpenCV writes BGR: this is a red image
+    cv2.imwrite(str(tmp_path / "red.png"), red)
+    rgb = letterbox_loader((32, 32), [0.0] * 3, [1.0] * 3)(tmp_path / "red.png")
+    bgr = letterbox_loader((32, 32), [0.0] * 3, [1.0] * 3, bgr=True)(tmp_path / "red.png")
+    assert rgb[0].mean() == pytest.approx(1.0) and rgb[2].mean() == pytest.approx(0.0)
+    assert bgr[2].mean() == pytest.approx(1.0) and bgr[0].mean() == pytest.approx(0.0)

@@ -174,3 +174,27 @@ def test_top_k_keeps_probabilities_and_checks_labels():
     ]
     with pytest.raises(ValueError, match="2 labels"):
         top_k(probs, ["a", "b"], 1)
+
+
+def test_yolo_pre_processing_matches_the_reference_path(tmp_path):
+    from shared.models.preprocess import stack_canvases
+
+    registry = registry_with(
+        tmp_path,
+        "tiny-pre",
+        constant_model(v8_output(), [1, 3, 64, 64]),
+        task="yolo",
+        labels=["a", "b", "c"],
+        mean=[0.1, 0.2, 0.3],
+        std=[0.5, 0.6, 0.7],
+        input={"color": "BGR"},
+    )
+    with load_model("tiny-pre", settings=SETTINGS, registry=registry) as model:
+        image = np.random.default_rng(3).integers(0, 255, (32, 64, 3), dtype=np.uint8)
+        prepared = model.pre_process([image])
+        reference = stack_canvases(
+            [image], prepared.plans, model._fill, [0.1, 0.2, 0.3], [0.5, 0.6, 0.7], 1 / 255, True
+        )
+        # no resize is needed (32x64 fits 64x64 at scale 1): only order, pad and normalise
+        assert np.allclose(prepared.tensor, reference, atol=1e-3)
+        assert prepared.plans[0].pad_top == 16
