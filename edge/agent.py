@@ -376,7 +376,7 @@ class Agent:
             ),
             outbox_depth=self.outbox.depth(),
             outbox_dropped=self.outbox.dropped_total,
-            cpu_pct=min(100.0 * 64, cpu),
+            cpu_pct=cpu,
             ram_used_mb=round(ram, 1),
             gpu=self._gpu.sample() if self._gpu else None,
             model=self.current_model().info,

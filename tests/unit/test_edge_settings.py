@@ -102,3 +102,10 @@ def test_cli_reports_bad_config_in_one_clear_error_without_traceback(tmp_path: P
     assert "Traceback" not in result.stderr
     assert "edge.yaml:3: mqtt.port" in result.stderr
     assert result.stderr.startswith("error: invalid settings")
+
+
+def test_the_example_config_is_valid() -> None:
+    example = REPO / "edge" / "edge.example.yaml"
+    s = load_settings(EdgeSettings, example)
+    assert [st.id for st in s.streams] == ["gate", "dock", "yard"]
+    assert s.policy.attach == "crop" and s.outbox.synchronous == "full"
