@@ -78,7 +78,6 @@ class OnnxRuntimeExecutor:
                     {
                         "device_id": s.device_id,
                         "trt_fp16_enable": s.precision == "fp16",
-                        "trt_int8_enable": s.precision == "int8",
                         "trt_engine_cache_enable": True,
                         "trt_engine_cache_path": str(cache),
                         "trt_timing_cache_enable": True,

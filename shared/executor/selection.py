@@ -26,9 +26,9 @@ TRAITS: dict[str, BackendTraits] = {
     "tensorrt": BackendTraits(
         frozenset({"onnx", "tensorrt-engine"}), frozenset({"fp32", "fp16", "int8"}), True
     ),
-    "onnxruntime-tensorrt": BackendTraits(
-        frozenset({"onnx"}), frozenset({"fp32", "fp16", "int8"}), True
-    ),
+    # INT8 through ORT's TensorRT provider needs a calibration table made elsewhere; the
+    # native backend calibrates itself, so INT8 is offered there only
+    "onnxruntime-tensorrt": BackendTraits(frozenset({"onnx"}), frozenset({"fp32", "fp16"}), True),
     "onnxruntime-cuda": BackendTraits(frozenset({"onnx"}), frozenset({"fp32"}), True),
     "onnxruntime-cpu": BackendTraits(frozenset({"onnx"}), frozenset({"fp32"}), False),
     "torch-cuda": BackendTraits(

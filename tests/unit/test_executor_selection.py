@@ -53,6 +53,10 @@ def test_format_and_precision_filters():
     chosen, rejected = select_backend(everything, DEFAULT_BACKENDS, Spec("torchscript"))
     assert chosen == "torch-cuda"
     assert dict(rejected)["onnxruntime-cpu"] == "does not run torchscript models"
+    # int8 with TensorRT absent but ORT's TensorRT provider present: refused with the reason
+    no_native = {**everything, "tensorrt": "TensorRT (tensorrt) not installed"}
+    with pytest.raises(NoBackendAvailable, match="onnxruntime-tensorrt: does not support int8"):
+        select_backend(no_native, DEFAULT_BACKENDS, Spec("onnx"), "int8")
     # int8 on a CPU-only host: nothing fits, and the error lists every reason
     with pytest.raises(NoBackendAvailable) as err:
         select_backend(CPU_ONLY, DEFAULT_BACKENDS, Spec("onnx"), "int8")
