@@ -32,6 +32,7 @@ class MemorySnapshot:
     total: int
     used: int
     process_rss: int = 0
+    gpu_used: int = 0  # GPU allocations (NVML on dGPU; NvMap on Jetson, inside `used`)
 
     @property
     def available(self) -> int:
@@ -73,8 +74,9 @@ def parse_meminfo(text: str) -> dict[str, int]:
 class JetsonProbe:
     """Jetson unified memory: GPU allocations come out of the same RAM as the CPU's.
 
-    `used` is MemTotal - MemAvailable, which already includes CUDA allocations (they are
-    pinned host pages); NvMap carve-outs show up in it too, as tegrastats reports.
+    `used` is MemTotal - MemAvailable, which already includes CUDA allocations (they come
+    out of the same pages); `gpu_used` is the NvMap share of it (what tegrastats shows as
+    GPU memory) where the kernel reports NvMapMemUsed.
     """
 
     device = "jetson"
@@ -86,7 +88,9 @@ class JetsonProbe:
         info = parse_meminfo(self.meminfo.read_text())
         total = info.get("MemTotal", 0)
         available = info.get("MemAvailable", info.get("MemFree", 0))
-        return MemorySnapshot(self.device, total, total - available)
+        return MemorySnapshot(
+            self.device, total, total - available, gpu_used=info.get("NvMapMemUsed", 0)
+        )
 
 
 class NvmlProbe:
@@ -102,7 +106,7 @@ class NvmlProbe:
 
     def snapshot(self) -> MemorySnapshot:
         info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        return MemorySnapshot(self.device, int(info.total), int(info.used))
+        return MemorySnapshot(self.device, int(info.total), int(info.used), gpu_used=int(info.used))
 
 
 def is_jetson() -> bool:

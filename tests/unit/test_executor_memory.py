@@ -97,6 +97,7 @@ def test_meminfo_parsing_and_jetson_unified_memory(tmp_path: Path):
     assert snap.total == 7999999 * 1024
     assert snap.used == (7999999 - 3000000) * 1024
     assert snap.available == 3000000 * 1024
+    assert snap.gpu_used == 400000 * 1024  # NvMap: the GPU's share of the same RAM
 
 
 def test_host_probe_reads_this_machine():
