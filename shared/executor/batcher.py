@@ -129,7 +129,8 @@ class DynamicBatcher(Generic[T, R]):
 
     # --- the worker -----------------------------------------------------------------------
 
-    def _cap(self) -> int:
+    def max_batch_now(self) -> int:
+        """The batch cap right now: max_batch_size, lowered by the memory budget."""
         cap = self.settings.max_batch_size
         if self._max_batch is not None:
             cap = max(1, min(cap, int(self._max_batch())))
@@ -159,7 +160,7 @@ class DynamicBatcher(Generic[T, R]):
                 self._expire(now)
                 if self._closed and not self._queue:
                     return None
-                cap = self._cap()
+                cap = self.max_batch_now()
                 preferred = min(self.settings.preferred_batch_size, cap)
                 if self._queue:
                     oldest = self._queue[0].enqueued

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shared.errors import MemoryBudgetExceeded, Overloaded
@@ -115,3 +116,31 @@ def test_nvml_probe_reads_the_gpu():
     budget = MemoryBudget(NvmlProbe(0))
     with pytest.raises(MemoryBudgetExceeded):
         budget.admit("huge", snap.total)
+
+
+def test_load_model_is_refused_before_loading_when_it_does_not_fit():
+    from shared.models import load_model
+
+    # given a device with 100 MiB and nothing used: PP-OCR needs far more at batch 8
+    budget = MemoryBudget(FixedProbe(100 * MiB, 0))
+    with pytest.raises(MemoryBudgetExceeded, match="model ppocr-det needs"):
+        load_model("ppocr", budget=budget)
+    # nothing stays reserved after a refusal
+    budget.admit("other", 80 * MiB)
+
+
+def test_a_tight_budget_caps_the_batch_of_a_loaded_model():
+    from shared.executor.settings import BatcherSettings, ExecutionSettings
+    from shared.models import load_model
+
+    probe = FixedProbe(64 * GiB, 0)
+    budget = MemoryBudget(probe)
+    settings = ExecutionSettings(batching=BatcherSettings(max_batch_size=8, max_delay_ms=1))
+    with load_model("ppocr", settings=settings, budget=budget) as model:
+        assert model.batcher.max_batch_now() == 8
+        # memory fills up to just under the watermark: batches shrink to what fits, not 0
+        probe.used = int(64 * GiB * 0.85) - 1
+        assert model.batcher.max_batch_now() == 1
+        probe.used = int(64 * GiB * 0.9)
+        with pytest.raises(Overloaded, match="watermark"):
+            model.predict(np.zeros((32, 32, 3), np.uint8))
