@@ -10,7 +10,7 @@ import pytest
 
 from shared.errors import ConfigError
 from shared.executor.base import TensorSpec
-from shared.executor.tensorrt_backend import (
+from shared.executor.tensorrt_plan import (
     EngineKey,
     ProfileShape,
     calibration_batches,
