@@ -115,7 +115,7 @@ class Stage:
         return [v for i, v in self.instructions if i == instruction]
 
 
-def _parser(text: str) -> DockerfileParser:
+def _parser(text: str) -> Any:
     # From a file object: a parser made from a path (default ./Dockerfile) writes its
     # `content` back to that path.
     return DockerfileParser(fileobj=io.BytesIO(text.encode()))
