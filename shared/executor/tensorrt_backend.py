@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -276,6 +277,7 @@ class TensorRTExecutor:
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
         self._buffers: dict[str, tuple[int, int]] = {}  # name -> (device ptr, bytes)
+        self._lock = threading.Lock()
 
     def load(self, blob: ModelBlob) -> None:
         import tensorrt as trt
@@ -289,8 +291,10 @@ class TensorRTExecutor:
             raise EdgefleetError(f"tensorrt runs ONNX or engine files, not {blob.format}")
         cudart = _cudart()
         _check(cudart.cudaSetDevice(self.settings.device_id))
-        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        engine = runtime.deserialize_cuda_engine(data)
+        # the logger and runtime must outlive the engine: keep references
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        engine = self._runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise EngineBuildError(
                 f"{blob.name}: the engine does not deserialise on this TensorRT/GPU",
@@ -322,6 +326,11 @@ class TensorRTExecutor:
         return ptr
 
     def infer(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One execution context and its buffers are shared: one inference at a time."""
+        with self._lock:
+            return self._infer(batch)
+
+    def _infer(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
         if self._context is None:
             raise EdgefleetError("tensorrt: infer() before load()")
         cudart = _cudart()
@@ -343,7 +352,7 @@ class TensorRTExecutor:
             ptr = self._buffer(spec.name, max(1, out.nbytes))
             self._context.set_tensor_address(spec.name, ptr)
             outputs.append((out, ptr))
-        if not self._context.execute_async_v3(self._stream):
+        if not self._context.execute_async_v3(int(self._stream)):
             raise EdgefleetError(f"tensorrt: execution of {self._model} failed")
         for out, ptr in outputs:
             _check(cudart.cudaMemcpyAsync(out.ctypes.data, ptr, out.nbytes, d2h, self._stream))
@@ -362,6 +371,7 @@ class TensorRTExecutor:
         self._stream = None
         self._context = None
         self._engine = None
+        self._runtime = None
 
     @property
     def capabilities(self) -> Capabilities:
