@@ -104,3 +104,36 @@ def test_build_engine_without_tensorrt_says_so():
     result = runner.invoke(cli, ["model", "build-engine", "ppocr-det"])
     assert result.exit_code == 2
     assert "TensorRT is not installed" in result.stderr
+
+
+def test_user_yolo_model_from_a_manifest(tmp_path, images):
+    pytest.importorskip("onnx")
+    from tests.unit.test_models_vision import constant_model, v8_output
+
+    data = constant_model(v8_output(), [1, 3, 64, 64])
+    (tmp_path / "tiny.onnx").write_bytes(data)
+    import hashlib
+
+    import yaml
+
+    entry = {
+        "name": "tiny",
+        "version": "1",
+        "task": "yolo",
+        "file": "tiny.onnx",
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "labels": ["a", "b", "c"],
+    }
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text(yaml.safe_dump({"models": [entry]}))
+    result = runner.invoke(
+        cli, ["infer", str(images["good"]), "-m", "tiny", "--manifest", str(manifest), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    (obj,) = [json.loads(x) for x in result.stdout.splitlines()]
+    assert obj["model"] == "tiny"
+    assert [(r["label"], r["text"], r["polygon"]) for r in obj["results"]] == [
+        ("a", None, None),
+        ("b", None, None),
+    ]
+    assert all(len(r["box"]) == 4 for r in obj["results"])
