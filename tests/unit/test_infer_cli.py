@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 import typer
+import yaml
 from typer.testing import CliRunner
 
 from shared.model_cli import app as model_app
@@ -112,10 +114,6 @@ def test_user_yolo_model_from_a_manifest(tmp_path, images):
 
     data = constant_model(v8_output(), [1, 3, 64, 64])
     (tmp_path / "tiny.onnx").write_bytes(data)
-    import hashlib
-
-    import yaml
-
     entry = {
         "name": "tiny",
         "version": "1",
