@@ -130,6 +130,11 @@ def demo(
         f"{pct(total.escalated_share)} of frames escalated, "
         f"{total.bytes_per_frame:,.0f} bytes uplinked per frame[/]"
     )
+    if total.jpeg_bytes_per_frame and total.bytes_per_frame:
+        console.print(
+            f"streaming every frame as JPEG would send {total.jpeg_bytes_per_frame:,.0f} bytes "
+            f"per frame: {total.jpeg_bytes_per_frame / total.bytes_per_frame:.1f}x more"
+        )
 
 
 def _run(
@@ -145,7 +150,7 @@ def _run(
     import httpx
     from rich.live import Live
 
-    from edgefleet.demo_report import live_table, score_device
+    from edgefleet.demo_report import jpeg_bytes_per_frame, live_table, score_device
     from edgefleet.demo_stack import (
         Device,
         UplinkMeter,
@@ -252,6 +257,8 @@ def _run(
     meter.close()
     cases = _collect_cases(http, fleet_devices, console)
     scores = [score_device(d, cases, meter.bytes.get(d.device_id, 0)) for d in fleet_devices]
+    for score, device in zip(scores, fleet_devices, strict=True):
+        score.jpeg_bytes_per_frame = jpeg_bytes_per_frame(device.video)
     (root / "report.json").write_text(
         json.dumps([s.__dict__ | {"escalated_share": s.escalated_share} for s in scores], indent=1)
     )

@@ -44,6 +44,7 @@ class DeviceScore:
     edge_accuracy: float | None = None
     combined_accuracy: float | None = None
     bytes_uplinked: int = 0
+    jpeg_bytes_per_frame: float | None = None
 
     @property
     def escalated_share(self) -> float | None:
@@ -170,6 +171,7 @@ def report_table(scores: list[DeviceScore]) -> Table:
         "escalated",
         "cloud corrections",
         "bytes uplinked / frame",
+        "every frame as JPEG",
     ):
         table.add_column(column, justify="left" if column == "device" else "right")
     for s in [*scores, total_score(scores)]:
@@ -181,6 +183,7 @@ def report_table(scores: list[DeviceScore]) -> Table:
             pct(s.escalated_share),
             str(s.corrections),
             "–" if s.bytes_per_frame is None else f"{s.bytes_per_frame:,.0f}",
+            "–" if s.jpeg_bytes_per_frame is None else f"{s.jpeg_bytes_per_frame:,.0f}",
         )
     return table
 
@@ -192,6 +195,12 @@ def total_score(scores: list[DeviceScore]) -> DeviceScore:
     total.verdicts = sum(s.verdicts for s in scores)
     total.corrections = sum(s.corrections for s in scores)
     total.bytes_uplinked = sum(s.bytes_uplinked for s in scores)
+    sized = [s for s in scores if s.jpeg_bytes_per_frame is not None and s.frames]
+    if sized:
+        total.jpeg_bytes_per_frame = sum(
+            s.jpeg_bytes_per_frame * s.frames  # type: ignore[operator]
+            for s in sized
+        ) / sum(s.frames for s in sized)
     scored = [s for s in scores if s.edge_accuracy is not None and s.frames]
     frames = sum(s.frames for s in scored)
     if frames:
@@ -200,3 +209,28 @@ def total_score(scores: list[DeviceScore]) -> DeviceScore:
             sum(s.combined_accuracy * s.frames for s in scored) / frames  # type: ignore[operator]
         )
     return total
+
+
+def jpeg_bytes_per_frame(video: Path, quality: int = 85, samples: int = 20) -> float | None:
+    """What streaming the video would cost: mean JPEG size of frames spread over it.
+
+    The baseline the uplink is compared with: a camera that sends every frame to the
+    cloud (at the quality the edge uses for escalations) instead of only the hard ones.
+    """
+    import cv2
+
+    capture = cv2.VideoCapture(str(video))
+    try:
+        count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) or samples
+        sizes = []
+        for index in range(0, count, max(1, count // samples)):
+            capture.set(cv2.CAP_PROP_POS_FRAMES, index)
+            ok, frame = capture.read()
+            if not ok:
+                break
+            ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, quality])
+            if ok:
+                sizes.append(len(data))
+    finally:
+        capture.release()
+    return sum(sizes) / len(sizes) if sizes else None

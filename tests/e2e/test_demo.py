@@ -60,6 +60,7 @@ def test_demo_runs_end_to_end_and_prints_the_final_report(tmp_path: Path) -> Non
         output,
     )
     assert summary, output[-2000:]
+    assert re.search(r"streaming every frame as JPEG would send [\d,]+ bytes per frame", output)
     # and every device processed frames, was scored against the truth and sent bytes
     report = json.loads((tmp_path / "report.json").read_text())
     assert [r["device_id"] for r in report] == ["demo-cam-01", "demo-cam-02"]
@@ -69,6 +70,7 @@ def test_demo_runs_end_to_end_and_prints_the_final_report(tmp_path: Path) -> Non
         assert 0.0 <= device["combined_accuracy"] <= 1.0
         assert device["bytes_uplinked"] > 0
         assert device["verdicts"] <= device["escalated"]
+        assert device["jpeg_bytes_per_frame"] > 0
     # the devices were enrolled through the fleet: bundles and broker auth files exist
     for device_id in ("demo-cam-01", "demo-cam-02"):
         assert (tmp_path / "bundles" / device_id / "edge.yaml").is_file()

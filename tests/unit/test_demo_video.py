@@ -9,7 +9,13 @@ import cv2
 import numpy as np
 import pytest
 
-from edgefleet.demo_report import DeviceScore, is_correction, score_device, total_score
+from edgefleet.demo_report import (
+    DeviceScore,
+    is_correction,
+    jpeg_bytes_per_frame,
+    score_device,
+    total_score,
+)
 from edgefleet.demo_stack import Device
 from edgefleet.demo_video import (
     GroundTruth,
@@ -196,3 +202,12 @@ def test_a_verdict_without_edge_texts_or_with_same_reading_is_no_correction() ->
     assert not is_correction({**base, "edge_texts": ["PD008HN"]})
     assert is_correction({**base, "edge_texts": ["PD0O8HN"]})
     assert not is_correction({**base, "edge_texts": ["X"], "fallback_level": 3})
+
+
+def test_jpeg_baseline_is_the_mean_size_of_the_videos_frames_as_jpeg(tmp_path: Path) -> None:
+    render_video(tmp_path / "v.avi", SMALL)
+    frames = _frames(tmp_path / "v.avi")
+    expected = [len(cv2.imencode(".jpg", f, [cv2.IMWRITE_JPEG_QUALITY, 85])[1]) for f in frames]
+    measured = jpeg_bytes_per_frame(tmp_path / "v.avi", samples=len(frames))
+    assert measured == pytest.approx(sum(expected) / len(expected))
+    assert jpeg_bytes_per_frame(tmp_path / "missing.avi") is None
