@@ -318,7 +318,7 @@ def render_markdown() -> str:
         "Example, the same setting three ways:",
         "",
         "```yaml",
-        "# edge.yaml",
+        "# part of edge.yaml",
         "policy:",
         "  unsure_low: 0.4",
         "```",

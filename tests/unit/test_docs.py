@@ -4,6 +4,7 @@ and shows an example."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -93,6 +94,63 @@ def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
     assert config_docs.main(["--check", "--output", str(stale)]) == 1
     assert config_docs.main(["--output", str(stale)]) == 0
     assert config_docs.main(["--check", "--output", str(stale)]) == 0
+
+
+SETTINGS_BY_FILE = {
+    "edge.yaml": "edge.settings:EdgeSettings",
+    "cloud.yaml": "cloud.settings:CloudSettings",
+    "fleet.yaml": "fleet.settings:FleetSettings",
+}
+YAML_BLOCK = re.compile(r"```yaml\n# (edge|cloud|fleet)\.yaml\n(.*?)```", re.DOTALL)
+
+
+def _doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_settings_examples_in_the_docs_are_valid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given every ```yaml block in the docs that starts with `# edge.yaml` (cloud, fleet)
+    from shared.config import load_settings
+    from shared.errors import ConfigError
+
+    for name in list(os.environ):
+        if name.upper().startswith(("EDGEFLEET_", "HTTP__", "MQTT__", "DATABASE_URL")):
+            monkeypatch.delenv(name)
+    examples = [
+        (doc, kind, text)
+        for doc in _doc_files()
+        for kind, text in YAML_BLOCK.findall(doc.read_text())
+    ]
+    assert examples, "the README should show at least one settings example"
+    for doc, kind, text in examples:
+        # when it is loaded as the process would load it
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(text)
+        module, _, cls = SETTINGS_BY_FILE[f"{kind}.yaml"].partition(":")
+        settings_cls = getattr(__import__(module, fromlist=[cls]), cls)
+        # then it is accepted (a ConfigError names the key and line otherwise)
+        try:
+            load_settings(settings_cls, path)
+        except ConfigError as exc:
+            pytest.fail(f"{doc.name}: its {kind}.yaml example is refused: {exc}")
+
+
+def test_contracts_page_covers_every_message_and_field() -> None:
+    from shared.messages import MESSAGE_TYPES
+
+    text = (ROOT / "docs" / "contracts.md").read_text()
+    for schema_id, model in MESSAGE_TYPES.items():
+        assert f"`{schema_id}`" in text, f"docs/contracts.md does not mention {schema_id}"
+        for field in model.model_json_schema(by_alias=True)["properties"]:
+            assert f"`{field}`" in text, f"docs/contracts.md: {schema_id} field `{field}` missing"
+
+
+def test_links_between_docs_resolve() -> None:
+    for doc in _doc_files():
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
+            assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
 
 
 @pytest.mark.parametrize(
