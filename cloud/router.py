@@ -153,6 +153,7 @@ class Router:
             # At start a bad file is a configuration error: refuse to start on it.
             self._rules = parse_rules(self._read(), str(self.path))
             self._stamp = self._stat()
+            self._next_check = clock() + poll_s
         RULES_ACTIVE.set(len(self._rules.rules))
 
     def _read(self) -> str:
@@ -202,15 +203,17 @@ class Router:
         for rule in rules.rules:
             if matches(rule.when, case, size):
                 ROUTED.labels(rule.name).inc()
-                return self._route(rule.name, rule.route)
+                return self._route(rule.name, rule.route, rules)
         ROUTED.labels("default").inc()
-        return self._route("default", rules.default or self._builtin_default)
+        return self._route("default", rules.default or self._builtin_default, rules)
 
-    def _route(self, name: str, spec: RouteSpec) -> Route:
+    def _route(self, name: str, spec: RouteSpec, rules: RuleFile) -> Route:
+        """A rule without a timeout takes the file's default one, then the settings' one."""
+        file_default = rules.default.timeout_s if rules.default else None
         return Route(
             name=name,
             model=spec.model,
-            timeout_s=spec.timeout_s or self._default_timeout_s,
+            timeout_s=spec.timeout_s or file_default or self._default_timeout_s,
             priority=spec.priority,
             fallback=spec.fallback,
         )

@@ -1,0 +1,134 @@
+"""The feedback store on the real PostgreSQL server (same interface as SQLite)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from cloud.store import ClaimState, FeedbackStore
+from cloud.testing import escalation_case
+from shared.db import Database
+from shared.messages import CloudVerdict, Detection, Feedback
+from tests.integration.test_db import pg_url  # noqa: F401 - the fixture, reused
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"fake pixels"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path):
+    url = (
+        f"sqlite:///{tmp_path / 'cloud.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    db = Database.connect(url)
+    yield FeedbackStore(db, tmp_path / "images")
+    db.close()
+
+
+def _verdict(case, text: str = "AB-12", level: int = 0) -> CloudVerdict:
+    return CloudVerdict(
+        device_id=case.device_id,
+        trace_id=case.trace_id,
+        case_id=case.case_id,
+        result=[Detection(text=text, score=0.99)],
+        model="ppocr-heavy@4.0",
+        route="default",
+        fallback_level=level,
+        latency_ms=12.5,
+    )
+
+
+def test_claim_verdict_feedback_export(store: FeedbackStore) -> None:
+    case = escalation_case("cam-pg", edge=[("AB-1Z", 0.42)])
+    claim = dict(image_sha256="a" * 64, image=PNG, source="mqtt", stale_after_s=60)
+    assert store.claim(case, replica="r1", **claim).state is ClaimState.CLAIMED
+    # a second replica sees it in progress, then done once the verdict is stored
+    assert store.claim(case, replica="r2", **claim).state is ClaimState.IN_PROGRESS
+    assert store.save_verdict(_verdict(case), replica="r1") is True
+    assert store.save_verdict(_verdict(case, "late"), replica="r2") is False
+    again = store.claim(case, replica="r2", **claim)
+    assert again.state is ClaimState.DONE and again.verdict.result[0].text == "AB-12"
+    # feedback overrides the cloud label in the export
+    store.add_feedback(
+        Feedback(device_id="cam-pg", case_id=case.case_id, label="AB-13", correct=False),
+        principal="operator:ops",
+        signature="0" * 64,
+    )
+    record = store.case(case.case_id)
+    assert record["received_at"].tzinfo is not None and record[
+        "received_at"
+    ].utcoffset() == timedelta(0)
+    assert record["feedback"][0]["correct"] is False
+    exported = list(store.export(page_size=2))
+    assert [(r.case_id, r.label, r.label_source) for r in exported] == [
+        (case.case_id, "AB-13", "feedback")
+    ]
+    assert Path(exported[0].image).read_bytes() == PNG
+    assert store.edge_scores(
+        datetime.now(timezone.utc) - timedelta(hours=1),
+        datetime.now(timezone.utc) + timedelta(hours=1),
+    ) == {("cam-pg", "ppocr"): [0.42]}
+
+
+def test_export_pages_through_many_cases_in_order(store: FeedbackStore) -> None:
+    cases = [escalation_case("cam-pg", frame_index=i) for i in range(7)]
+    for case in cases:
+        store.claim(
+            case, image_sha256="b" * 64, image=PNG, source="rest", replica="r", stale_after_s=60
+        )
+        store.save_verdict(_verdict(case), replica="r")
+    busy = escalation_case("cam-pg", frame_index=99)
+    store.claim(
+        busy, image_sha256="b" * 64, image=PNG, source="rest", replica="r", stale_after_s=60
+    )
+    store.save_verdict(_verdict(busy, level=3), replica="r")  # busy verdicts are no label
+    exported = list(store.export(page_size=3))
+    assert {r.case_id for r in exported} == {c.case_id for c in cases}
+    assert all(r.label_source == "cloud" for r in exported)
+    assert store.count_exportable() == 8
+
+
+def test_concurrent_claims_have_one_winner(store: FeedbackStore) -> None:
+    case = escalation_case("cam-pg")
+    other = FeedbackStore(Database.connect(store.db.url), store.images_dir)
+    states: list[ClaimState] = []
+    barrier = threading.Barrier(8)
+
+    def claim(s: FeedbackStore, replica: str) -> None:
+        barrier.wait()
+        states.append(
+            s.claim(
+                case,
+                image_sha256="c" * 64,
+                image=PNG,
+                source="mqtt",
+                replica=replica,
+                stale_after_s=60,
+            ).state
+        )
+
+    threads = [
+        threading.Thread(target=claim, args=(store if i % 2 else other, f"r{i}")) for i in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    other.db.close()
+    assert states.count(ClaimState.CLAIMED) == 1
+    assert states.count(ClaimState.IN_PROGRESS) == 7
+
+
+def test_stale_claim_is_taken_over(store: FeedbackStore) -> None:
+    case = escalation_case("cam-pg")
+    kw = dict(image_sha256="d" * 64, image=PNG, source="mqtt")
+    assert store.claim(case, replica="dead", stale_after_s=60, **kw).state is ClaimState.CLAIMED
+    store.db.execute(
+        "UPDATE ef_cases SET claimed_at = ? WHERE case_id = ?",
+        (datetime.now(timezone.utc) - timedelta(minutes=10), case.case_id),
+    )
+    assert store.claim(case, replica="alive", stale_after_s=60, **kw).state is ClaimState.CLAIMED

@@ -1,0 +1,215 @@
+"""Unit tests of the orchestrator's pure parts: routing, cache, cascade, drift, auth, settings."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cloud.auth import Authenticator, Principal, key_digest, sign_body
+from cloud.cache import Cached, CacheKey, VerdictCache
+from cloud.cascade import Cascade, ModelPool
+from cloud.directory import StaticDirectory
+from cloud.drift import ks_statistic
+from cloud.router import Route, Router, RouteSpec
+from cloud.settings import CloudSettings, OperatorKey
+from cloud.testing import escalation_case
+from shared.config import load_settings
+from shared.errors import AuthError, ConfigError, ModelNotFound
+from shared.messages import Detection, ModelInfo
+
+RULES = """
+default: {model: ppocr-heavy, timeout_s: 9}
+rules:
+  - name: gate-unsure
+    when: {device: "gate-*", reason: [unsure], edge_score_max: 0.5}
+    route: {model: ppocr, timeout_s: 3, priority: 7}
+  - name: small
+    when: {size_max: 100}
+    route: {model: rules}
+  - name: catch-gate
+    when: {device: "gate-*"}
+    route: {model: ppocr-heavy, fallback: false}
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _router(tmp_path: Path, text: str = RULES) -> tuple[Router, Path, Clock]:
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    clock = Clock()
+    return Router(RouteSpec(model="ppocr-heavy"), path=path, poll_s=1.0, clock=clock), path, clock
+
+
+def test_rules_are_evaluated_in_order_on_metadata(tmp_path: Path) -> None:
+    router, _, _ = _router(tmp_path)
+    unsure = escalation_case("gate-1", edge=[("A", 0.3)], reason="unsure")
+    sure = escalation_case("gate-1", edge=[("A", 0.9)], reason="unsure")
+    other = escalation_case("yard-1", edge=[("A", 0.3)])
+    assert router.route(unsure, 5000) == Route("gate-unsure", "ppocr", 3.0, 7, True)
+    assert router.route(unsure, 50).name == "gate-unsure"  # first match wins over `small`
+    assert router.route(sure, 50).name == "small"
+    assert router.route(sure, 5000) == Route("catch-gate", "ppocr-heavy", 9.0, 0, False)
+    assert router.route(other, 5000) == Route("default", "ppocr-heavy", 9.0, 0, True)
+
+
+def test_rules_reload_on_change_and_bad_file_keeps_old_rules(tmp_path: Path) -> None:
+    router, path, clock = _router(tmp_path)
+    case = escalation_case("yard-1", stream_id="s1")
+    path.write_text("rules:\n  - {name: s1, when: {stream: s1}, route: {model: rules}}\n")
+    assert router.route(case, 5000).name == "default"  # not polled yet
+    clock.now = 2.0
+    assert router.route(case, 5000).name == "s1"
+    path.write_text("rules:\n  - {name: broken, when: {nonsense: 1}, route: {model: x}}\n")
+    clock.now = 4.0
+    assert router.route(case, 5000).name == "s1"
+    assert router.last_error is not None and "nonsense" in router.last_error
+
+
+def test_a_bad_rules_file_at_start_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        _router(tmp_path, "rules: [{name: x}]")
+
+
+def test_cache_keeps_only_confident_model_results_and_drops_old_versions() -> None:
+    cache = VerdictCache(size=2, min_score=0.9)
+    sure = (Detection(text="A", score=0.95),)
+    key = CacheKey("s" * 64, "m@1", "default")
+    assert cache.put(key, Cached(sure, "m@1", 0)) is True
+    assert (
+        cache.put(
+            CacheKey("t" * 64, "m@1", "r"), Cached((Detection(text="B", score=0.5),), "m@1", 0)
+        )
+        is False
+    )
+    assert cache.put(CacheKey("u" * 64, "rules", "r"), Cached(sure, "rules", 2)) is False
+    assert cache.get(key) == Cached(sure, "m@1", 0)
+    cache.model_version("m", "1")
+    cache.model_version("m", "2")
+    assert cache.get(key) is None and len(cache) == 0
+
+
+class ScriptedModel:
+    """A model whose answer (or failure) the test decides."""
+
+    def __init__(self, name: str, answer=None, hang: threading.Event | None = None, fail=False):
+        self.info = ModelInfo(name=name, version="1")
+        self.answer = answer or []
+        self.hang = hang
+        self.fail = fail
+        self.calls = 0
+
+    def predict(self, image_rgb, *, timeout_s=None):
+        self.calls += 1
+        if self.hang is not None:
+            self.hang.wait()
+        if self.fail:
+            raise RuntimeError("model crashed")
+        return self.answer
+
+    async def predict_async(self, image_rgb, *, timeout_s=None):
+        return self.predict(image_rgb)
+
+    @property
+    def memory_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        if self.hang is not None:
+            self.hang.set()
+
+
+def _cascade(models: dict[str, ScriptedModel]) -> Cascade:
+    pool = ModelPool(list(models), lambda name: models[name], workers=4)
+    return Cascade(pool, VerdictCache(100, 0.9), lighter="light", accept_edge_min_score=0.5)
+
+
+def test_cascade_falls_through_each_level_and_records_it() -> None:
+    image = np.zeros((8, 8, 3), np.uint8)
+    case = escalation_case("cam-1", edge=[("SURE", 0.8), ("UNSURE", 0.2)])
+    route = Route("default", "heavy", 0.5, 0, True)
+    hang = threading.Event()
+    good = [Detection(text="OK", score=0.99)]
+    try:
+        # primary hangs -> lighter answers
+        out = _cascade(
+            {"heavy": ScriptedModel("heavy", hang=hang), "light": ScriptedModel("light", good)}
+        ).run(route, case, image, "a" * 64)
+        assert (out.fallback_level, out.model, out.result) == (1, "light@1", good)
+        # both crash -> the rule-based answer keeps the sure edge lines
+        out = _cascade(
+            {"heavy": ScriptedModel("heavy", fail=True), "light": ScriptedModel("light", fail=True)}
+        ).run(route, case, image, "a" * 64)
+        assert (out.fallback_level, out.model, [d.text for d in out.result]) == (
+            2,
+            "rules",
+            ["SURE"],
+        )
+        # no fallback on the route -> busy
+        strict = Route("strict", "heavy", 0.5, 0, False)
+        out = _cascade(
+            {"heavy": ScriptedModel("heavy", fail=True), "light": ScriptedModel("light")}
+        ).run(strict, case, image, "a" * 64)
+        assert (out.fallback_level, out.model, out.result) == (3, "busy", [])
+    finally:
+        hang.set()
+
+
+def test_cascade_serves_confident_results_from_the_cache() -> None:
+    good = [Detection(text="OK", score=0.99)]
+    heavy = ScriptedModel("heavy", good)
+    cascade = _cascade({"heavy": heavy, "light": ScriptedModel("light")})
+    route = Route("default", "heavy", 5, 0, True)
+    image = np.zeros((8, 8, 3), np.uint8)
+    first = cascade.run(route, escalation_case("cam-1"), image, "f" * 64)
+    second = cascade.run(route, escalation_case("cam-1"), image, "f" * 64)
+    assert not first.cached and second.cached and second.result == good
+    assert heavy.calls == 1
+    with pytest.raises(ModelNotFound):
+        cascade.pool.get("not-served")
+
+
+def test_ks_statistic() -> None:
+    rng = np.random.default_rng(0)
+    same = ks_statistic(rng.uniform(size=2000), rng.uniform(size=2000))
+    shifted = ks_statistic(rng.uniform(size=2000), rng.uniform(size=2000) + 0.5)
+    assert same < 0.06 and 0.45 < shifted < 0.55
+    assert ks_statistic([0.1, 0.2], [0.8, 0.9]) == 1.0
+
+
+def test_auth_operator_keys_device_tokens_and_body_signatures() -> None:
+    directory = StaticDirectory({"cam-1": (b"k" * 32, "eft_device-token")})
+    auth = Authenticator([OperatorKey(name="ops", sha256=key_digest("op-key"))], directory)
+    assert auth.authenticate("Bearer op-key") == Principal("operator", "ops")
+    assert auth.authenticate("Bearer eft_device-token") == Principal("device", "cam-1")
+    for bad in (None, "", "Basic op-key", "Bearer nope"):
+        with pytest.raises(AuthError):
+            auth.authenticate(bad)
+    body = b'{"case_id": "abcdefgh", "label": "x", "correct": true}'
+    device = Principal("device", "cam-1")
+    assert auth.verify_body(device, body, sign_body(b"k" * 32, body))
+    operator = Principal("operator", "ops")
+    assert auth.verify_body(operator, body, sign_body(key_digest("op-key").encode(), body))
+    with pytest.raises(AuthError, match="does not match"):
+        auth.verify_body(device, body + b" ", sign_body(b"k" * 32, body))
+
+
+def test_settings_from_yaml_with_line_numbers(tmp_path: Path) -> None:
+    good = tmp_path / "cloud.yaml"
+    good.write_text("http: {port: 9000}\ningest: {share_group: g1}\nmodels: {primary: ppocr}\n")
+    settings = load_settings(CloudSettings, good)
+    assert settings.http.port == 9000 and settings.models.primary == "ppocr"
+    assert settings.resolved_database_url().startswith("sqlite:///")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("http:\n  port: 9000\n  nope: 1\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3"):
+        load_settings(CloudSettings, bad)
