@@ -78,6 +78,16 @@ def test_env_var_names_are_the_ones_pydantic_settings_reads(
     assert settings.model.execution.batching.max_delay_ms == 7.5
 
 
+def test_readme_states_the_real_environment_prefixes() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for doc in config_docs.SETTINGS:
+        prefix = config_docs.env_prefix_of(doc.load())
+        if prefix:
+            assert f"`{prefix}" in readme, f"README should name the {prefix} prefix"
+        else:
+            assert "**no prefix**" in readme, f"README should say {doc.import_path} has none"
+
+
 def test_every_settings_field_has_a_description() -> None:
     missing = [
         f"{doc.import_path} {field.key}"
