@@ -69,6 +69,7 @@ class DynamicBatcher(Generic[T, R]):
         self._queue: deque[_Request[T, R]] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._inflight = 0  # batches being run now
         self.batches_run = 0
         self.batch_sizes: deque[int] = deque(maxlen=1024)
         self._workers = [
@@ -164,9 +165,12 @@ class DynamicBatcher(Generic[T, R]):
                 preferred = min(self.settings.preferred_batch_size, cap)
                 if self._queue:
                     oldest = self._queue[0].enqueued
-                    if len(self._queue) >= preferred or now - oldest >= delay or self._closed:
+                    idle = self.settings.eager and self._inflight < len(self._workers)
+                    full = len(self._queue) >= preferred
+                    if full or idle or now - oldest >= delay or self._closed:
                         batch = [self._queue.popleft() for _ in range(min(cap, len(self._queue)))]
                         QUEUE_DEPTH.labels(self.name).set(len(self._queue))
+                        self._inflight += 1
                         return batch
                     wait = min(oldest + delay - now, self._queue[0].deadline - now)
                     self._cond.wait(timeout=max(wait, 0.0005))
@@ -178,13 +182,17 @@ class DynamicBatcher(Generic[T, R]):
             batch = self._take()
             if batch is None:
                 return
-            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
-            if not live:
-                continue
-            BATCH_SIZE.labels(self.name).observe(len(live))
-            self.batches_run += 1
-            self.batch_sizes.append(len(live))
-            self._run(live)
+            try:
+                live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+                if live:
+                    BATCH_SIZE.labels(self.name).observe(len(live))
+                    self.batches_run += 1
+                    self.batch_sizes.append(len(live))
+                    self._run(live)
+            finally:
+                with self._cond:
+                    self._inflight -= 1
+                    self._cond.notify_all()
 
     def _run(self, live: list[_Request[T, R]]) -> None:
         """Run one batch; if it fails, run its requests one by one so that one poisoned

@@ -43,6 +43,13 @@ class BatcherSettings(_Closed):
         30.0, gt=0, le=3600, description="a request not answered within this fails (timeout)"
     )
     workers: int = Field(1, ge=1, le=16, description="threads that run batches")
+    eager: bool = Field(
+        False,
+        description=(
+            "dispatch at once when a worker is idle instead of waiting max_delay_ms: batches "
+            "then form only while the device is busy (lowest latency at low load)"
+        ),
+    )
 
 
 class MemorySettings(_Closed):

@@ -209,3 +209,20 @@ def test_closed_batcher_refuses_and_drains():
     assert pending.result(30) == 50
     with pytest.raises(BatcherClosed):
         batcher.submit(6)
+
+
+def test_eager_dispatches_at_once_and_batches_what_waits_while_busy():
+    # given an eager batcher that would otherwise wait 10 s for 4 requests
+    run = Recorder(hold=True)
+    settings = BatcherSettings(
+        preferred_batch_size=4, max_batch_size=8, max_delay_ms=10_000, eager=True
+    )
+    with DynamicBatcher(run, settings, name="t-eager") as batcher:
+        # a lone request runs at once (no max_delay wait)
+        first = batcher.submit(0)
+        assert run.entered.wait(30)
+        # requests arriving while the worker is busy form the next batch
+        rest = [batcher.submit(i) for i in (1, 2, 3)]
+        run.gate.set()
+        assert [f.result(30) for f in [first, *rest]] == [0, 10, 20, 30]
+    assert run.batches == [[0], [1, 2, 3]]
