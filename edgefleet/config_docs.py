@@ -73,6 +73,7 @@ class FieldDoc:
     env: str  # environment variable, or "" where the value comes only as part of a list
     description: str
     constraints: str
+    note: str = ""  # added by the generator, e.g. for optional sections
 
 
 def iter_fields(
@@ -86,13 +87,16 @@ def iter_fields(
         path = f"{key}.{name}" if key else name
         env = f"{env_prefix}{name.upper()}" if env_prefix is not None else ""
         nested = _nested_model(info.annotation)
+        default = default_text(info)
+        optional_section = nested is not None and not nested[1] and default == "none"
         yield FieldDoc(
             key=path,
             type=type_name(info.annotation),
-            default=default_text(info),
+            default=default,
             env=env,
             description=(info.description or "").strip(),
             constraints=constraints_text(info),
+            note="the defaults below apply once the section is set" if optional_section else "",
         )
         if nested is not None:
             sub_model, is_list = nested
@@ -255,6 +259,8 @@ def render_settings(doc: SettingsDoc) -> str:
             description = (
                 f"{description} ({field.constraints})" if description else field.constraints
             )
+        if field.note:
+            description = f"{description}; *{field.note}*" if description else f"*{field.note}*"
         lines.append(
             "| "
             + " | ".join(

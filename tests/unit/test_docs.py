@@ -64,7 +64,10 @@ def test_env_var_names_are_the_ones_pydantic_settings_reads(
     # given a nested setting set only through the variable the reference names
     from edge.settings import EdgeSettings
 
-    env = {f.key: f.env for f in config_docs.iter_fields(EdgeSettings, "EDGEFLEET_EDGE_")}
+    env = {
+        f.key: f.env
+        for f in config_docs.iter_fields(EdgeSettings, config_docs.env_prefix_of(EdgeSettings))
+    }
     monkeypatch.setenv(env["device_id"], "cam-01")
     monkeypatch.setenv(env["device_key"], "k" * 16)
     monkeypatch.setenv(env["policy.unsure_low"], "0.25")
@@ -76,6 +79,30 @@ def test_env_var_names_are_the_ones_pydantic_settings_reads(
     assert settings.policy.unsure_low == 0.25
     assert settings.model.execution is not None
     assert settings.model.execution.batching.max_delay_ms == 7.5
+
+
+@pytest.mark.parametrize(
+    ("import_path", "key", "value", "read"),
+    [
+        ("cloud.settings:CloudSettings", "http.port", "9123", lambda s: s.http.port),
+        (
+            "cloud.settings:CloudSettings",
+            "ingest.share_group",
+            "g2",
+            lambda s: s.ingest.share_group,
+        ),
+        ("fleet.settings:FleetSettings", "broker_port", "8883", lambda s: s.broker_port),
+    ],
+)
+def test_cloud_and_fleet_variables_are_read_as_documented(
+    import_path: str, key: str, value: str, read, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module, _, name = import_path.partition(":")
+    settings_cls = getattr(__import__(module, fromlist=[name]), name)
+    prefix = config_docs.env_prefix_of(settings_cls)
+    env = {f.key: f.env for f in config_docs.iter_fields(settings_cls, prefix)}
+    monkeypatch.setenv(env[key], value)
+    assert str(read(settings_cls())) == value
 
 
 def test_readme_states_the_real_environment_prefixes() -> None:
