@@ -1,12 +1,13 @@
 """Models and dynamic batching against the way users call a model, side by side.
 
-Run: `.venv/bin/python -m bench.bench_executor` (`--images 16 --rounds 1` by default).
+Run: `.venv/bin/python -m bench.bench_executor --rounds 3` (16 images, interleaved rounds).
 
 For each default model (`ppocr`, `ppocr-heavy`) on each backend available here:
 - latency of one image at a time (batch 1, no queue), p50/p95;
 - N concurrent callers (1/2/4/8 threads) each calling `predict_many([image])` directly
   (batch 1, what a user writes) vs the same callers going through the dynamic batcher
-  (`predict`), with throughput (images/s) and the ratio batcher / batch 1;
+  (`predict`, Triton-style max_delay batching) and through an eager batcher (dispatch
+  when idle), with throughput (images/s) and the ratios to batch 1;
 - the rapidocr-onnxruntime pipeline (same ONNX files) as a peer, when importable.
 Images: 960x540 scenes rendered here with two lines of text each.
 """
@@ -125,43 +126,57 @@ def main(
     print()
     print(
         "| model | backend | callers | batch 1 img/s | batcher img/s | ratio | "
-        "batch 1 p50 ms | batcher p50 ms | mean batch |"
+        "eager img/s | ratio | batch 1 p50 ms | batcher p50 ms | eager p50 ms | mean batch |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     singles: dict[tuple[str, str], list[float]] = {}
     for backend in available:
         if backend.startswith("torch"):
             continue  # the default pack is ONNX
         for model_name in ("ppocr", "ppocr-heavy"):
-            settings = ExecutionSettings(
-                backends=[backend],
-                batching=BatcherSettings(
-                    preferred_batch_size=4,
-                    max_batch_size=8,
-                    max_delay_ms=max_delay_ms,
-                    max_queue=256,
-                    workers=workers,
+            batching = BatcherSettings(
+                preferred_batch_size=4,
+                max_batch_size=8,
+                max_delay_ms=max_delay_ms,
+                max_queue=256,
+                workers=workers,
+            )
+            delayed = load_model(
+                model_name, settings=ExecutionSettings(backends=[backend], batching=batching)
+            )
+            eager = load_model(
+                model_name,
+                settings=ExecutionSettings(
+                    backends=[backend], batching=batching.model_copy(update={"eager": True})
                 ),
             )
-            with load_model(model_name, settings=settings) as model:
-                model.predict_many([data[0]])  # warm
-                for callers in CALLERS:
-                    best_naive = best_batched = (0.0, [])
-                    sizes_before = len(model.batcher.batch_sizes)
-                    for _ in range(rounds):
-                        naive = run_callers(lambda im: model.predict_many([im]), data, callers)
-                        batched = run_callers(model.predict, data, callers)
-                        best_naive = max(best_naive, naive, key=lambda r: r[0])
-                        best_batched = max(best_batched, batched, key=lambda r: r[0])
-                    sizes = list(model.batcher.batch_sizes)[sizes_before:]
-                    if callers == 1:
-                        singles[(model_name, backend)] = best_naive[1]
-                    print(
-                        f"| {model_name} | {backend} | {callers} | {best_naive[0]:.2f} | "
-                        f"{best_batched[0]:.2f} | {best_batched[0] / best_naive[0]:.2f}x | "
-                        f"{pct(best_naive[1], 50):.0f} | {pct(best_batched[1], 50):.0f} | "
-                        f"{statistics.mean(sizes):.2f} |"
-                    )
+            delayed.predict_many([data[0]])  # warm
+            eager.predict_many([data[0]])
+            for callers in CALLERS:
+                best = {"naive": (0.0, []), "delay": (0.0, []), "eager": (0.0, [])}
+                sizes_before = len(delayed.batcher.batch_sizes)
+                calls = {
+                    "naive": lambda im, m=delayed: m.predict_many([im]),
+                    "delay": delayed.predict,
+                    "eager": eager.predict,
+                }
+                for _ in range(rounds):  # interleaved, best of rounds (shared machine)
+                    for key, call in calls.items():
+                        best[key] = max(
+                            best[key], run_callers(call, data, callers), key=lambda r: r[0]
+                        )
+                sizes = list(delayed.batcher.batch_sizes)[sizes_before:]
+                if callers == 1:
+                    singles[(model_name, backend)] = best["naive"][1]
+                n, d, e = best["naive"], best["delay"], best["eager"]
+                print(
+                    f"| {model_name} | {backend} | {callers} | {n[0]:.2f} | {d[0]:.2f} | "
+                    f"{d[0] / n[0]:.2f}x | {e[0]:.2f} | {e[0] / n[0]:.2f}x | "
+                    f"{pct(n[1], 50):.0f} | {pct(d[1], 50):.0f} | {pct(e[1], 50):.0f} | "
+                    f"{statistics.mean(sizes):.2f} |"
+                )
+            delayed.close()
+            eager.close()
     forward_only(data, rounds)
     print()
     print("| pipeline | backend | p50 ms / image | p95 ms / image |")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -142,11 +143,30 @@ class MemoryBudget:
     visible in `used`) or when the load fails.
     """
 
-    def __init__(self, probe: MemoryProbe, settings: MemorySettings | None = None) -> None:
+    def __init__(
+        self,
+        probe: MemoryProbe,
+        settings: MemorySettings | None = None,
+        *,
+        cache_s: float = 0.1,
+    ) -> None:
         self.probe = probe
         self.settings = settings or MemorySettings()
+        self.cache_s = cache_s
         self._lock = threading.Lock()
         self._reserved: dict[str, int] = {}
+        self._cached: tuple[float, MemorySnapshot] | None = None
+
+    def _recent(self) -> MemorySnapshot:
+        """A snapshot at most `cache_s` old: the per-request checks stay cheap (reading
+        memory costs ~0.3 ms), admission always reads afresh."""
+        now = time.monotonic()
+        cached = self._cached
+        if cached is not None and now - cached[0] < self.cache_s:
+            return cached[1]
+        snap = self.probe.snapshot()
+        self._cached = (now, snap)
+        return snap
 
     @property
     def device(self) -> str:
@@ -168,7 +188,7 @@ class MemoryBudget:
 
     def headroom(self) -> int:
         """Bytes still admissible now, reservations included."""
-        snap = self.probe.snapshot()
+        snap = self._recent()
         with self._lock:
             reserved = sum(self._reserved.values())
         used = self._used(snap)
@@ -200,7 +220,7 @@ class MemoryBudget:
 
     def check_watermark(self) -> None:
         """Raise a retryable Overloaded when memory in use is above the watermark."""
-        snap = self.probe.snapshot()
+        snap = self._recent()
         used = self._used(snap)
         if used > self.capacity(snap):
             MEMORY_REFUSED.labels("watermark").inc()

@@ -43,7 +43,7 @@ def test_footprint_counts_weights_activations_per_batch_and_workspace():
 def test_admits_under_the_watermark_and_refuses_above_it():
     # given 10 GiB with 5 GiB used and the default 85% watermark (8.5 GiB usable)
     probe = FixedProbe(10 * GiB, 5 * GiB)
-    budget = MemoryBudget(probe)
+    budget = MemoryBudget(probe, cache_s=0)
     budget.admit("a", 2 * GiB)  # 7 GiB of 8.5
     # when a second model would pass the watermark, then it is refused, typed, retryable
     with pytest.raises(MemoryBudgetExceeded) as err:
@@ -58,7 +58,9 @@ def test_admits_under_the_watermark_and_refuses_above_it():
 
 
 def test_limit_caps_the_budget_below_the_device():
-    budget = MemoryBudget(FixedProbe(100 * GiB, 0), MemorySettings(limit_mb=1024, watermark=0.5))
+    budget = MemoryBudget(
+        FixedProbe(100 * GiB, 0), MemorySettings(limit_mb=1024, watermark=0.5), cache_s=0
+    )
     budget.admit("small", 400 * MiB)
     with pytest.raises(MemoryBudgetExceeded):
         budget.admit("big", 200 * MiB)
@@ -66,7 +68,7 @@ def test_limit_caps_the_budget_below_the_device():
 
 def test_watermark_refuses_new_work_with_a_retryable_error():
     probe = FixedProbe(10 * GiB, 8 * GiB)
-    budget = MemoryBudget(probe, MemorySettings(watermark=0.85))
+    budget = MemoryBudget(probe, MemorySettings(watermark=0.85), cache_s=0)
     budget.check_watermark()  # 80% < 85%
     probe.used = 9 * GiB
     with pytest.raises(Overloaded) as err:
@@ -77,7 +79,7 @@ def test_watermark_refuses_new_work_with_a_retryable_error():
 
 def test_batch_cap_follows_headroom():
     probe = FixedProbe(10 * GiB, 0)
-    budget = MemoryBudget(probe, MemorySettings(watermark=0.5))  # 5 GiB usable
+    budget = MemoryBudget(probe, MemorySettings(watermark=0.5), cache_s=0)  # 5 GiB usable
     assert budget.max_batch(1 * GiB, ceiling=8) == 5
     probe.used = int(4.5 * GiB)
     assert budget.max_batch(1 * GiB, ceiling=8) == 1  # never below 1: the request runs alone
@@ -122,7 +124,7 @@ def test_load_model_is_refused_before_loading_when_it_does_not_fit():
     from shared.models import load_model
 
     # given a device with 100 MiB and nothing used: PP-OCR needs far more at batch 8
-    budget = MemoryBudget(FixedProbe(100 * MiB, 0))
+    budget = MemoryBudget(FixedProbe(100 * MiB, 0), cache_s=0)
     with pytest.raises(MemoryBudgetExceeded, match="model ppocr-det needs"):
         load_model("ppocr", budget=budget)
     # nothing stays reserved after a refusal
@@ -134,7 +136,7 @@ def test_a_tight_budget_caps_the_batch_of_a_loaded_model():
     from shared.models import load_model
 
     probe = FixedProbe(64 * GiB, 0)
-    budget = MemoryBudget(probe)
+    budget = MemoryBudget(probe, cache_s=0)
     settings = ExecutionSettings(batching=BatcherSettings(max_batch_size=8, max_delay_ms=1))
     with load_model("ppocr", settings=settings, budget=budget) as model:
         assert model.batcher.max_batch_now() == 8
@@ -144,3 +146,13 @@ def test_a_tight_budget_caps_the_batch_of_a_loaded_model():
         probe.used = int(64 * GiB * 0.9)
         with pytest.raises(Overloaded, match="watermark"):
             model.predict(np.zeros((32, 32, 3), np.uint8))
+
+
+def test_request_checks_use_a_short_cache_admission_reads_afresh():
+    probe = FixedProbe(10 * GiB, 1 * GiB)
+    budget = MemoryBudget(probe, cache_s=3600)
+    budget.check_watermark()  # reads and caches 10% in use
+    probe.used = 9 * GiB
+    budget.check_watermark()  # still the cached reading: no probe call per request
+    with pytest.raises(MemoryBudgetExceeded):
+        budget.admit("m", 1 * GiB)  # admission sees the real 90%
