@@ -213,3 +213,13 @@ def test_settings_from_yaml_with_line_numbers(tmp_path: Path) -> None:
     bad.write_text("http:\n  port: 9000\n  nope: 1\n")
     with pytest.raises(ConfigError, match=r"bad.yaml:3"):
         load_settings(CloudSettings, bad)
+
+
+def test_the_example_config_and_rules_load() -> None:
+    import cloud
+
+    folder = Path(cloud.__file__).parent
+    settings = load_settings(CloudSettings, folder / "cloud.example.yaml")
+    assert settings.models.primary == "ppocr-heavy" and settings.api_keys[0].name == "ops"
+    router = Router(RouteSpec(model="ppocr-heavy"), path=folder / "rules.example.yaml")
+    assert router.route(escalation_case("gate-2", edge=[("A", 0.5)]), 5000).name == "gate-unsure"

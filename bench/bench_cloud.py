@@ -1,0 +1,295 @@
+"""The cloud orchestrator under concurrent load from a second process.
+
+Run: `.venv/bin/python -m bench.bench_cloud` (defaults: 160 requests per point,
+2,000 escalations, 1,000 devices x 5 telemetry messages).
+
+- `POST /v1/infer/ppocr`: throughput and p50/p99 at 16 and 64 concurrent clients (httpx
+  in a separate process), with the executor's dynamic batching on vs off (off = one
+  image per forward pass, what a plain FastAPI + ONNX Runtime service does).
+- MQTT escalation ingest: signed cases published at QoS 1 by a second process, routed to
+  the rule-based level so the figure is the ingest path (verify, claim in SQLite, store,
+  answer on the results topic); cases/s from first publish to last verdict received.
+- Telemetry ingest: 1,000 enrolled devices, each sending signed telemetry at QoS 1;
+  messages/s until the registry has stored every one.
+
+Everything runs on a real Mosquitto, uvicorn serving create_app, SQLite on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False)
+
+OP_KEY = "bench-operator-key-0123456789"
+
+
+# --- client side (runs in the second process) ------------------------------------------
+
+
+def _http_load(url: str, image: bytes, concurrency: int, total: int) -> tuple[float, list[float]]:
+    """`total` POSTs with `concurrency` in flight; (wall seconds, latencies in ms)."""
+    import httpx
+
+    async def run() -> tuple[float, list[float]]:
+        latencies: list[float] = []
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        headers = {"Authorization": f"Bearer {OP_KEY}", "Content-Type": "image/png"}
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
+            # warm the connections and the model
+            await client.post("/v1/infer/ppocr", content=image, headers=headers)
+            remaining = iter(range(total))
+
+            async def worker() -> None:
+                for _ in remaining:
+                    started = time.perf_counter()
+                    response = await client.post("/v1/infer/ppocr", content=image, headers=headers)
+                    response.raise_for_status()
+                    latencies.append((time.perf_counter() - started) * 1000)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return time.perf_counter() - started, latencies
+
+    return asyncio.run(run())
+
+
+def _publish_cases(host: str, port: int, device: str, key: bytes, total: int) -> float:
+    """Publish `total` signed cases and wait for every verdict; cases/s end to end."""
+    import numpy as np
+
+    from cloud.testing import escalation_case, escalation_wire
+    from shared.imaging import encode_png
+    from shared.mqtt import MqttSettings, connect, make_client, publish
+    from shared.topics import Topics
+
+    settings = MqttSettings(host=host, port=port)
+    client = make_client(settings, f"{device}-bench")
+    got: set[str] = set()
+    done = threading.Event()
+    ready = threading.Event()
+
+    def on_message(c, u, message) -> None:
+        import json
+
+        got.add(json.loads(message.payload)["case_id"])
+        if len(got) >= total:
+            done.set()
+
+    client.on_message = on_message
+    client.on_subscribe = lambda *a: ready.set()
+    client.on_connect = lambda c, *a: c.subscribe(Topics().results(device), qos=1)
+    connect(client, settings, clean_start=True)
+    ready.wait(30)
+    png = encode_png(np.full((32, 96, 3), 180, np.uint8))
+    wires = [
+        escalation_wire(escalation_case(device, frame_index=i, edge=[("X", 0.9)]), key, png)
+        for i in range(total)
+    ]
+    started = time.perf_counter()
+    for wire in wires:
+        publish(client, wire, qos=1)
+    done.wait(600)
+    elapsed = time.perf_counter() - started
+    client.loop_stop()
+    client.disconnect()
+    return total / elapsed if len(got) >= total else float("nan")
+
+
+def _publish_telemetry(
+    host: str, port: int, devices: list[tuple[str, bytes]], per_device: int
+) -> float:
+    """Publish telemetry for every device; returns the wall-clock start (time.time())."""
+    from shared.messages import DeviceTelemetry, EscalationCounters
+    from shared.mqtt import MqttSettings, connect, make_client, publish
+    from shared.topics import Topics
+    from shared.wire import encode
+
+    settings = MqttSettings(host=host, port=port, max_inflight=1000)
+    client = make_client(settings, "telemetry-bench")
+    connect(client, settings, clean_start=True)
+    deadline = time.monotonic() + 30
+    while not client.is_connected() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    topics = Topics()
+    wires = []
+    for seq in range(per_device):
+        for device, key in devices:
+            message = DeviceTelemetry(
+                device_id=device,
+                seq=seq,
+                uptime_s=float(seq),
+                escalations=EscalationCounters(sent=seq, pending=0, dropped=0),
+                outbox_depth=0,
+                cpu_pct=10.0,
+                ram_used_mb=100.0,
+            )
+            wires.append(encode(message, key, topics.telemetry(device)))
+    started = time.time()
+    infos = [publish(client, wire, qos=1) for wire in wires]
+    for info in infos:
+        info.wait_for_publish(120)
+    client.loop_stop()
+    client.disconnect()
+    return started
+
+
+# --- server side --------------------------------------------------------------------------
+
+
+def _settings(tmp: Path, broker, *, batching: bool, rules: Path | None = None):
+    from cloud.auth import key_digest
+    from cloud.settings import CloudSettings
+
+    return CloudSettings(
+        data_dir=tmp,
+        mqtt={"host": broker.host, "port": broker.port},
+        api_keys=[{"name": "bench", "sha256": key_digest(OP_KEY)}],
+        models={"served": ["ppocr"], "lighter": "ppocr", "primary": "ppocr", "timeout_s": 300},
+        execution={
+            "batching": {
+                "enabled": batching,
+                "max_batch_size": 16,
+                "preferred_batch_size": 8,
+                "max_queue": 1024,
+                "max_delay_ms": 5,
+                "timeout_s": 300,
+            }
+        },
+        rules={"file": rules},
+        queue={"workers": 4, "max_pending": 4096},
+        ingest={"receive_maximum": 256},
+    )
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def _text_png() -> bytes:
+    import cv2
+    import numpy as np
+
+    from shared.imaging import encode_png
+
+    img = np.full((120, 480, 3), 255, np.uint8)
+    cv2.putText(img, "EF-2048 OK", (10, 80), cv2.FONT_HERSHEY_SIMPLEX, 1.8, (0, 0, 0), 4)
+    return encode_png(img)
+
+
+def _wait_ready(url: str) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 300
+    while httpx.get(f"{url}/readyz", timeout=30).status_code != 200:
+        if time.monotonic() > deadline:
+            raise TimeoutError("server not ready")
+        time.sleep(0.2)
+
+
+@app.command()
+def main(
+    requests: Annotated[int, typer.Option(help="requests per (concurrency, batching) point")] = 160,
+    cases: Annotated[int, typer.Option(help="MQTT escalations")] = 2000,
+    devices: Annotated[int, typer.Option(help="simulated devices for telemetry")] = 1000,
+    per_device: Annotated[int, typer.Option(help="telemetry messages per device")] = 5,
+) -> None:
+    from cloud.app import create_app
+    from cloud.testing import ServerThread
+    from shared.logs import configure_logging
+    from tests.support.broker import MosquittoBroker
+
+    configure_logging("WARNING")
+    ctx = multiprocessing.get_context("spawn")
+    image = _text_png()
+    with tempfile.TemporaryDirectory() as tmpdir, ProcessPoolExecutor(1, mp_context=ctx) as client:
+        tmp = Path(tmpdir)
+        broker = MosquittoBroker(tmp / "mosquitto").start()
+        try:
+            print("## /v1/infer/ppocr, clients in a second process")
+            print("| batching | clients | requests | req/s | p50 ms | p99 ms |")
+            print("| --- | --- | --- | --- | --- | --- |")
+            rates: dict[tuple[bool, int], float] = {}
+            for batching in (False, True):
+                settings = _settings(tmp / f"infer-{batching}", broker, batching=batching)
+                settings.ingest.enabled = False
+                api = create_app(settings)
+                with ServerThread(api) as server:
+                    _wait_ready(server.url)
+                    for concurrency in (16, 64):
+                        wall, lat = client.submit(
+                            _http_load, server.url, image, concurrency, requests
+                        ).result()
+                        rates[(batching, concurrency)] = len(lat) / wall
+                        print(
+                            f"| {'on' if batching else 'off'} | {concurrency} | {len(lat)} | "
+                            f"{len(lat) / wall:.1f} | {statistics.median(lat):.0f} | "
+                            f"{_pct(lat, 99):.0f} |",
+                            flush=True,
+                        )
+            for concurrency in (16, 64):
+                ratio = rates[(True, concurrency)] / rates[(False, concurrency)]
+                print(f"batching on / off at {concurrency} clients: {ratio:.2f}x throughput")
+
+            rules = tmp / "rules.yaml"
+            rules.write_text("default: {model: rules, timeout_s: 30}\n")
+            settings = _settings(tmp / "ingest", broker, batching=True, rules=rules)
+            settings.models.preload = False
+            api = create_app(settings)
+            services = api.state.services
+            enrolled = [services.registry.enroll(f"bench-{i:04d}") for i in range(devices)]
+            with ServerThread(api) as server:
+                _wait_ready(server.url)
+                first = enrolled[0]
+                rate = client.submit(
+                    _publish_cases,
+                    broker.host,
+                    broker.port,
+                    first.device_id,
+                    first.device_key,
+                    cases,
+                ).result()
+                print(f"\n## MQTT escalation ingest: {cases} cases, QoS 1, one replica")
+                print(f"{rate:.0f} cases/s (publish -> verify -> store -> verdict received)")
+                total = devices * per_device
+                before = _stored_telemetry()
+                started = client.submit(
+                    _publish_telemetry,
+                    broker.host,
+                    broker.port,
+                    [(e.device_id, e.device_key) for e in enrolled],
+                    per_device,
+                ).result()
+                deadline = time.monotonic() + 600
+                while _stored_telemetry() - before < total and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                elapsed = time.time() - started
+                stored = _stored_telemetry() - before
+                print(f"\n## Telemetry ingest: {devices} devices x {per_device} messages, QoS 1")
+                print(f"{stored:.0f}/{total} stored, {stored / elapsed:.0f} msgs/s")
+        finally:
+            broker.kill()
+
+
+def _stored_telemetry() -> float:
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value(
+        "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"}
+    )
+    return value or 0.0
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,175 @@
+"""MQTT ingest against a real broker: backpressure by withholding acks (no unbounded
+queue), and telemetry/status/reported reaching the device registry."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import REGISTRY
+
+from cloud.services import CloudServices
+from cloud.settings import CloudSettings
+from cloud.testing import escalation_case, escalation_wire
+from shared.imaging import encode_png
+from shared.messages import (
+    CloudVerdict,
+    DeviceStatus,
+    DeviceTelemetry,
+    EscalationCounters,
+    ModelInfo,
+    ReportedState,
+)
+from shared.mqtt import MqttSettings, connect, make_client, publish
+from shared.topics import Topics
+from shared.wire import encode
+
+
+class GateModel:
+    """A model that answers only once the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.info = ModelInfo(name="ppocr-heavy", version="gate")
+        self.gate = threading.Event()
+        self.calls = 0
+
+    def predict(self, image_rgb, *, timeout_s=None):
+        self.calls += 1
+        self.gate.wait()
+        return []
+
+    async def predict_async(self, image_rgb, *, timeout_s=None):
+        return self.predict(image_rgb)
+
+    @property
+    def memory_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.gate.set()
+
+
+def _services(tmp: Path, broker, **overrides) -> CloudSettings:
+    return CloudSettings(
+        data_dir=tmp,
+        mqtt=MqttSettings(host=broker.host, port=broker.port),
+        ingest={"share_group": f"ing-{secrets.token_hex(3)}", "receive_maximum": 4},
+        **overrides,
+    )
+
+
+def _device(broker, name: str, results_of: str | None = None):
+    settings = MqttSettings(host=broker.host, port=broker.port)
+    client = make_client(settings, name)
+    got: list[CloudVerdict] = []
+    ready = threading.Event()
+    if results_of:
+        client.on_message = lambda c, u, m: got.append(CloudVerdict.model_validate_json(m.payload))
+        client.on_subscribe = lambda *a: ready.set()
+        client.on_connect = lambda c, *a: c.subscribe(Topics().results(results_of), qos=1)
+    else:
+        client.on_connect = lambda *a: ready.set()
+    connect(client, settings, clean_start=True)
+    assert ready.wait(30)
+    return client, got
+
+
+def _backpressure_count() -> float:
+    return REGISTRY.get_sample_value("ef_cloud_backpressure_total", {"source": "mqtt"}) or 0.0
+
+
+def test_slow_processing_holds_messages_at_the_broker_not_in_memory(broker, tmp_path: Path) -> None:
+    # given one worker stuck on a gated model and a receive maximum of 4
+    gate = GateModel()
+    settings = _services(
+        tmp_path,
+        broker,
+        models={"preload": False, "timeout_s": 120},
+        queue={"workers": 1, "max_pending": 2},
+    )
+    services = CloudServices.build(settings, loader=lambda name: gate)
+    cam = services.registry.enroll("cam-bp")
+    services.start()
+    client, verdicts = _device(broker, "cam-bp-dev", results_of="cam-bp")
+    try:
+        assert services.ingest.wait_connected(30)
+        before = _backpressure_count()
+        png = encode_png(np.full((16, 16, 3), 90, np.uint8))
+        cases = [escalation_case("cam-bp", frame_index=i) for i in range(20)]
+        for case in cases:
+            publish(client, escalation_wire(case, cam.device_key, png), qos=1)
+        # when the orchestrator has taken all it may (1 running + 3 queued)
+        deadline = time.monotonic() + 60
+        while not (gate.calls == 1 and services.processor.depth == 3):
+            assert time.monotonic() < deadline, (gate.calls, services.processor.depth)
+            time.sleep(0.05)
+        time.sleep(1.0)  # give the broker the chance to overrun us (it must not)
+        # then no more came in: the other 16 wait at the broker, and it was counted
+        assert services.processor.depth == 3
+        assert _backpressure_count() > before
+        # and once the model answers, every case is processed exactly once
+        gate.gate.set()
+        deadline = time.monotonic() + 120
+        while len({v.case_id for v in verdicts}) < len(cases):
+            assert time.monotonic() < deadline, f"{len(verdicts)} verdicts"
+            time.sleep(0.05)
+        assert {v.case_id for v in verdicts} == {c.case_id for c in cases}
+        assert set(services.store.attempts().values()) == {1}
+    finally:
+        gate.gate.set()
+        client.loop_stop()
+        client.disconnect()
+        services.close()
+
+
+def test_telemetry_status_and_reported_reach_the_registry(broker, tmp_path: Path) -> None:
+    settings = _services(tmp_path, broker, models={"preload": False})
+    services = CloudServices.build(settings)
+    cam = services.registry.enroll("cam-tl")
+    services.start()
+    client, _ = _device(broker, "cam-tl-dev")
+    topics = Topics()
+    try:
+        assert services.ingest.wait_connected(30)
+        messages = [
+            (
+                DeviceStatus(device_id="cam-tl", state="online", agent_version="1.2.3"),
+                topics.status("cam-tl"),
+            ),
+            (
+                DeviceTelemetry(
+                    device_id="cam-tl",
+                    seq=1,
+                    uptime_s=5.0,
+                    escalations=EscalationCounters(sent=3, pending=0, dropped=0),
+                    outbox_depth=7,
+                    cpu_pct=42.0,
+                    ram_used_mb=512.0,
+                ),
+                topics.telemetry("cam-tl"),
+            ),
+            (
+                ReportedState(
+                    device_id="cam-tl", deployment_id="dep-1", image="edge:1", status="healthy"
+                ),
+                topics.reported("cam-tl"),
+            ),
+        ]
+        for message, topic in messages:
+            publish(client, encode(message, cam.device_key, topic), qos=1)
+        deadline = time.monotonic() + 30
+        while True:
+            device = services.registry.get_device("cam-tl")
+            if device.online and device.outbox_depth == 7 and device.reported:
+                break
+            assert time.monotonic() < deadline, device
+            time.sleep(0.05)
+        assert device.agent_version == "1.2.3" and device.cpu_pct == 42.0
+        assert device.reported["deployment_id"] == "dep-1"
+    finally:
+        client.loop_stop()
+        client.disconnect()
+        services.close()
