@@ -132,3 +132,29 @@ def test_stale_claim_is_taken_over(store: FeedbackStore) -> None:
         (datetime.now(timezone.utc) - timedelta(minutes=10), case.case_id),
     )
     assert store.claim(case, replica="alive", stale_after_s=60, **kw).state is ClaimState.CLAIMED
+
+
+def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
+    from cloud.services import CloudServices
+    from cloud.settings import CloudSettings
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("default: {model: rules, timeout_s: 10}\n")
+    settings = CloudSettings(
+        data_dir=tmp_path / "data",
+        database_url=pg_url,
+        ingest={"enabled": False},
+        models={"preload": False},
+        rules={"file": rules},
+    )
+    services = CloudServices.build(settings)
+    try:
+        services.registry.enroll("cam-pg2")
+        case = escalation_case("cam-pg2", edge=[("PG-1", 0.8)])
+        verdict = services.processor.submit(case, PNG, source="rest").result(timeout=60)
+        assert verdict.fallback_level == 2 and [d.text for d in verdict.result] == ["PG-1"]
+        assert services.store.verdict(case.case_id) == verdict
+        ready, body = services.readiness()
+        assert ready and body["store"] == {"dialect": "postgresql", "writable": True}
+    finally:
+        services.close()

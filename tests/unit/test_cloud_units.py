@@ -223,3 +223,29 @@ def test_the_example_config_and_rules_load() -> None:
     assert settings.models.primary == "ppocr-heavy" and settings.api_keys[0].name == "ops"
     router = Router(RouteSpec(model="ppocr-heavy"), path=folder / "rules.example.yaml")
     assert router.route(escalation_case("gate-2", edge=[("A", 0.5)]), 5000).name == "gate-unsure"
+
+
+def test_unknown_errors_are_a_logged_500_with_the_json_body(tmp_path: Path, caplog) -> None:
+    from fastapi.testclient import TestClient
+
+    from cloud.app import create_app
+
+    settings = CloudSettings(
+        data_dir=tmp_path, ingest={"enabled": False}, models={"preload": False}
+    )
+    app = create_app(settings)
+
+    def explode() -> None:
+        raise RuntimeError("boom")
+
+    app.add_api_route("/explode", explode)
+    client = TestClient(app)
+    trace = "ab" * 16
+    response = client.get("/explode", headers={"traceparent": f"00-{trace}-{'c' * 16}-01"})
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal"
+    assert response.json()["error"]["trace_id"] == trace
+    assert "boom" not in response.text  # internals stay in the log
+    assert any("unhandled error" in r.getMessage() for r in caplog.records)
+    assert client.get("/healthz").status_code == 200
+    app.state.services.close()
