@@ -8,7 +8,8 @@ Run: `.venv/bin/python -m bench.bench_cloud` (defaults: 160 requests per point,
   image per forward pass, what a plain FastAPI + ONNX Runtime service does).
 - MQTT escalation ingest: signed cases published at QoS 1 by a second process, routed to
   the rule-based level so the figure is the ingest path (verify, claim in SQLite, store,
-  answer on the results topic); cases/s from first publish to last verdict received.
+  answer on the results topic); cases/s from first publish to last verdict received,
+  against a naive inline consumer (auto-ack, everything in paho's network thread).
 - Telemetry ingest: 1,000 enrolled devices, each sending signed telemetry at QoS 1;
   messages/s until the registry has stored every one.
 
@@ -198,86 +199,172 @@ def _wait_ready(url: str) -> None:
         time.sleep(0.2)
 
 
+class NaiveIngest:
+    """What a user would write first: one paho client, auto-ack, each case verified,
+    stored, run and answered inline in the network thread (no queue, no workers, acks
+    before the case is stored). The same store, router and cascade as ours."""
+
+    def __init__(self, services, broker) -> None:
+        import paho.mqtt.client as mqtt
+
+        from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+        from shared.topics import Channel, Topics
+        from shared.wire import Verifier, encode
+
+        self.services = services
+        topics = Topics()
+        verifier = Verifier(key_for_device=services.directory.device_key)
+        settings = MqttSettings(host=broker.host, port=broker.port)
+        self.client = make_client(settings, "naive-ingest")
+        self.connected = threading.Event()
+
+        def answer(verdict) -> None:
+            key = services.directory.device_key(verdict.device_id)
+            publish(self.client, encode(verdict, key, topics.results(verdict.device_id)))
+
+        services.processor.publish = answer
+
+        def on_message(client: mqtt.Client, userdata, message) -> None:
+            import hashlib
+
+            from cloud.processor import Job
+
+            verified = verifier.verify(from_paho(message))
+            case, image = verified.message, verified.image or b""
+            job = Job(
+                sort_key=(0, 0),
+                case=case,
+                image=image,
+                image_sha256=hashlib.sha256(image).hexdigest(),
+                route=services.router.route(case, len(image)),
+                source="mqtt",
+                enqueued=time.monotonic(),
+            )
+            services.processor.process(job)
+
+        def on_connect(client, *args) -> None:
+            client.subscribe(topics.all_devices(Channel.ESCALATIONS), qos=1)
+            self.connected.set()
+
+        self.client.on_message = on_message
+        self.client.on_connect = on_connect
+        connect(self.client, settings, clean_start=True)
+
+    def stop(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def _bench_infer(client, tmp: Path, broker, requests: int) -> None:
+    from cloud.app import create_app
+    from cloud.testing import ServerThread
+
+    image = _text_png()
+    print("## /v1/infer/ppocr, clients in a second process")
+    print("| batching | clients | requests | req/s | p50 ms | p99 ms |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    rates: dict[tuple[bool, int], float] = {}
+    for batching in (False, True):
+        settings = _settings(tmp / f"infer-{batching}", broker, batching=batching)
+        settings.ingest.enabled = False
+        api = create_app(settings)
+        with ServerThread(api) as server:
+            _wait_ready(server.url)
+            for concurrency in (16, 64):
+                wall, lat = client.submit(
+                    _http_load, server.url, image, concurrency, requests
+                ).result()
+                rates[(batching, concurrency)] = len(lat) / wall
+                print(
+                    f"| {'on' if batching else 'off'} | {concurrency} | {len(lat)} | "
+                    f"{len(lat) / wall:.1f} | {statistics.median(lat):.0f} | {_pct(lat, 99):.0f} |",
+                    flush=True,
+                )
+    for concurrency in (16, 64):
+        ratio = rates[(True, concurrency)] / rates[(False, concurrency)]
+        print(f"batching on / off at {concurrency} clients: {ratio:.2f}x throughput")
+
+
+def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_device: int) -> None:
+    from cloud.app import create_app
+    from cloud.testing import ServerThread
+
+    rules = tmp / "rules.yaml"
+    rules.write_text("default: {model: rules, timeout_s: 30}\n")
+    # naive first: a fresh store, the same rule-based route
+    naive_settings = _settings(tmp / "naive", broker, batching=True, rules=rules)
+    naive_settings.models.preload = False
+    naive_settings.ingest.enabled = False
+    naive_api = create_app(naive_settings)
+    naive_services = naive_api.state.services
+    naive_dev = naive_services.registry.enroll("bench-naive")
+    naive = NaiveIngest(naive_services, broker)
+    naive.connected.wait(30)
+    time.sleep(0.5)
+    naive_rate = client.submit(
+        _publish_cases, broker.host, broker.port, naive_dev.device_id, naive_dev.device_key, cases
+    ).result()
+    naive.stop()
+    naive_services.close()
+
+    settings = _settings(tmp / "ingest", broker, batching=True, rules=rules)
+    settings.models.preload = False
+    api = create_app(settings)
+    services = api.state.services
+    enrolled = [services.registry.enroll(f"bench-{i:04d}") for i in range(devices)]
+    with ServerThread(api) as server:
+        _wait_ready(server.url)
+        first = enrolled[0]
+        rate = client.submit(
+            _publish_cases, broker.host, broker.port, first.device_id, first.device_key, cases
+        ).result()
+        print(f"\n## MQTT escalation ingest: {cases} cases, QoS 1, one replica")
+        print("| ingest | cases/s (publish -> verify -> store -> verdict received) |")
+        print("| --- | --- |")
+        print(f"| naive inline consumer (auto-ack) | {naive_rate:.0f} |")
+        print(f"| edgefleet (workers, ack after store) | {rate:.0f} |")
+        print(f"edgefleet / naive: {rate / naive_rate:.2f}x")
+        total = devices * per_device
+        before = _stored_telemetry()
+        job = client.submit(
+            _publish_telemetry,
+            broker.host,
+            broker.port,
+            [(e.device_id, e.device_key) for e in enrolled],
+            per_device,
+        )
+        deadline = time.monotonic() + 600
+        while _stored_telemetry() - before < total and time.monotonic() < deadline:
+            time.sleep(0.01)
+        finished = time.time()
+        elapsed = finished - job.result()
+        stored = _stored_telemetry() - before
+        print(f"\n## Telemetry ingest: {devices} devices x {per_device} messages, QoS 1")
+        print(f"{stored:.0f}/{total} stored, {stored / elapsed:.0f} msgs/s")
+
+
 @app.command()
 def main(
     requests: Annotated[int, typer.Option(help="requests per (concurrency, batching) point")] = 160,
     cases: Annotated[int, typer.Option(help="MQTT escalations")] = 2000,
     devices: Annotated[int, typer.Option(help="simulated devices for telemetry")] = 1000,
     per_device: Annotated[int, typer.Option(help="telemetry messages per device")] = 5,
+    parts: Annotated[str, typer.Option(help="comma list of: infer, ingest")] = "infer,ingest",
 ) -> None:
-    from cloud.app import create_app
-    from cloud.testing import ServerThread
     from shared.logs import configure_logging
     from tests.support.broker import MosquittoBroker
 
     configure_logging("WARNING")
     ctx = multiprocessing.get_context("spawn")
-    image = _text_png()
+    chosen = {p.strip() for p in parts.split(",")}
     with tempfile.TemporaryDirectory() as tmpdir, ProcessPoolExecutor(1, mp_context=ctx) as client:
         tmp = Path(tmpdir)
         broker = MosquittoBroker(tmp / "mosquitto").start()
         try:
-            print("## /v1/infer/ppocr, clients in a second process")
-            print("| batching | clients | requests | req/s | p50 ms | p99 ms |")
-            print("| --- | --- | --- | --- | --- | --- |")
-            rates: dict[tuple[bool, int], float] = {}
-            for batching in (False, True):
-                settings = _settings(tmp / f"infer-{batching}", broker, batching=batching)
-                settings.ingest.enabled = False
-                api = create_app(settings)
-                with ServerThread(api) as server:
-                    _wait_ready(server.url)
-                    for concurrency in (16, 64):
-                        wall, lat = client.submit(
-                            _http_load, server.url, image, concurrency, requests
-                        ).result()
-                        rates[(batching, concurrency)] = len(lat) / wall
-                        print(
-                            f"| {'on' if batching else 'off'} | {concurrency} | {len(lat)} | "
-                            f"{len(lat) / wall:.1f} | {statistics.median(lat):.0f} | "
-                            f"{_pct(lat, 99):.0f} |",
-                            flush=True,
-                        )
-            for concurrency in (16, 64):
-                ratio = rates[(True, concurrency)] / rates[(False, concurrency)]
-                print(f"batching on / off at {concurrency} clients: {ratio:.2f}x throughput")
-
-            rules = tmp / "rules.yaml"
-            rules.write_text("default: {model: rules, timeout_s: 30}\n")
-            settings = _settings(tmp / "ingest", broker, batching=True, rules=rules)
-            settings.models.preload = False
-            api = create_app(settings)
-            services = api.state.services
-            enrolled = [services.registry.enroll(f"bench-{i:04d}") for i in range(devices)]
-            with ServerThread(api) as server:
-                _wait_ready(server.url)
-                first = enrolled[0]
-                rate = client.submit(
-                    _publish_cases,
-                    broker.host,
-                    broker.port,
-                    first.device_id,
-                    first.device_key,
-                    cases,
-                ).result()
-                print(f"\n## MQTT escalation ingest: {cases} cases, QoS 1, one replica")
-                print(f"{rate:.0f} cases/s (publish -> verify -> store -> verdict received)")
-                total = devices * per_device
-                before = _stored_telemetry()
-                started = client.submit(
-                    _publish_telemetry,
-                    broker.host,
-                    broker.port,
-                    [(e.device_id, e.device_key) for e in enrolled],
-                    per_device,
-                ).result()
-                deadline = time.monotonic() + 600
-                while _stored_telemetry() - before < total and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                elapsed = time.time() - started
-                stored = _stored_telemetry() - before
-                print(f"\n## Telemetry ingest: {devices} devices x {per_device} messages, QoS 1")
-                print(f"{stored:.0f}/{total} stored, {stored / elapsed:.0f} msgs/s")
+            if "infer" in chosen:
+                _bench_infer(client, tmp, broker, requests)
+            if "ingest" in chosen:
+                _bench_ingest(client, tmp, broker, cases, devices, per_device)
         finally:
             broker.kill()
 
