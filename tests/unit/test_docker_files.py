@@ -443,9 +443,15 @@ def assert_env_sets_real_settings(
             actual = _value(built[spec.cls], dotted)
         except AttributeError:
             pytest.fail(f"{key} names no setting of {spec.cls.__name__}")
-        assert str(actual) == value, key
+        assert _same(actual, value), f"{key}={value} read back as {actual!r}"
         checked += 1
     return checked
+
+
+def _same(actual: Any, text: str) -> bool:
+    if isinstance(actual, float):
+        return actual == float(text)
+    return str(actual) == text
 
 
 @pytest.mark.parametrize("name", IMAGES)

@@ -1,0 +1,131 @@
+"""The demo's stack pieces against the real things: the fleet CLI, Mosquitto, the settings.
+
+The end-to-end run (tests/e2e/test_demo.py) shows the whole works; these pin the parts a
+typo would silently break: a misspelt EDGEFLEET_EDGE_ variable is ignored by
+pydantic-settings, a cloud.yaml key the cloud does not know stops it at start, and the
+broker must accept exactly the accounts `edgefleet fleet` created.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+import yaml
+from rich.console import Console
+
+from cloud.settings import CloudSettings
+from edgefleet.demo_stack import (
+    Device,
+    Stack,
+    UplinkMeter,
+    agent_env,
+    broker_config,
+    enroll_devices,
+    free_port,
+    mosquitto_binary,
+    port_open,
+    wait_until,
+    write_cloud_config,
+)
+from shared.config import load_settings
+from shared.errors import EdgefleetError
+from tests.unit.test_docker_files import EDGE, assert_env_sets_real_settings
+
+
+def test_agent_environment_names_real_edge_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = Device("cam-01", tmp_path, tmp_path / "v.mp4", None, tmp_path / "r.jsonl", 8123)
+    env = agent_env(device, tmp_path)
+    # every variable lands in a real setting (streams is JSON: compared separately)
+    streams = env.pop("EDGEFLEET_EDGE_STREAMS")
+    assert assert_env_sets_real_settings([EDGE], env, monkeypatch) == len(env)
+    monkeypatch.setenv("EDGEFLEET_EDGE_STREAMS", streams)
+    settings = load_settings(EDGE.cls, None, **EDGE.required)
+    assert [(s.id, s.url, s.loop) for s in settings.streams] == [("cam", str(device.video), True)]
+    assert settings.outbox.path.parent == tmp_path / "devices" / "cam-01"
+
+
+def test_cloud_config_is_accepted_by_the_real_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = write_cloud_config(tmp_path, 18080, 11883, "efk_operator", "pw")
+    settings = load_settings(CloudSettings, path)
+    assert (settings.http.port, settings.mqtt.port, settings.mqtt.password) == (18080, 11883, "pw")
+    assert settings.data_dir == tmp_path / "cloud"
+    assert path.stat().st_mode & 0o077 == 0  # it holds the broker password
+
+
+def test_wait_until_reports_a_child_that_died_with_its_log(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, Console())
+    child = stack.start("crasher", [sys.executable, "-c", "print('boom: bad config'); exit(3)"])
+    child.process.wait(60)
+    with pytest.raises(EdgefleetError, match=r"(?s)crasher exited with code 3.*boom: bad config"):
+        wait_until(lambda: False, 60, "something", [child])
+
+
+@pytest.mark.slow
+def test_fleet_enrolled_devices_reach_the_demo_broker_and_are_metered(tmp_path: Path) -> None:
+    try:
+        binary = mosquitto_binary()
+    except EdgefleetError:
+        pytest.skip("mosquitto is not installed")
+    # given two devices enrolled through the real `edgefleet fleet` commands
+    port = free_port()
+    enrolled = enroll_devices(tmp_path, ["cam-01", "cam-02"], port, free_port())
+    bundle = yaml.safe_load((enrolled.bundles["cam-01"] / "edge.yaml").read_text())
+    assert bundle["device_id"] == "cam-01" and bundle["mqtt"]["port"] == port
+    assert bundle["device_key_file"] == str(enrolled.bundles["cam-01"] / "secrets.yaml")
+    # and the demo's broker on the files `fleet` generated
+    stack = Stack(tmp_path, Console())
+    conf = broker_config(tmp_path, port, enrolled.password_file, enrolled.acl_file)
+    broker = stack.start("mosquitto", [binary, "-c", str(conf)])
+    try:
+        wait_until(lambda: port_open(port), 30, "the broker", [broker])
+        meter = UplinkMeter(port, "cloud", enrolled.cloud_password)
+        try:
+            # when cam-01 publishes on its own telemetry topic with its bundle's password
+            device = _connected(port, "cam-01", bundle["mqtt"]["password"])
+            info = device.publish("ef/v1/cam-01/telemetry", b"x" * 100, qos=1)
+            info.wait_for_publish(30)
+            device.disconnect()
+            device.loop_stop()
+            # then the meter, subscribed with the cloud's account, counted its bytes
+            deadline = time.monotonic() + 30
+            while meter.bytes.get("cam-01", 0) < 100 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert meter.bytes["cam-01"] >= 100 + len("ef/v1/cam-01/telemetry")
+            assert meter.messages["cam-01"] >= 1
+        finally:
+            meter.close()
+        # and a wrong password is refused
+        with pytest.raises(ConnectionRefusedError):
+            _connected(port, "cam-01", "not-the-password")
+    finally:
+        stack.stop_all()
+
+
+def _connected(port: int, username: str, password: str) -> mqtt.Client:
+    done = threading.Event()
+    codes: list[int] = []
+
+    def on_connect(client, userdata, flags, reason_code, properties):  # type: ignore[no-untyped-def]
+        codes.append(reason_code.value)
+        done.set()
+
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.username_pw_set(username, password)
+    client.on_connect = on_connect
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    assert done.wait(30), "no CONNACK"
+    if codes[0] != 0:
+        client.loop_stop()
+        raise ConnectionRefusedError(codes[0])
+    return client
