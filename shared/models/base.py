@@ -51,7 +51,7 @@ class Model(abc.ABC):
             if main.executor.capabilities.precision in {"fp32", "fp16", "int8", "bf16"}
             else None,
         )
-        self._recent: deque[tuple[float, int]] = deque(maxlen=4096)
+        self._recent: deque[tuple[int, int]] = deque(maxlen=3600)
         self._recent_lock = threading.Lock()
         self._batcher: DynamicBatcher[np.ndarray, list[Detection]] | None = None
         if settings.batching.enabled:
@@ -90,8 +90,12 @@ class Model(abc.ABC):
         results = self.post_process(self.forward(prepared), prepared)
         PREDICT_SECONDS.labels(self.spec.name).observe(time.perf_counter() - started)
         PREDICTIONS.labels(self.spec.name).inc(len(checked))
-        with self._recent_lock:
-            self._recent.append((time.monotonic(), len(checked)))
+        second = int(time.monotonic())
+        with self._recent_lock:  # per-second buckets: exact at any rate, bounded memory
+            if self._recent and self._recent[-1][0] == second:
+                self._recent[-1] = (second, self._recent[-1][1] + len(checked))
+            else:
+                self._recent.append((second, len(checked)))
         return results
 
     def qps(self, window_s: float = 60.0) -> float:
