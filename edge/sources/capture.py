@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from edge.settings import SourceSettings
 from edge.sources.base import Frame, VideoSource
@@ -27,6 +27,11 @@ DROPPED = Counter("ef_edge_frames_dropped_total", "Frames overwritten before use
 INVALID = Counter("ef_edge_frames_invalid_total", "Garbage frames from sources", ["stream"])
 RECONNECTS = Counter("ef_edge_stream_reconnects_total", "Stream reconnects", ["stream"])
 STATE = Gauge("ef_edge_stream_state", "1 for the stream's current state", ["stream", "state"])
+DECODE = Histogram(
+    "ef_edge_decode_seconds",
+    "Time to read and decode one frame (the capture stage)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+)
 STATES = ("connecting", "live", "stalled", "down")
 
 
@@ -185,7 +190,9 @@ class Capture:
         started = self._clock()
         self._last_frame_at = self._clock()
         while not self._stop.is_set():
+            began = time.perf_counter()
             raw = self.source.read()
+            DECODE.observe(time.perf_counter() - began)
             now = self._clock()
             if raw is None:
                 if self.settings.loop:

@@ -203,3 +203,13 @@ def test_a_source_that_stops_sending_is_marked_stalled_then_reconnected() -> Non
     blocked.clear()
     wait_for(lambda: capture.state == "live")
     capture.stop()
+
+
+def test_gstreamer_pipeline_without_gstreamer_support_says_why() -> None:
+    source = OpenCvSource(_settings("videotestsrc ! videoconvert ! appsink"))
+    assert source.kind == "gstreamer"
+    if "GStreamer:                   YES" in cv2.getBuildInformation():
+        pytest.skip("this OpenCV has GStreamer")
+    with pytest.raises(SourceDisconnected) as err:
+        source.open()
+    assert "no GStreamer support" in err.value.message and "Jetson" in err.value.hint
