@@ -28,7 +28,7 @@ from cloud.cascade import Cascade
 from cloud.router import Route, Router
 from cloud.store import ClaimState, FeedbackStore
 from shared.db import StoreUnavailable
-from shared.errors import Overloaded
+from shared.errors import EdgefleetError, Overloaded
 from shared.logs import trace_id_var
 from shared.messages import CloudVerdict, EscalationCase
 
@@ -147,6 +147,10 @@ class CaseProcessor:
             try:
                 verdict = self._process_with_retry(job)
                 job.future.set_result(verdict)
+            except EdgefleetError as exc:  # a typed refusal (e.g. an image that will not decode)
+                log.warning("case %s refused: %s", job.case.case_id, exc)
+                CASES.labels(job.source, exc.code).inc()
+                job.future.set_exception(exc)
             except BaseException as exc:  # every failure reaches the caller's future
                 log.exception("case %s failed", job.case.case_id)
                 CASES.labels(job.source, "failed").inc()
@@ -168,6 +172,8 @@ class CaseProcessor:
 
     def process(self, job: Job) -> CloudVerdict | None:
         case = job.case
+        # Decode before claiming: an image that will not decode is refused, not stored.
+        rgb = job.rgb if job.rgb is not None else self._decode_if_needed(job)
         claim = self.store.claim(
             case,
             image_sha256=job.image_sha256,
@@ -184,7 +190,6 @@ class CaseProcessor:
             CASES.labels(job.source, "duplicate_in_progress").inc()
             return None  # its owner stores and publishes the verdict
         self.store.mark_attempt(case.case_id)
-        rgb = job.rgb if job.rgb is not None else self._decode_if_needed(job)
         outcome = self.cascade.run(job.route, case, rgb, job.image_sha256)
         elapsed = time.monotonic() - job.enqueued
         verdict = CloudVerdict(

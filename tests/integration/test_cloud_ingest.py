@@ -173,3 +173,38 @@ def test_telemetry_status_and_reported_reach_the_registry(broker, tmp_path: Path
         client.loop_stop()
         client.disconnect()
         services.close()
+
+
+def test_an_mqtt_case_whose_image_will_not_decode_is_refused_and_not_stored(
+    broker, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - {name: ok, when: {stream: ok}, route: {model: rules}}\n")
+    settings = _services(tmp_path, broker, models={"preload": False}, rules={"file": rules})
+    services = CloudServices.build(settings)
+    cam = services.registry.enroll("cam-bad")
+    services.start()
+    client, verdicts = _device(broker, "cam-bad-dev", results_of="cam-bad")
+    try:
+        assert services.ingest.wait_connected(30)
+        good_png = encode_png(np.full((16, 16, 3), 90, np.uint8))
+        truncated = good_png[: len(good_png) // 2]  # right magic, broken body
+        bad = escalation_case("cam-bad")
+        good = escalation_case("cam-bad", stream_id="ok", edge=[("OK", 0.9)])
+        refused = {"source": "mqtt", "outcome": "image_invalid"}
+        before = REGISTRY.get_sample_value("ef_cloud_cases_total", refused) or 0.0
+        publish(client, escalation_wire(bad, cam.device_key, truncated), qos=1)
+        publish(client, escalation_wire(good, cam.device_key, good_png), qos=1)
+        deadline = time.monotonic() + 30
+        while not any(v.case_id == good.case_id for v in verdicts):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        while (REGISTRY.get_sample_value("ef_cloud_cases_total", refused) or 0.0) <= before:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert bad.case_id not in services.store.attempts()
+        assert all(v.case_id != bad.case_id for v in verdicts)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+        services.close()
