@@ -158,3 +158,33 @@ def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> Non
         assert ready and body["store"] == {"dialect": "postgresql", "writable": True}
     finally:
         services.close()
+
+
+def test_drift_compares_this_week_with_the_reference_window(store: FeedbackStore) -> None:
+    from prometheus_client import REGISTRY
+
+    from cloud.drift import DriftWatch
+    from cloud.settings import DriftSettings
+
+    # given 30 confident cases three weeks ago and 30 unsure ones this week
+    old = datetime.now(timezone.utc) - timedelta(days=21)
+    for i in range(60):
+        score = 0.9 if i < 30 else 0.3 + i / 1000
+        case = escalation_case("cam-dr", frame_index=i, edge=[("X", score)])
+        store.claim(
+            case, image_sha256="e" * 64, image=PNG, source="mqtt", replica="r", stale_after_s=60
+        )
+        if i < 30:
+            store.db.execute(
+                "UPDATE ef_cases SET received_at = ? WHERE case_id = ?", (old, case.case_id)
+            )
+    watch = DriftWatch(store, DriftSettings(min_samples=20))
+    # when drift is computed, then the KS statistic says the distributions are disjoint
+    (reading,) = watch.compute()
+    assert (reading.device_id, reading.model, reading.ks) == ("cam-dr", "ppocr", 1.0)
+    assert (reading.current_n, reading.reference_n) == (30, 30)
+    gauge = REGISTRY.get_sample_value(
+        "ef_cloud_edge_score_drift_ks", {"device": "cam-dr", "model": "ppocr"}
+    )
+    assert gauge == 1.0
+    assert watch.latest("cam-dr") == [reading] and watch.latest("other") == []
