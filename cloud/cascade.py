@@ -14,10 +14,11 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -76,6 +77,12 @@ class _Slot:
     model: CloudModel | None = None
     error: str | None = None
     loading: bool = False
+    calls: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+
+    def qps(self, window_s: float = 60.0) -> float:
+        """Calls per second over the last `window_s` (for /readyz)."""
+        cutoff = time.monotonic() - window_s
+        return round(sum(1 for t in list(self.calls) if t >= cutoff) / window_s, 3)
 
 
 class ModelPool:
@@ -147,6 +154,7 @@ class ModelPool:
                     "memory_bytes": model.memory_bytes if model else 0,
                     "loading": slot.loading,
                     "error": slot.error,
+                    "qps": slot.qps(),
                 }
             )
         return out
@@ -154,6 +162,7 @@ class ModelPool:
     def call(self, name: str, image: np.ndarray, timeout_s: float) -> list[Detection]:
         """One prediction with a hard deadline (InferenceTimeout past it)."""
         model = self.get(name)
+        self._slots[name].calls.append(time.monotonic())
         started = time.perf_counter()
         future = self._calls.submit(model.predict, image, timeout_s=timeout_s)
         try:
@@ -167,6 +176,7 @@ class ModelPool:
     async def call_async(self, name: str, image: np.ndarray, timeout_s: float) -> list[Detection]:
         """The same for the event loop: batched with concurrent requests, never blocking."""
         model = self.get(name) if self.loaded(name) else await asyncio.to_thread(self.get, name)
+        self._slots[name].calls.append(time.monotonic())
         started = time.perf_counter()
         try:
             return await asyncio.wait_for(

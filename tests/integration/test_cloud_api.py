@@ -167,6 +167,7 @@ def test_readyz_names_each_model_broker_and_store(env: Env) -> None:
     for model in names.values():
         assert model["warmed"] and len(model["sha256"]) == 64
         assert model["backend"].startswith("onnxruntime") and model["memory_bytes"] > 0
+        assert model["qps"] >= 0
     assert body["broker"] == {"required": True, "connected": True}
     assert body["store"] == {"dialect": "sqlite", "writable": True}
     assert httpx.get(f"{env.url}/healthz").json() == {"status": "ok"}
