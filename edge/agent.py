@@ -65,6 +65,7 @@ class Agent:
         self._source_factory = source_factory
         self._swap_lock = threading.Lock()
         self._stop = threading.Event()
+        self._stopped = False
         self._started_at = time.monotonic()
         self.stats = WindowStats()
         self.verdicts = VerdictBook()
@@ -145,7 +146,10 @@ class Agent:
         self.on_escalation.append(callback)
 
     def stop(self, *, drain_timeout_s: float = 10.0, flush_timeout_s: float = 5.0) -> None:
-        """Graceful: stop capture, drain, flush, publish offline, close."""
+        """Graceful: stop capture, drain, flush, publish offline, close (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._stop.set()
         self.stop_capture(drain_timeout_s)
         if self._telemetry_thread.is_alive():

@@ -15,6 +15,8 @@ from typing import Any
 import cv2
 import numpy as np
 import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from edge.settings import EdgeSettings
 from shared.messages import (
@@ -158,7 +160,10 @@ class Collector:
         info.wait_for_publish(10)
 
     def close(self) -> None:
-        self.client.disconnect()
+        """Disconnect and end the persistent session (nothing queues for it afterwards)."""
+        props = Properties(PacketTypes.DISCONNECT)
+        props.SessionExpiryInterval = 0
+        self.client.disconnect(properties=props)
         self.client.loop_stop()
 
 
