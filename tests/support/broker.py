@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -50,6 +51,9 @@ class MosquittoBroker:
         base = "\n".join(
             [
                 f"listener {self.port} 127.0.0.1",
+                # As root, mosquitto drops to the `mosquitto` user, which cannot write the
+                # test's private temp folder: persistence would silently not happen.
+                "user root" if os.geteuid() == 0 and not self._sets_user() else "",
                 "allow_anonymous true" if "password_file" not in self.extra_config else "",
                 "persistence true",
                 f"persistence_location {persistence}/",
@@ -65,6 +69,9 @@ class MosquittoBroker:
             ]
         )
         self.config_path.write_text(base + self.extra_config + "\n")
+
+    def _sets_user(self) -> bool:
+        return any(line.split()[:1] == ["user"] for line in self.extra_config.splitlines())
 
     def start(self) -> MosquittoBroker:
         if self.running:
