@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from shared.executor.batcher import DynamicBatcher
+from shared.errors import EdgefleetError
+from shared.executor.batcher import BatcherClosed, DynamicBatcher
 from shared.executor.memory import MemoryBudget
 from shared.executor.metrics import PREDICT_SECONDS, PREDICTIONS
 from shared.executor.settings import ExecutionSettings
@@ -21,6 +22,14 @@ from shared.models.registry import ModelSpec
 from shared.models.session import Session
 
 log = logging.getLogger(__name__)
+
+
+class ModelClosed(EdgefleetError):
+    """The model was closed (e.g. swapped for a new version); retry against its successor."""
+
+    code = "model_closed"
+    http_status = 503
+    hint = "the model was unloaded or replaced; retry the request"
 
 
 class Model(abc.ABC):
@@ -53,6 +62,8 @@ class Model(abc.ABC):
         )
         self._recent: deque[tuple[int, int]] = deque(maxlen=3600)
         self._recent_lock = threading.Lock()
+        self._closing = False  # no new requests
+        self._closed = False  # queue drained, sessions freed
         self._batcher: DynamicBatcher[np.ndarray, list[Detection]] | None = None
         if settings.batching.enabled:
             per_item = sum(s.footprint.activations_per_item for s in sessions)
@@ -82,6 +93,8 @@ class Model(abc.ABC):
 
     def predict_many(self, images: list[np.ndarray]) -> list[list[Detection]]:
         """One batch, run directly (no queue): detections per image, in input order."""
+        if self._closed:
+            raise ModelClosed(f"model {self.spec.name} is closed")
         checked = [check_image(image) for image in images]
         if not checked:
             return []
@@ -112,22 +125,34 @@ class Model(abc.ABC):
         InferenceTimeout.
         """
         check_image(image_rgb)
+        if self._closing:
+            raise ModelClosed(f"model {self.spec.name} is closed")
         self.budget.check_watermark()
-        if self._batcher is None:
+        batcher = self._batcher
+        if batcher is None:
             return self.predict_many([image_rgb])[0]
-        return self._batcher(image_rgb, timeout_s=timeout_s)
+        try:
+            return batcher(image_rgb, timeout_s=timeout_s)
+        except BatcherClosed:
+            raise ModelClosed(f"model {self.spec.name} is closed") from None
 
     async def predict_async(
         self, image_rgb: np.ndarray, *, timeout_s: float | None = None
     ) -> list[Detection]:
         """`predict` for asyncio callers (the event loop is never blocked)."""
         check_image(image_rgb)
+        if self._closing:
+            raise ModelClosed(f"model {self.spec.name} is closed")
         self.budget.check_watermark()
-        if self._batcher is None:
+        batcher = self._batcher
+        if batcher is None:
             import asyncio
 
             return (await asyncio.to_thread(self.predict_many, [image_rgb]))[0]
-        return await self._batcher.submit_async(image_rgb, timeout_s=timeout_s)
+        try:
+            return await batcher.submit_async(image_rgb, timeout_s=timeout_s)
+        except BatcherClosed:
+            raise ModelClosed(f"model {self.spec.name} is closed") from None
 
     @property
     def memory_bytes(self) -> int:
@@ -145,9 +170,12 @@ class Model(abc.ABC):
         return {s.spec.name: s.backend for s in self._sessions}
 
     def close(self) -> None:
+        """Finish queued requests, then free the sessions; later calls raise ModelClosed."""
+        self._closing = True
         if self._batcher is not None:
             self._batcher.close()
             self._batcher = None
+        self._closed = True
         for session in self._sessions:
             session.close()
 

@@ -198,3 +198,29 @@ def test_yolo_pre_processing_matches_the_reference_path(tmp_path):
         # no resize is needed (32x64 fits 64x64 at scale 1): only order, pad and normalise
         assert np.allclose(prepared.tensor, reference, atol=1e-3)
         assert prepared.plans[0].pad_top == 16
+
+
+def test_a_closed_model_refuses_with_a_typed_retryable_error(tmp_path):
+    import asyncio
+
+    from shared.models.base import ModelClosed
+
+    registry = registry_with(
+        tmp_path,
+        "tiny-closed",
+        constant_model(v8_output(), [1, 3, 64, 64]),
+        task="yolo",
+        labels=["a", "b", "c"],
+    )
+    model = load_model("tiny-closed", settings=SETTINGS, registry=registry)
+    image = np.zeros((64, 64, 3), np.uint8)
+    assert len(model.predict(image)) == 2
+    model.close()
+    with pytest.raises(ModelClosed) as err:
+        model.predict(image)
+    assert err.value.http_status == 503
+    with pytest.raises(ModelClosed):
+        model.predict_many([image])
+    with pytest.raises(ModelClosed):
+        asyncio.run(model.predict_async(image))
+    model.close()  # closing twice is harmless
