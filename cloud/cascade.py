@@ -91,7 +91,12 @@ class ModelPool:
     def __init__(self, names: list[str], loader: ModelLoader, *, workers: int = 16):
         self._loader = loader
         self._slots = {name: _Slot(threading.Lock()) for name in dict.fromkeys(names)}
-        self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="model-call")
+        # One pool per model: a primary that hangs ties up only its own threads, so the
+        # lighter model it falls back to still has workers.
+        self._calls = {
+            name: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"call-{name}")
+            for name in self._slots
+        }
         self.on_loaded: Callable[[str, ModelInfo], None] | None = None
 
     @property
@@ -164,7 +169,7 @@ class ModelPool:
         model = self.get(name)
         self._slots[name].calls.append(time.monotonic())
         started = time.perf_counter()
-        future = self._calls.submit(model.predict, image, timeout_s=timeout_s)
+        future = self._calls[name].submit(model.predict, image, timeout_s=timeout_s)
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
@@ -188,7 +193,8 @@ class ModelPool:
             MODEL_LATENCY.labels(name).observe(time.perf_counter() - started)
 
     def close(self) -> None:
-        self._calls.shutdown(wait=False, cancel_futures=True)
+        for calls in self._calls.values():
+            calls.shutdown(wait=False, cancel_futures=True)
         for slot in self._slots.values():
             if slot.model is not None:
                 slot.model.close()

@@ -82,7 +82,9 @@ class ModelsSettings(_Closed):
     )
     preload: bool = Field(True, description="load and warm models at start (readyz waits)")
     timeout_s: float = Field(20.0, gt=0, description="default per-inference timeout")
-    workers_per_model: int = Field(2, ge=1, le=32, description="threads that run one model")
+    workers_per_model: int = Field(
+        8, ge=1, le=64, description="concurrent calls into one model (they meet in its batcher)"
+    )
     manifest: Path | None = Field(None, description="extra model manifest merged over the default")
 
 
