@@ -63,6 +63,7 @@ class Ingest:
         light_workers: int = 2,
         client_id: str | None = None,
         max_payload_bytes: int = 8 * 1024 * 1024,
+        max_skew_s: float = 300.0,
         on_reported: Callable[[ReportedState], None] | None = None,
     ):
         self.settings = mqtt_settings
@@ -75,6 +76,7 @@ class Ingest:
             key_for_device=directory.device_key,
             topics=self.topics,
             max_payload_bytes=max_payload_bytes,
+            max_skew_s=max_skew_s,
         )
         self.on_reported = on_reported
         self.client_id = client_id or f"edgefleet-cloud-{secrets.token_hex(4)}"

@@ -153,6 +153,7 @@ class CloudServices:
                 light_workers=settings.ingest.light_workers,
                 client_id=replica,
                 max_payload_bytes=settings.http.max_upload_bytes,
+                max_skew_s=settings.ingest.max_skew_s,
             )
             processor.publish = services.ingest.publish_verdict
         if registry is not None:

@@ -63,6 +63,12 @@ class IngestSettings(_Closed):
         description="telemetry/status/reported waiting to be stored; QoS 0 beyond is dropped",
     )
     light_workers: int = Field(2, ge=1, le=32, description="threads storing telemetry/status")
+    max_skew_s: float = Field(
+        300.0,
+        gt=0,
+        description="messages whose ts is further than this from now are rejected as stale; "
+        "raise it if edge outboxes may hold messages through long outages",
+    )
 
 
 class QueueSettings(_Closed):
