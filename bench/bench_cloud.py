@@ -351,6 +351,10 @@ def main(
     per_device: Annotated[int, typer.Option(help="telemetry messages per device")] = 5,
     parts: Annotated[str, typer.Option(help="comma list of: infer, ingest")] = "infer,ingest",
 ) -> None:
+    """REST inference and MQTT/telemetry ingest under load from a second process.
+
+    Example: edgefleet bench cloud --requests 160 --cases 2000
+    """
     from shared.logs import configure_logging
     from tests.support.broker import MosquittoBroker
 

@@ -11,7 +11,10 @@ import typer
 from shared.config import load_settings
 from shared.errors import EdgefleetError
 
-app = typer.Typer(help="The cloud orchestrator: REST + MQTT ingest, cascade, feedback store.")
+app = typer.Typer(
+    help="The cloud orchestrator: REST + MQTT ingest, cascade, feedback store.\n\n"
+    "Example: edgefleet cloud serve -c cloud.yaml"
+)
 
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="cloud.yaml (defaults work without one)")
@@ -34,7 +37,10 @@ def serve(
     host: Annotated[str | None, typer.Option(help="override http.host")] = None,
     port: Annotated[int | None, typer.Option(help="override http.port")] = None,
 ) -> None:
-    """Run the REST API and the MQTT ingest in one process (uvicorn)."""
+    """Run the REST API and the MQTT ingest in one process (uvicorn).
+
+    Example: edgefleet cloud serve -c cloud.yaml --port 8080
+    """
     import uvicorn
 
     from cloud.app import create_app
@@ -63,7 +69,10 @@ def export(
         Path | None, typer.Option("--output", "-o", help="JSONL file; default stdout")
     ] = None,
 ) -> None:
-    """Write the training set (JSONL: image path, label, source) with a progress bar."""
+    """Write the training set (JSONL: image path, label, source) with a progress bar.
+
+    Example: edgefleet cloud export -c cloud.yaml -o train.jsonl
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from cloud.store import FeedbackStore
@@ -99,7 +108,10 @@ def export(
 
 @app.command("hash-key")
 def hash_key(key: Annotated[str, typer.Argument(help="an operator API key")]) -> None:
-    """Print the SHA-256 to put in `api_keys[].sha256` (the key itself is never stored)."""
+    """Print the SHA-256 to put in `api_keys[].sha256` (the key itself is never stored).
+
+    Example: edgefleet cloud hash-key "$(openssl rand -hex 24)"
+    """
     from cloud.auth import key_digest
 
     typer.echo(key_digest(key))
