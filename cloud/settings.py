@@ -131,6 +131,8 @@ class ImageLimitSettings(_Closed):
 class CloudSettings(EdgefleetSettings):
     """Everything `edgefleet cloud serve` needs; every field has a working default."""
 
+    model_config = EdgefleetSettings.model_config | {"env_prefix": "EDGEFLEET_CLOUD_"}
+
     http: HttpSettings = Field(default_factory=HttpSettings, description="REST server")
     mqtt: MqttSettings = Field(default_factory=MqttSettings, description="broker connection")
     ingest: IngestSettings = Field(default_factory=IngestSettings, description="MQTT ingest")
