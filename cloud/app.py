@@ -22,6 +22,7 @@ from cloud.auth import require_operator
 from cloud.middleware import BodyLimitMiddleware, TraceMiddleware, error_body, error_headers
 from cloud.services import CloudServices
 from cloud.settings import CloudSettings
+from fleet.api import build_router
 from shared.errors import EdgefleetError
 
 log = logging.getLogger(__name__)
@@ -130,10 +131,13 @@ def create_app(settings: CloudSettings, *, services: CloudServices | None = None
 
 
 def _include_fleet(app: FastAPI, services: CloudServices) -> None:
-    """The fleet's routes (/v1/devices*, /v1/deployments*, the dashboard)."""
-    try:
-        from fleet.api import build_router
-    except ImportError as exc:
-        log.warning("fleet API not available in this build: %s", exc)
-        return
-    app.include_router(build_router(services.registry, services.rollouts, require_operator))
+    """The fleet's routes (/v1/devices*, /v1/deployments*, /v1/models*, the dashboard)."""
+    app.include_router(
+        build_router(
+            services.registry,
+            services.rollouts,
+            require_operator,
+            recent_cases=services.store.recent_cases,
+            model_store=services.model_store,
+        )
+    )

@@ -61,6 +61,7 @@ class CloudServices:
     ingest: Ingest | None = None
     registry: Any = None  # fleet.registry.DeviceRegistry when the fleet is in this store
     rollouts: Any = None  # fleet.rollout.RolloutController
+    model_store: Any = None  # fleet.models.ModelStore: files devices download by NAME@VER
     _started: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -157,10 +158,16 @@ class CloudServices:
             )
             processor.publish = services.ingest.publish_verdict
         if registry is not None:
+            from fleet.models import ModelStore
             from fleet.rollout import RolloutController
 
+            # the directory `edgefleet fleet model-add` writes to (FleetSettings.data_dir
+            # defaults to the cloud's), so NAME@VER deployments resolve to its files
+            services.model_store = ModelStore(
+                settings.data_dir / "models", base_url=settings.resolved_public_url()
+            )
             publish = services.ingest.publish_wire if services.ingest else _no_broker
-            rollouts = RolloutController(registry, db, publish)
+            rollouts = RolloutController(registry, db, publish, model_store=services.model_store)
             services.rollouts = rollouts
             if services.ingest is not None:
                 services.ingest.on_reported = rollouts.on_reported

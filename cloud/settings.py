@@ -14,6 +14,8 @@ from shared.config import EdgefleetSettings
 from shared.executor.settings import ExecutionSettings
 from shared.mqtt import MqttSettings
 
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
 
 class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -138,7 +140,16 @@ class CloudSettings(EdgefleetSettings):
     ingest: IngestSettings = Field(default_factory=IngestSettings, description="MQTT ingest")
     queue: QueueSettings = Field(default_factory=QueueSettings, description="case processing")
     data_dir: Path = Field(
-        Path("./edgefleet-data"), description="store and content-addressed images live here"
+        Path("./edgefleet-data"),
+        description="store, content-addressed images and the model store (data_dir/models, "
+        "where `edgefleet fleet model-add` puts files) live here",
+    )
+    public_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?$",
+        description="the cloud's URL as devices reach it (model download links in deployments); "
+        "none = http://<http.host>:<http.port> (127.0.0.1 for a wildcard host); keep it equal "
+        "to the fleet's public_url",
     )
     database_url: str | None = Field(
         None, description="sqlite:///abs/path.db or postgresql://...; none = SQLite in data_dir"
@@ -171,3 +182,12 @@ class CloudSettings(EdgefleetSettings):
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'cloud.db'}"
+
+    def resolved_public_url(self) -> str:
+        """`public_url`, or one made from where uvicorn binds (a wildcard becomes loopback)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.http.host in _WILDCARD_HOSTS else self.http.host
+        if ":" in host:  # an IPv6 literal
+            host = f"[{host}]"
+        return f"http://{host}:{self.http.port}"

@@ -123,6 +123,10 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _iso_z(value: datetime) -> str:
+    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
 def _edge_score(case: EscalationCase) -> float | None:
     """The edge's confidence in its own answer: the lowest line score (None if no lines)."""
     return min((d.score for d in case.edge_result), default=None)
@@ -271,6 +275,44 @@ class FeedbackStore:
             "verdict": verdict.model_dump(mode="json") if verdict else None,
             "feedback": [{**f, "correct": bool(f["correct"])} for f in feedback],
         }
+
+    def recent_cases(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest cases for the fleet dashboard, each with its verdict (or None while
+        pending) and the same-origin URL of its image (operator auth, like the case)."""
+        rows = self.db.query(
+            f"""SELECT c.case_id, c.device_id, c.reason, c.received_at, v.verdict
+                FROM ef_cases c LEFT JOIN ef_verdicts v ON v.case_id = c.case_id
+                ORDER BY c.received_at DESC, c.case_id DESC LIMIT {max(0, int(limit))}"""
+        )
+        out = []
+        for row in rows:
+            verdict = CloudVerdict.model_validate_json(row["verdict"]) if row["verdict"] else None
+            out.append(
+                {
+                    "case_id": row["case_id"],
+                    "device_id": row["device_id"],
+                    "ts": _iso_z(row["received_at"]),
+                    "reason": row["reason"],
+                    "verdict": {
+                        "result": [d.model_dump(mode="json") for d in verdict.result],
+                        "route": verdict.route,
+                    }
+                    if verdict
+                    else None,
+                    "image_url": f"/v1/escalations/{row['case_id']}/image",
+                }
+            )
+        return out
+
+    def case_image(self, case_id: str) -> tuple[str, Path, str]:
+        """(device_id, image path, content type) of a case; NotFound if there is no case."""
+        row = self.db.query_one(
+            "SELECT device_id, image_path, content_type FROM ef_cases WHERE case_id = ?",
+            (case_id,),
+        )
+        if row is None:
+            raise NotFound(f"no case {case_id!r}")
+        return row["device_id"], Path(row["image_path"]), row["content_type"]
 
     def case_device(self, case_id: str) -> str | None:
         row = self.db.query_one("SELECT device_id FROM ef_cases WHERE case_id = ?", (case_id,))

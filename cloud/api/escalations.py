@@ -1,4 +1,5 @@
-"""POST /v1/escalations (multipart: image + metadata JSON) and GET /v1/escalations/{id}."""
+"""POST /v1/escalations (multipart: image + metadata JSON), GET /v1/escalations/{id} and
+GET /v1/escalations/{id}/image (the stored crop, for the dashboard's recent cases)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
 from cloud.api.deps import parse_json_object, require_media_type, services, validate_model
 from cloud.auth import Principal, require_device_or_operator, require_device_scope
-from shared.errors import Conflict, UnsupportedMediaType
+from shared.errors import Conflict, NotFound, UnsupportedMediaType
 from shared.imaging import sniff_format
 from shared.messages import CloudVerdict, EscalationCase
 
@@ -111,3 +112,24 @@ def get_escalation(
     record = services(request).store.case(case_id)
     require_device_scope(principal, record["device_id"])
     return record
+
+
+@router.get(
+    "/{case_id}/image",
+    summary="the case's stored image (JPEG or PNG, as it was sent)",
+    response_class=FileResponse,
+    responses={200: {"content": {"image/jpeg": {}, "image/png": {}}}},
+)
+def get_escalation_image(
+    request: Request,
+    case_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{8,64}$")],
+    principal: Annotated[Principal, Depends(require_device_or_operator)],
+) -> FileResponse:
+    device_id, path, content_type = services(request).store.case_image(case_id)
+    require_device_scope(principal, device_id)
+    if not path.is_file():
+        raise NotFound(
+            f"the image of case {case_id} is missing from the store",
+            hint="restore data_dir/images from the backup",
+        )
+    return FileResponse(path, media_type=content_type)

@@ -1,0 +1,216 @@
+"""The fleet inside the real cloud app: the model store behind NAME@VER deployments and
+model downloads, and the dashboard's recent escalated cases with their images.
+
+Real Mosquitto, uvicorn serving `cloud.app.create_app`, SQLite on disk; the route is the
+rule-based level so no OCR model is loaded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+from typer.testing import CliRunner
+
+from cloud.app import create_app
+from cloud.auth import key_digest
+from cloud.services import CloudServices
+from cloud.settings import CloudSettings
+from cloud.testing import ServerThread, escalation_case, free_port
+from fleet.cli import app as fleet_cli
+from shared.imaging import encode_jpeg
+from shared.messages import DesiredState
+from shared.mqtt import MqttSettings, connect, from_paho, make_client
+from shared.topics import Topics
+from shared.wire import Verifier
+
+OP_KEY = "op-wiring-key-" + "w" * 20
+DEVICE = "cam-w1"
+
+
+@dataclass
+class Env:
+    url: str
+    data_dir: Path
+    services: CloudServices
+    token: str
+    other_token: str
+    desired: queue.Queue[DesiredState]
+    device_client: mqtt.Client
+
+    def op(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {OP_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def env(broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tmp = tmp_path_factory.mktemp("cloud-fleet-wiring")
+    rules = tmp / "rules.yaml"
+    rules.write_text("default: {model: rules, timeout_s: 30}\n")
+    port = free_port()
+    settings = CloudSettings(
+        data_dir=tmp / "data",
+        public_url=f"http://127.0.0.1:{port}",
+        mqtt={"host": broker.host, "port": broker.port},
+        ingest={"share_group": f"wiring-{secrets.token_hex(3)}"},
+        api_keys=[{"name": "ops", "sha256": key_digest(OP_KEY)}],
+        rules={"file": rules, "poll_s": 60},
+        models={"preload": False},
+    )
+    app = create_app(settings)
+    services: CloudServices = app.state.services
+    cam = services.registry.enroll(DEVICE, group="dock")
+    other = services.registry.enroll("cam-w2", group="yard")
+
+    desired: queue.Queue[DesiredState] = queue.Queue()
+    verifier = Verifier(key_for_device=lambda d: cam.device_key if d == DEVICE else None)
+
+    def on_message(client, userdata, message) -> None:
+        if message.payload:
+            desired.put(verifier.verify(from_paho(message)).message)
+
+    mqtt_settings = MqttSettings(host=broker.host, port=broker.port)
+    device = make_client(mqtt_settings, f"{DEVICE}-{secrets.token_hex(3)}")
+    device.on_message = on_message
+    device.on_connect = lambda c, *a: c.subscribe(Topics().desired(DEVICE), qos=1)
+    connect(device, mqtt_settings, clean_start=True)
+    server = ServerThread(app, port=port).start()
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{server.url}/readyz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the cloud did not become ready"
+            time.sleep(0.1)
+        yield Env(server.url, settings.data_dir, services, cam.token, other.token, desired, device)
+    finally:
+        server.stop()
+        device.loop_stop()
+        device.disconnect()
+
+
+def test_a_model_added_with_the_fleet_cli_deploys_by_name_and_downloads(
+    env: Env, tmp_path: Path
+) -> None:
+    # given: an operator puts a model file in the store with the documented command,
+    # which defaults to the same data_dir as the cloud
+    model = tmp_path / "det.onnx"
+    model.write_bytes(b"onnx-bytes-" + secrets.token_bytes(4096))
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    added = CliRunner().invoke(
+        fleet_cli,
+        ["model-add", "det", "1.0", str(model)],
+        env={"EDGEFLEET_FLEET_DATA_DIR": str(env.data_dir)},
+    )
+    assert added.exit_code == 0, added.output
+    assert sha in added.output
+
+    # when: a deployment names a version that is not in the store
+    body = {"group": "dock", "image": "ghcr.io/acme/edge:1.4.2", "soak_s": 0}
+    missing = httpx.post(
+        f"{env.url}/v1/deployments",
+        json={**body, "models": [{"name": "det", "version": "9.9"}]},
+        headers=env.op(),
+        timeout=30,
+    )
+    # then: a typed 404, and the group is left without a rollout
+    assert missing.status_code == 404, missing.text
+    assert missing.json()["error"]["code"] == "model_not_found"
+
+    # when: it names the stored one by name and version only
+    created = httpx.post(
+        f"{env.url}/v1/deployments",
+        json={**body, "models": [{"name": "det", "version": "1.0"}]},
+        headers=env.op(),
+        timeout=30,
+    )
+    # then: the deployment carries the store's URL and hash ...
+    assert created.status_code == 201, created.text
+    [ref] = created.json()["models"]
+    assert ref["url"] == f"{env.url}/v1/models/det/1.0"
+    assert ref["sha256"] == sha
+    # ... and the device gets a signed desired state with its own download link
+    state = env.desired.get(timeout=30)
+    assert state.deployment_id == created.json()["id"]
+    [sent] = state.models
+    assert sent.sha256 == sha
+    assert sent.url.startswith(f"{env.url}/v1/models/det/1.0?device={DEVICE}&sig=")
+
+    # the link alone downloads the file; so does the device's bearer token
+    by_link = httpx.get(sent.url, timeout=30)
+    assert by_link.status_code == 200, by_link.text
+    assert hashlib.sha256(by_link.content).hexdigest() == sha
+    by_token = httpx.get(ref["url"], headers={"Authorization": f"Bearer {env.token}"}, timeout=30)
+    assert by_token.status_code == 200 and by_token.content == by_link.content
+
+    # without credentials, or with a link made for another model, it is refused
+    anonymous = httpx.get(ref["url"], timeout=30)
+    assert anonymous.status_code == 401, anonymous.text
+    assert set(anonymous.json()["error"]) >= {"code", "message", "trace_id"}
+    forged = httpx.get(sent.url.replace("/det/1.0", "/det/9.9"), timeout=30)
+    assert forged.status_code == 404  # no such version: nothing to authorize against
+    bad_sig = httpx.get(sent.url[:-4] + "0000", timeout=30)
+    assert bad_sig.status_code == 401
+    assert bad_sig.json()["error"]["code"] == "bad_capability"
+
+
+def test_recent_cases_list_an_escalation_with_its_image(env: Env) -> None:
+    # given: an escalation the device sent and the cloud answered
+    image = np.full((64, 160, 3), 255, np.uint8)
+    image[20:44, 20:140] = 0
+    jpeg = encode_jpeg(image)
+    case = escalation_case(DEVICE, content_type="image/jpeg", edge=[("DOCK-7", 0.9)])
+    answered = httpx.post(
+        f"{env.url}/v1/escalations",
+        params={"wait": 30},
+        files={"image": ("c.jpg", jpeg, "image/jpeg")},
+        data={"metadata": json.dumps(case.model_dump(mode="json", by_alias=True))},
+        headers={"Authorization": f"Bearer {env.token}"},
+        timeout=60,
+    )
+    assert answered.status_code == 200, answered.text
+
+    # when: the dashboard asks for the recent cases
+    cases = httpx.get(f"{env.url}/v1/fleet/cases", headers=env.op(), timeout=30)
+    # then: the case is there with its verdict and a same-origin image URL
+    assert cases.status_code == 200, cases.text
+    [listed] = [c for c in cases.json()["cases"] if c["case_id"] == case.case_id]
+    assert listed["device_id"] == DEVICE
+    assert listed["reason"] == case.reason
+    assert listed["ts"].endswith("Z")
+    assert listed["verdict"]["route"] == answered.json()["route"]
+    assert [d["text"] for d in listed["verdict"]["result"]] == ["DOCK-7"]
+    assert listed["image_url"] == f"/v1/escalations/{case.case_id}/image"
+
+    # and the image URL returns the JPEG to the operator and to the owning device
+    for token in (OP_KEY, env.token):
+        got = httpx.get(
+            env.url + listed["image_url"],
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert got.status_code == 200, got.text
+        assert got.headers["content-type"] == "image/jpeg"
+        assert got.content == jpeg
+
+    # but not to another device, nor without credentials, nor for an unknown case
+    other = httpx.get(
+        env.url + listed["image_url"],
+        headers={"Authorization": f"Bearer {env.other_token}"},
+        timeout=30,
+    )
+    assert other.status_code == 403, other.text
+    assert httpx.get(env.url + listed["image_url"], timeout=30).status_code == 401
+    unknown = httpx.get(
+        f"{env.url}/v1/escalations/no-such-case-0001/image", headers=env.op(), timeout=30
+    )
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "not_found"
+    assert httpx.get(f"{env.url}/v1/fleet/cases", timeout=30).status_code == 401
