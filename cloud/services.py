@@ -166,6 +166,12 @@ class CloudServices:
             services.model_store = ModelStore(
                 settings.data_dir / "models", base_url=settings.resolved_public_url()
             )
+            if settings.public_url is None and settings.http.host not in ("127.0.0.1", "::1"):
+                log.warning(
+                    "public_url is not set: model download links will name %s; set "
+                    "public_url to the address devices reach",
+                    services.model_store.base_url,
+                )
             publish = services.ingest.publish_wire if services.ingest else _no_broker
             rollouts = RolloutController(registry, db, publish, model_store=services.model_store)
             services.rollouts = rollouts
