@@ -261,6 +261,12 @@ def main(
     rounds: int = typer.Option(3, help="rounds, alternating the contenders; medians printed"),
     messages: int = typer.Option(1000, help="messages for the outbox/uplink figures"),
 ) -> None:
+    """Print the agent pipeline vs the naive loop (fps, latency) and outbox/uplink rates.
+
+    A rendered 1080p video through both, then the SQLite outbox and a real Mosquitto.
+
+    Example: edgefleet bench edge --frames 90 --rounds 3
+    """
     workdir = Path(tempfile.mkdtemp(prefix="bench-edge-"))
     try:
         video = write_video(workdir / "1080p.mp4", frames)

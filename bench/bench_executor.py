@@ -117,6 +117,12 @@ def main(
     max_delay_ms: float = typer.Option(5.0, help="batcher max delay"),
     workers: int = typer.Option(2, help="batcher worker threads (overlap Python and ORT)"),
 ) -> None:
+    """Print model latency and throughput, batch 1 vs dynamic batching, with ratios.
+
+    Each default model on each backend available here, with 1 to 8 concurrent callers.
+
+    Example: edgefleet bench executor --rounds 3
+    """
     data = scenes(images)
     available = [name for name, why in probe_backends().items() if why is None]
     unavailable = {n: w for n, w in probe_backends().items() if w is not None}

@@ -65,6 +65,10 @@ def main(
     rounds: int = typer.Option(20, help="ticks measured"),
     messages: int = typer.Option(30, help="telemetry messages per device (10 s apart)"),
 ) -> None:
+    """Print the dashboard's live-feed and telemetry-history costs, naive vs ours, with ratios.
+
+    Example: edgefleet bench fleet --devices 1000 --changed 50 --rounds 20
+    """
     with tempfile.TemporaryDirectory() as tmp:
         db = Database.connect(f"sqlite:///{Path(tmp) / 'bench.db'}")
         registry = DeviceRegistry(db)

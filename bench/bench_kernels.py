@@ -183,7 +183,12 @@ def main(
     repeat: int = typer.Option(50, help="calls per round"),
     rounds: int = typer.Option(3, help="rounds; the best round's median is reported"),
 ) -> None:
-    """Print the kernels' timings and ratios against the naive way."""
+    """Print the kernels' timings and ratios against the naive way.
+
+    Fused NV12 pre-processing and NMS against the OpenCV + numpy chain.
+
+    Example: edgefleet bench kernels --rounds 5
+    """
     bench_preprocess(repeat, rounds)
     bench_nms(repeat, rounds)
 

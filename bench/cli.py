@@ -8,8 +8,9 @@ import importlib
 import typer
 
 app = typer.Typer(
-    help="Benchmarks: each runs the naive way and edgefleet's side by side and prints ratios. "
-    "Example: `edgefleet bench kernels --rounds 5`; `edgefleet bench kernels --help`.",
+    help="Benchmarks: each runs the naive way and edgefleet's side by side and prints ratios.\n\n"
+    "Each benchmark's options: `edgefleet bench NAME --help`.\n\n"
+    "Example: edgefleet bench kernels --rounds 5",
     no_args_is_help=True,
 )
 

@@ -9,13 +9,19 @@ import typer
 
 from shared.errors import EdgefleetError
 
-app = typer.Typer(help="The edge agent.", no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="The edge agent: reads the cameras or videos in edge.yaml, runs the model on the "
+    "device and sends unsure frames and telemetry to the cloud.\n\n"
+    "Example: edgefleet edge run -c edge.yaml",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 log = logging.getLogger(__name__)
 
 
 @app.callback()
 def _edge() -> None:
-    """The edge agent."""
+    """The `edge` group; its --help text is the `help=` above (typer prefers it)."""
 
 
 @app.command()
@@ -26,7 +32,14 @@ def run(
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR"),
     json_logs: bool = typer.Option(True, help="JSON log lines (with trace ids)"),
 ) -> None:
-    """Run the edge agent until SIGTERM: sources → model → escalations, telemetry, health."""
+    """Run the edge agent in the foreground until SIGTERM or Ctrl-C.
+
+    It reads the streams in edge.yaml, runs the model, sends unsure frames
+    to the cloud, reports telemetry and serves its health endpoints. Exit
+    status 2 when it cannot start (config refused, port taken).
+
+    Example: edgefleet edge run -c edge.yaml --log-level DEBUG --no-json-logs
+    """
     from edge.agent import Agent
     from edge.settings import EdgeSettings
     from shared.config import load_settings

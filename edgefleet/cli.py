@@ -13,9 +13,16 @@ from shared.cli import schema
 from shared.model_cli import app as model_app
 from shared.model_cli import infer
 
+ROOT_HELP = (
+    "Edge-plus-cloud computer vision for Jetson fleets: run models on the devices, send "
+    "unsure frames to the cloud, roll models out. Start with `edgefleet demo`.\n\n"
+    "Example: edgefleet demo --duration 30 --devices 2\n\n"
+    "Example: edgefleet infer photo.jpg --json"
+)
+
 app = typer.Typer(
     name="edgefleet",
-    help="Edge-plus-cloud computer vision for Jetson fleets. Start with `edgefleet demo`.",
+    help=ROOT_HELP,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -23,7 +30,7 @@ app = typer.Typer(
 
 @app.callback()
 def _root() -> None:
-    """Edge-plus-cloud computer vision for Jetson fleets. Start with `edgefleet demo`."""
+    """The root group; its --help text is ROOT_HELP (typer prefers `help=` to this)."""
 
 
 app.command("demo")(demo)

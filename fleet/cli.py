@@ -26,7 +26,12 @@ from shared.config import load_settings
 from shared.errors import EdgefleetError, InvalidInput, NotFound
 
 app = typer.Typer(
-    help="Fleet: enroll devices, broker credentials and ACLs, rollouts, status.",
+    help="Fleet: enroll devices, broker credentials and ACLs, rollouts, status.\n\n"
+    "Run enroll, revoke, broker-files, model-add and ca-* on the cloud host (they use its "
+    "store); deploy, deployment and status go through the cloud API with --api/--api-key "
+    "(or EDGEFLEET_API_URL / EDGEFLEET_API_KEY).\n\n"
+    "Example: edgefleet fleet enroll cam-01 --group dock\n\n"
+    "Example: edgefleet fleet status --watch",
     no_args_is_help=True,
 )
 console = Console()
@@ -41,6 +46,7 @@ ApiOpt = Annotated[
 KeyOpt = Annotated[
     str | None, typer.Option("--api-key", envvar="EDGEFLEET_API_KEY", help="operator API key")
 ]
+DeviceArg = Annotated[str, typer.Argument(help="device id, e.g. cam-01")]
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -80,7 +86,7 @@ class _Store:
 
 @app.command()
 def enroll(
-    device: str,
+    device: DeviceArg,
     group: Annotated[str, typer.Option(help="device group (rollouts target groups)")] = "default",
     config: ConfigOpt = None,
     db: DbOpt = None,
@@ -88,7 +94,12 @@ def enroll(
         Path | None, typer.Option(help="bundle directory (overrides settings)")
     ] = None,
 ) -> None:
-    """Create DEVICE: key, broker credential, REST token, ACL entry and its bundle (0600)."""
+    """Create DEVICE: key, broker credential, REST token, ACL entry and its bundle (0600).
+
+    Mount the bundle on the device; the broker's password and ACL files are rewritten.
+
+    Example: edgefleet fleet enroll cam-01 --group dock
+    """
     from fleet.bundle import write_bundle
 
     try:
@@ -116,14 +127,17 @@ def enroll(
 
 @app.command()
 def revoke(
-    device: str,
+    device: DeviceArg,
     config: ConfigOpt = None,
     db: DbOpt = None,
     bundles: Annotated[
         Path | None, typer.Option(help="bundle directory (overrides settings)")
     ] = None,
 ) -> None:
-    """Remove DEVICE everywhere: credentials, broker files (+ reload), CRL, its bundle."""
+    """Remove DEVICE everywhere: credentials, broker files (+ reload), CRL, its bundle.
+
+    Example: edgefleet fleet revoke cam-01
+    """
     from fleet.bundle import remove_bundle
     from fleet.ca import DeviceCA
 
@@ -154,7 +168,13 @@ def broker_files(
     out: Annotated[Path | None, typer.Option(help="directory (default: settings)")] = None,
     emqx: Annotated[bool, typer.Option(help="also write the EMQX export")] = False,
 ) -> None:
-    """Write the Mosquitto password + ACL files (and the `cloud` service account)."""
+    """Write the Mosquitto password + ACL files (and the `cloud` service account).
+
+    Prints the lines mosquitto.conf needs; --emqx also writes the EMQX export.
+
+    Example:
+      edgefleet fleet broker-files -c fleet.yaml --out /etc/mosquitto/conf.d
+    """
     from fleet.acl import (
         mosquitto_auth_config,
         write_emqx_files,
@@ -184,15 +204,18 @@ def broker_files(
 
 @app.command("model-add")
 def model_add(
-    name: str,
-    version: str,
-    file: Path,
+    name: Annotated[str, typer.Argument(help="model name (letters, digits, . _ -)")],
+    version: Annotated[str, typer.Argument(help="version; a stored version never changes")],
+    file: Annotated[Path, typer.Argument(help="the model file to copy into the store")],
     config: ConfigOpt = None,
     store_dir: Annotated[
         Path | None, typer.Option(help="model store (default data_dir/models)")
     ] = None,
 ) -> None:
-    """Put a model file in the cloud's model store so deployments can name it NAME@VERSION."""
+    """Put a model file in the cloud's model store so deployments can name it NAME@VERSION.
+
+    Example: edgefleet fleet model-add det 3 det-3.onnx
+    """
     from fleet.models import ModelStore
 
     try:
@@ -268,7 +291,14 @@ def deploy(
     api: ApiOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
-    """Roll an image + models + pipeline config out to GROUP: canaries first, then the rest."""
+    """Roll an image + models + pipeline config out to GROUP: canaries first, then the rest.
+
+    Needs the cloud API (--api/--api-key or EDGEFLEET_API_URL / EDGEFLEET_API_KEY).
+
+    Examples:
+      edgefleet fleet deploy --group dock --image acme/edge:1.4.2 --model det@3
+      edgefleet fleet deploy --group dock --image acme/edge:1.4.2 --wait
+    """
     import yaml
 
     try:
@@ -299,8 +329,19 @@ def deploy(
 
 
 @app.command()
-def deployment(deployment_id: str, api: ApiOpt = None, api_key: KeyOpt = None) -> None:
-    """Show one deployment and its targets."""
+def deployment(
+    deployment_id: Annotated[
+        str, typer.Argument(help="deployment id, as printed by `edgefleet fleet deploy`")
+    ],
+    api: ApiOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Show one deployment's status and each target device's role, state and error.
+
+    Needs the cloud API (--api/--api-key or EDGEFLEET_API_URL / EDGEFLEET_API_KEY).
+
+    Example: edgefleet fleet deployment dep-3f2a9c1b7e04
+    """
     try:
         with _client(api, api_key) as client:
             dep = _check(client.get(f"/v1/deployments/{deployment_id}"))
@@ -376,7 +417,12 @@ def status(
     api: ApiOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
-    """Table of devices: group, online, deployment, fps, temperature, outbox, last seen."""
+    """Table of devices: group, online, deployment, fps, temperature, outbox, last seen.
+
+    Reads the cloud API when --api (or EDGEFLEET_API_URL) is set, else the store (-c, --db).
+
+    Example: edgefleet fleet status --group dock --watch
+    """
     try:
         if api:
             client = _client(api, api_key)
@@ -407,7 +453,10 @@ def status(
 def ca_init(
     directory: Annotated[Path, typer.Option(help="CA directory")] = Path("edgefleet-ca"),
 ) -> None:
-    """Create the device CA for mutual TLS (EC P-256, key 0600)."""
+    """Create the device CA for mutual TLS (EC P-256, key 0600).
+
+    Example: edgefleet fleet ca-init --directory /etc/edgefleet/ca
+    """
     from fleet.ca import DeviceCA
 
     try:
@@ -419,11 +468,17 @@ def ca_init(
 
 @app.command("ca-issue")
 def ca_issue(
-    device: str,
+    device: DeviceArg,
     directory: Annotated[Path, typer.Option(help="CA directory")] = Path("edgefleet-ca"),
     out: Annotated[Path, typer.Option(help="where the cert and key go")] = Path("."),
 ) -> None:
-    """Issue DEVICE a client certificate (CN = device id)."""
+    """Issue DEVICE a client certificate (CN = device id) signed by the device CA.
+
+    Run `edgefleet fleet ca-init` first; the device presents the cert and key to the broker.
+
+    Example:
+      edgefleet fleet ca-issue cam-01 --directory /etc/edgefleet/ca --out cam-01
+    """
     from fleet.ca import DeviceCA
 
     try:
@@ -435,12 +490,18 @@ def ca_issue(
 
 @app.command("ca-broker")
 def ca_broker(
-    hosts: list[str],
+    hosts: Annotated[list[str], typer.Argument(help="broker host names or IPs devices dial")],
     directory: Annotated[Path, typer.Option(help="CA directory")] = Path("edgefleet-ca"),
     out: Annotated[Path, typer.Option(help="where the cert and key go")] = Path("."),
     port: Annotated[int, typer.Option(help="TLS listener port")] = 8883,
 ) -> None:
-    """Issue the broker's certificate for HOSTS and print the Mosquitto listener block."""
+    """Issue the broker's certificate for HOSTS and print the Mosquitto listener block.
+
+    Put the printed block in mosquitto.conf; devices then connect with mutual TLS.
+
+    Example:
+      edgefleet fleet ca-broker broker.lan 10.0.0.5 --out /etc/mosquitto/tls
+    """
     from fleet.ca import DeviceCA, mosquitto_tls_listener
 
     try:

@@ -17,7 +17,10 @@ from shared.executor.settings import BatcherSettings, ExecutionSettings
 from shared.models.registry import ModelRegistry
 
 app = typer.Typer(
-    help="Model files: verify against the trusted manifest, list, build TensorRT engines.",
+    help="Model files: check a file against the trusted manifest, list the known models, "
+    "build TensorRT engines.\n\n"
+    "Example: edgefleet model verify ch_PP-OCRv4_det_infer.onnx\n\n"
+    "Example: edgefleet model list",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -42,7 +45,12 @@ def verify(
     file: Path = typer.Argument(..., help="model file to check"),
     manifest: Path | None = MANIFEST_OPTION,
 ) -> None:
-    """Check FILE's sha256 (and format) against the trusted manifest; exit 0 if it matches."""
+    """Check FILE's sha256 (and format) against the trusted manifest; exit 0 if it matches.
+
+    Exit status 1, with the reason, when the file is unreadable, altered or not in it.
+
+    Example: edgefleet model verify ch_PP-OCRv4_det_infer.onnx
+    """
     try:
         spec = _registry(manifest).verify_file(file)
     except EdgefleetError as exc:
@@ -52,7 +60,10 @@ def verify(
 
 @app.command("list")
 def list_models(manifest: Path | None = MANIFEST_OPTION) -> None:
-    """The models the manifest knows, and whether each file is present."""
+    """List the models the manifest knows, and whether each file is present here.
+
+    Example: edgefleet model list --manifest my-models.yaml
+    """
     registry = _registry(manifest)
     table = Table("name", "version", "task", "format", "sha256", "file")
     for spec in registry.specs():
@@ -93,7 +104,12 @@ def build_engine_command(
     cache_dir: Path | None = typer.Option(None, help="engine cache folder"),
     manifest: Path | None = MANIFEST_OPTION,
 ) -> None:
-    """Build (or find in the cache) a TensorRT engine for MODEL on this GPU."""
+    """Build (or find in the cache) a TensorRT engine for MODEL on this GPU.
+
+    Run it on the Jetson or GPU host that will use the engine (needs TensorRT).
+
+    Example: edgefleet model build-engine ppocr-det --precision fp16 --max-batch 8
+    """
     from shared.executor import tensorrt_backend as trtb
 
     if not trtb.tensorrt_available():
