@@ -76,13 +76,13 @@ def demo(
         None, "--workdir", help="keep everything (logs, stores, videos) here; default: temporary"
     ),
 ) -> None:
-    """Run the whole system on this machine: broker, cloud, edge agents, dashboard, report.
+    """Run the whole system here: broker, cloud, agents, dashboard, report.
 
-    Needs no arguments and no network. Starts Mosquitto, the cloud orchestrator and
-    DEVICES edge agents (enrolled with `edgefleet fleet enroll`), each on a rendered
-    video of moving text whose content is known; shows fps, escalations and cloud
-    corrections live; stops on Ctrl-C or after DURATION seconds and prints the edge-only
-    and edge+cloud text accuracy, the share of frames escalated and the bytes uplinked.
+    No arguments and no network needed. It starts Mosquitto, the cloud and
+    DEVICES edge agents, each enrolled with `edgefleet fleet enroll` and fed
+    a rendered video of known moving text. Live: fps, escalations, cloud
+    corrections. On Ctrl-C or after DURATION seconds it prints edge-only and
+    edge+cloud accuracy, the share escalated and the bytes uplinked.
 
     Example: edgefleet demo --duration 30 --devices 2
     """
