@@ -15,7 +15,6 @@ desired state again) is a swap without a download.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from prometheus_client import Counter
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from shared.errors import EdgefleetError, ModelIntegrityError
+from shared.hashing import sha256_file
 from shared.messages import DesiredState, ModelRef, ReportedState
 
 if TYPE_CHECKING:
@@ -317,11 +317,11 @@ class DesiredStateApplier:
         final_dir = self.state_dir / "models" / ref.name / f"{ref.version}-{ref.sha256[:12]}"
         if final_dir.is_dir():
             for existing in final_dir.iterdir():
-                if existing.is_file() and _sha256(existing) == ref.sha256:
+                if existing.is_file() and sha256_file(existing) == ref.sha256:
                     return existing
         part = self.state_dir / "downloads" / f"{ref.sha256}.part"
         filename = self._download(ref, part)
-        digest = _sha256(part)
+        digest = sha256_file(part)
         if digest != ref.sha256:
             part.unlink(missing_ok=True)
             raise ModelIntegrityError(
@@ -418,14 +418,6 @@ def _filename(disposition: str | None, ref: ModelRef) -> str:
         return match.group(1)
     tail = ref.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
     return tail if re.fullmatch(r"[A-Za-z0-9_-]{1,100}\.[A-Za-z0-9]{1,10}", tail) else "model.onnx"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

