@@ -16,6 +16,7 @@ from shared.errors import InvalidInput
 
 MAX_SIDE = 16384
 FORMATS = ("nv12", "i420", "bgr", "rgb")
+FIXED_POINT = float(255 * (1 << 22))  # colour levels x the two 2^11 bilinear weights
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,16 @@ class Normalise:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     pad: int
+
+    def fixed_point_affine(self) -> tuple[list[float], list[float], list[float]]:
+        """Per-channel (scale, bias, pad value) the native and CUDA kernels apply.
+
+        Both sum in fixed point (`FIXED_POINT`); one definition keeps them bit-identical.
+        """
+        scale = [1.0 / (FIXED_POINT * s) for s in self.std]
+        bias = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
+        pad_value = [(self.pad / 255.0 - m) / s for m, s in zip(self.mean, self.std, strict=True)]
+        return scale, bias, pad_value
 
 
 def _array(name: str, value: object) -> np.ndarray:
@@ -119,6 +130,13 @@ def out_dtype(dtype: object) -> np.dtype:
     if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
         raise InvalidInput(f"dtype must be float32 or float16, got {dt}")
     return dt
+
+
+def tensor_args(
+    size: object, mean: Sequence[float], std: Sequence[float], pad: object, dtype: object
+) -> tuple[tuple[int, int], Normalise, np.dtype]:
+    """The checked model size, normalisation and output dtype of a pre-processing call."""
+    return model_size(size), normalise(mean, std, pad), out_dtype(dtype)
 
 
 def out_buffer(out: object, size: tuple[int, int], dtype: np.dtype) -> np.ndarray:

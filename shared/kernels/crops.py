@@ -93,9 +93,7 @@ def crop_resize(
 ) -> tuple[np.ndarray, list[CropPlacement]]:
     """Crop each box and letterbox it into slot i of an (N, 3, h, w) batch."""
     hw_frame = checks.frame_hw(frame, fmt)
-    hw = checks.model_size(size)
-    checks.normalise(mean, std, pad)
-    dt = checks.out_dtype(dtype)
+    hw, _, dt = checks.tensor_args(size, mean, std, pad, dtype)
     windows = crop_windows(boxes, hw_frame, fmt)
     shape = (len(windows), 3, *hw)
     if out is None:

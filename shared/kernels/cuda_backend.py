@@ -25,7 +25,6 @@ from shared.kernels import checks
 CUDA_DIR = Path(__file__).with_name("cuda")
 NVCC_OPTIONS = ["--fmad=false", "-std=c++14"]
 FORMAT_CODES = {"nv12": 0, "i420": 1, "bgr": 2, "rgb": 3}
-_FIXED_POINT = float(255 * (1 << 22))
 MAX_NMS_BOXES = 40_000  # the n x n/64 bitmask stays under ~200 MB
 BLOCK = (32, 8, 1)
 
@@ -104,9 +103,7 @@ def frame_to_tensor(
     """
     from pycuda import gpuarray
 
-    hw = checks.model_size(size)
-    norm = checks.normalise(mean, std, pad)
-    dt = checks.out_dtype(dtype)
+    hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
     ptr, holder, (h, w) = _device_frame(frame, fmt)  # holder keeps the memory alive
     t = LetterboxTransform.plan((h, w), hw)
     if out is None or isinstance(out, np.ndarray):
@@ -116,9 +113,7 @@ def frame_to_tensor(
         if tuple(out.shape) != (1, 3, *hw) or np.dtype(out.dtype) != dt:
             raise InvalidInput(f"out must be {dt} of shape {(1, 3, *hw)}")
         host, dev_out = None, out
-    scale = [1.0 / (_FIXED_POINT * s) for s in norm.std]
-    bias = [-m / s for m, s in zip(norm.mean, norm.std, strict=True)]
-    padv = [(norm.pad / 255.0 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)]
+    scale, bias, padv = norm.fixed_point_affine()
     kernel = _module().get_function("ef_to_tensor_f16" if dt == np.float16 else "ef_to_tensor_f32")
     pitch = w * 3 if fmt in ("bgr", "rgb") else w
     grid = ((hw[1] + BLOCK[0] - 1) // BLOCK[0], (hw[0] + BLOCK[1] - 1) // BLOCK[1], 1)

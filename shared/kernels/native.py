@@ -18,7 +18,6 @@ from shared.kernels import _native, checks
 
 FORMAT_CODES = {"nv12": 0, "i420": 1, "bgr": 2, "rgb": 3}
 IMPL_AUTO, IMPL_PORTABLE = 0, 1
-_FIXED_POINT = float(255 * (1 << 22))  # colour levels x the two 2^11 bilinear weights
 
 _threads = max(1, min(4, os.cpu_count() or 1))
 logger = logging.getLogger(__name__)
@@ -66,14 +65,10 @@ def frame_to_tensor(
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """Fused colour conversion, letterbox resize, normalisation and NCHW layout."""
     h, w = checks.frame_hw(frame, fmt)
-    hw = checks.model_size(size)
-    norm = checks.normalise(mean, std, pad)
-    dt = checks.out_dtype(dtype)
+    hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
     buf = checks.out_buffer(out, hw, dt)
     t = LetterboxTransform.plan((h, w), hw)
-    scale = [1.0 / (_FIXED_POINT * s) for s in norm.std]
-    bias = [-m / s for m, s in zip(norm.mean, norm.std, strict=True)]
-    pad_value = [(norm.pad / 255.0 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)]
+    scale, bias, pad_value = norm.fixed_point_affine()
     _native.preprocess(
         frame,
         FORMAT_CODES[fmt],

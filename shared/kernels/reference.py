@@ -65,9 +65,7 @@ def frame_to_tensor(
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """Reference pre-processing of a frame in `fmt` (nv12, i420, bgr, rgb)."""
     checks.frame_hw(frame, fmt)
-    hw = checks.model_size(size)
-    norm = checks.normalise(mean, std, pad)
-    dt = checks.out_dtype(dtype)
+    hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
     buf = None if out is None else checks.out_buffer(out, hw, dt)
     return letterbox_normalise(to_rgb(frame, fmt), hw, norm, dt, buf)
 
