@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -47,6 +48,7 @@ KeyOpt = Annotated[
     str | None, typer.Option("--api-key", envvar="EDGEFLEET_API_KEY", help="operator API key")
 ]
 DeviceArg = Annotated[str, typer.Argument(help="device id, e.g. cam-01")]
+BundlesOpt = Annotated[Path | None, typer.Option(help="bundle directory (overrides settings)")]
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -84,15 +86,26 @@ class _Store:
         self.db.close()
 
 
+@contextlib.contextmanager
+def _open_store(config: Path | None, db: str | None) -> Iterator[_Store]:
+    """The store for one credential command, closed after it; its errors exit 2 (`_fail`)."""
+    try:
+        store = _Store(config, db)
+        try:
+            yield store
+        finally:
+            store.close()
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
+
+
 @app.command()
 def enroll(
     device: DeviceArg,
     group: Annotated[str, typer.Option(help="device group (rollouts target groups)")] = "default",
     config: ConfigOpt = None,
     db: DbOpt = None,
-    bundles: Annotated[
-        Path | None, typer.Option(help="bundle directory (overrides settings)")
-    ] = None,
+    bundles: BundlesOpt = None,
 ) -> None:
     """Create DEVICE: key, broker credential, REST token, ACL entry and its bundle (0600).
 
@@ -102,24 +115,18 @@ def enroll(
     """
     from fleet.bundle import write_bundle
 
-    try:
-        store = _Store(config, db)
-        try:
-            enrollment = store.registry.enroll(device, group=group)
-            s = store.settings
-            out = write_bundle(
-                enrollment,
-                bundles or s.bundles_dir,
-                broker_host=s.broker_host,
-                broker_port=s.broker_port,
-                public_url=s.public_url,
-                mount=s.bundle_mount,
-            )
-            broker_dir = store.regenerate_broker_files()
-        finally:
-            store.close()
-    except EdgefleetError as exc:
-        raise _fail(exc) from None
+    with _open_store(config, db) as store:
+        enrollment = store.registry.enroll(device, group=group)
+        s = store.settings
+        out = write_bundle(
+            enrollment,
+            bundles or s.bundles_dir,
+            broker_host=s.broker_host,
+            broker_port=s.broker_port,
+            public_url=s.public_url,
+            mount=s.bundle_mount,
+        )
+        broker_dir = store.regenerate_broker_files()
     console.print(f"[green]enrolled[/] {device} in group [bold]{group}[/]")
     console.print(f"bundle: {out} (mount it at {s.bundle_mount} in the edge container)")
     console.print(f"broker files: {broker_dir}")
@@ -130,9 +137,7 @@ def revoke(
     device: DeviceArg,
     config: ConfigOpt = None,
     db: DbOpt = None,
-    bundles: Annotated[
-        Path | None, typer.Option(help="bundle directory (overrides settings)")
-    ] = None,
+    bundles: BundlesOpt = None,
 ) -> None:
     """Remove DEVICE everywhere: credentials, broker files (+ reload), CRL, its bundle.
 
@@ -141,21 +146,15 @@ def revoke(
     from fleet.bundle import remove_bundle
     from fleet.ca import DeviceCA
 
-    try:
-        store = _Store(config, db)
-        try:
-            store.registry.revoke(device)
-            ca_dir = store.settings.ca_dir
-            if ca_dir is not None and DeviceCA(ca_dir).exists:
-                # before the reload, so the broker reads the new CRL; no cert issued: nothing to do
-                with contextlib.suppress(NotFound):
-                    DeviceCA(ca_dir).revoke(device)
-            broker_dir = store.regenerate_broker_files()
-            removed = remove_bundle(bundles or store.settings.bundles_dir, device)
-        finally:
-            store.close()
-    except EdgefleetError as exc:
-        raise _fail(exc) from None
+    with _open_store(config, db) as store:
+        store.registry.revoke(device)
+        ca_dir = store.settings.ca_dir
+        if ca_dir is not None and DeviceCA(ca_dir).exists:
+            # before the reload, so the broker reads the new CRL; no cert issued: nothing to do
+            with contextlib.suppress(NotFound):
+                DeviceCA(ca_dir).revoke(device)
+        broker_dir = store.regenerate_broker_files()
+        removed = remove_bundle(bundles or store.settings.bundles_dir, device)
     console.print(f"[yellow]revoked[/] {device}; broker files rewritten in {broker_dir}")
     if removed:
         console.print("its bundle was deleted")
@@ -182,20 +181,14 @@ def broker_files(
         write_private,
     )
 
-    try:
-        store = _Store(config, db)
-        try:
-            target = out or store.settings.resolved_broker_dir()
-            password = store.registry.ensure_service_account("cloud")
-            files = write_mosquitto_files(store.registry, target)
-            if password:
-                write_private(target / "cloud.secret", password + "\n")
-            if emqx:
-                write_emqx_files(store.registry, target)
-        finally:
-            store.close()
-    except EdgefleetError as exc:
-        raise _fail(exc) from None
+    with _open_store(config, db) as store:
+        target = out or store.settings.resolved_broker_dir()
+        password = store.registry.ensure_service_account("cloud")
+        files = write_mosquitto_files(store.registry, target)
+        if password:
+            write_private(target / "cloud.secret", password + "\n")
+        if emqx:
+            write_emqx_files(store.registry, target)
     console.print(f"wrote {files.password_file} and {files.acl_file}")
     if password:
         console.print(f"new `cloud` broker password in {target / 'cloud.secret'} (0600)")
