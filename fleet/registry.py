@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,6 +48,8 @@ DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (at the last enroll/revoke
 
 RESERVED_NAMES = frozenset({"cloud", "admin", "operator"})
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+_State = TypeVar("_State", DesiredState, ReportedState)
 
 _SCHEMA_V1 = [
     """CREATE TABLE IF NOT EXISTS fleet_devices (
@@ -392,20 +394,10 @@ class DeviceRegistry:
         self._update(device_id, "desired = ?", (desired.model_dump_json() if desired else None,))
 
     def desired(self, device_id: str) -> DesiredState | None:
-        row = self.db.query_one(
-            "SELECT desired FROM fleet_devices WHERE device_id = ?", (device_id,)
-        )
-        if row is None or not row["desired"]:
-            return None
-        return DesiredState.model_validate_json(row["desired"])
+        return self._stored(device_id, "desired", DesiredState)
 
     def reported(self, device_id: str) -> ReportedState | None:
-        row = self.db.query_one(
-            "SELECT reported FROM fleet_devices WHERE device_id = ?", (device_id,)
-        )
-        if row is None or not row["reported"]:
-            return None
-        return ReportedState.model_validate_json(row["reported"])
+        return self._stored(device_id, "reported", ReportedState)
 
     def prune_history(self) -> int:
         cutoff = int(_now().timestamp()) - self.history_retention_s
@@ -478,6 +470,17 @@ class DeviceRegistry:
         return int(row["n"]) if row else 0
 
     # --- internals --------------------------------------------------------------------
+
+    def _stored(
+        self, device_id: str, column: Literal["desired", "reported"], model: type[_State]
+    ) -> _State | None:
+        """The state message kept in `column` (revoked devices included), or None."""
+        row = self.db.query_one(
+            f"SELECT {column} FROM fleet_devices WHERE device_id = ?", (device_id,)
+        )
+        if row is None or not row[column]:
+            return None
+        return model.model_validate_json(row[column])
 
     def _update(self, device_id: str, assignments: str, params: Sequence[Any]) -> None:
         changed = self.db.execute(
