@@ -28,9 +28,10 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 from sse_starlette.sse import EventSourceResponse
 
+from fleet.deployment import parse_request
 from fleet.models import ModelStore, capability
 from fleet.registry import DeviceRegistry
-from fleet.rollout import RolloutController, parse_request
+from fleet.rollout import RolloutController
 from shared.errors import AuthError, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)

@@ -19,16 +19,24 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import secrets
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client import Counter
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fleet.deployment import (
+    IMAGE_RE,
+    SHA256_RE,
+    DeploymentRequest,
+    DeploymentView,
+    ModelSpec,
+    Status,
+    TargetView,
+    parse_request,
+)
 from fleet.models import ModelStore
 from fleet.registry import DeviceRegistry, validate_group
 from shared.db import Database
@@ -37,22 +45,29 @@ from shared.messages import DesiredState, ModelRef, ReportedState
 from shared.topics import Topics
 from shared.wire import WireMessage, encode
 
+# The request/view models live in fleet.deployment; they stay importable from here.
+__all__ = [
+    "ACTIVE",
+    "DESIRED_SENT",
+    "IMAGE_RE",
+    "ROLLOUTS",
+    "SHA256_RE",
+    "DeploymentRequest",
+    "DeploymentView",
+    "ModelSpec",
+    "Publish",
+    "RolloutController",
+    "Status",
+    "TargetView",
+    "parse_request",
+]
+
 log = logging.getLogger(__name__)
 
 ROLLOUTS = Counter("ef_fleet_rollouts_total", "Rollouts by final outcome", ["outcome"])
 DESIRED_SENT = Counter("ef_fleet_desired_published_total", "Desired states published", ["kind"])
 
-# A docker image reference with an explicit tag or digest (no implicit `latest` in a rollout).
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*(?::[0-9]+)?/)"
-IMAGE_RE = re.compile(
-    rf"^{_DOMAIN}?{_COMPONENT}(?:/{_COMPONENT})*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(?:@sha256:[a-f0-9]{64})?|@sha256:[a-f0-9]{64})$"
-)
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
 ACTIVE = ("canary", "rolling")
-Status = Literal["canary", "rolling", "completed", "failed", "rolled_back", "halted"]
 Publish = Callable[[WireMessage, bool], None]
 
 _SCHEMA_V1 = [
@@ -86,91 +101,6 @@ _SCHEMA_V1 = [
     )""",
     "CREATE INDEX IF NOT EXISTS fleet_targets_device ON fleet_deployment_targets (device_id)",
 ]
-
-
-class ModelSpec(BaseModel):
-    """A model of a deployment: `url` and `sha256` may be left out to take them from the store."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=128, description="model name")
-    version: str = Field(min_length=1, max_length=64, description="model version")
-    url: str | None = Field(None, max_length=2048, description="download URL (http/https)")
-    sha256: str | None = Field(None, description="lowercase hex SHA-256 of the file")
-
-    @field_validator("sha256")
-    @classmethod
-    def _hash(cls, value: str | None) -> str | None:
-        if value is not None and not SHA256_RE.match(value):
-            raise ValueError("sha256 must be 64 lowercase hex characters")
-        return value
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("url must be http:// or https://")
-        return value
-
-
-class DeploymentRequest(BaseModel):
-    """What an operator asks for (`POST /v1/deployments`, `edgefleet fleet deploy`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    group: str = Field(description="device group to roll out to")
-    image: str = Field(max_length=256, description="container image with an explicit tag")
-    models: list[ModelSpec] = Field(default_factory=list, max_length=16)
-    config: dict[str, Any] = Field(default_factory=dict, description="pipeline settings")
-    canary_percent: float = Field(10.0, gt=0, le=100, description="share of the group first")
-    auto_rollback: bool = Field(True, description="give canaries their previous state on failure")
-    soak_s: float = Field(30.0, ge=0, le=86400, description="healthy time before the rest follow")
-    min_fps: float | None = Field(None, ge=0, description="canary bound: total fps at least")
-    max_latency_p95_ms: float | None = Field(None, gt=0, description="canary bound: p95 at most")
-
-    @field_validator("image")
-    @classmethod
-    def _image(cls, value: str) -> str:
-        if not IMAGE_RE.match(value):
-            raise ValueError(
-                "not an image reference with an explicit tag, e.g. ghcr.io/acme/edge:1.4.2"
-            )
-        return value
-
-
-class TargetView(BaseModel):
-    device_id: str
-    role: Literal["canary", "rest"]
-    state: str
-    healthy_at: datetime | None = None
-    error: str | None = None
-
-
-class DeploymentView(BaseModel):
-    id: str
-    group: str
-    image: str
-    models: list[ModelRef]
-    config: dict[str, Any]
-    status: Status
-    error: str | None = None
-    auto_rollback: bool
-    soak_s: float
-    created_at: datetime
-    updated_at: datetime
-    canaries: list[str]
-    targets: list[TargetView]
-    counts: dict[str, int] = Field(description="targets per state")
-
-
-def parse_request(data: Any) -> DeploymentRequest:
-    """Validate a request body; InvalidInput (422) naming the first bad field."""
-    try:
-        return DeploymentRequest.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise InvalidInput(f"{where}: {first['msg']}") from None
 
 
 def _now() -> datetime:
