@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from fleet.acl import write_private
-from fleet.registry import Enrollment
+from fleet.devices import Enrollment
 
 
 def write_bundle(

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fleet.acl import write_private
-from fleet.registry import validate_device_id
+from fleet.devices import validate_device_id
 from shared.errors import ConfigError, NotFound
 
 

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar
 
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.credentials import (
     KeySealer,
@@ -29,15 +26,37 @@ from fleet.credentials import (
     new_token,
     token_digest,
 )
-from shared.db import Database
-from shared.errors import Conflict, InvalidInput, NotFound
-from shared.messages import (
-    DEVICE_ID_PATTERN,
-    DesiredState,
-    DeviceStatus,
-    DeviceTelemetry,
-    ReportedState,
+from fleet.devices import (
+    GROUP_PATTERN,
+    RESERVED_NAMES,
+    DeviceDetail,
+    DeviceSummary,
+    Enrollment,
+    HistoryPoint,
+    validate_device_id,
+    validate_group,
 )
+from shared.db import Database
+from shared.errors import Conflict, NotFound
+from shared.messages import DesiredState, DeviceStatus, DeviceTelemetry, ReportedState
+
+# The device models and id/group rules live in fleet.devices; they stay importable from here.
+__all__ = [
+    "DEVICES",
+    "ENROLLED",
+    "GROUP_PATTERN",
+    "RESERVED_NAMES",
+    "REVOKED",
+    "SUMMARY_COLUMNS",
+    "TELEMETRY_RECORDED",
+    "DeviceDetail",
+    "DeviceRegistry",
+    "DeviceSummary",
+    "Enrollment",
+    "HistoryPoint",
+    "validate_device_id",
+    "validate_group",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +64,6 @@ ENROLLED = Counter("ef_fleet_enrollments_total", "Devices enrolled")
 REVOKED = Counter("ef_fleet_revocations_total", "Devices revoked")
 TELEMETRY_RECORDED = Counter("ef_fleet_telemetry_recorded_total", "Telemetry messages stored")
 DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (at the last enroll/revoke)")
-
-RESERVED_NAMES = frozenset({"cloud", "admin", "operator"})
-GROUP_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 _State = TypeVar("_State", DesiredState, ReportedState)
 
@@ -102,84 +118,8 @@ SUMMARY_COLUMNS = (
 )
 
 
-@dataclass(frozen=True)
-class Enrollment:
-    """The secrets of a freshly enrolled device: shown once, never stored in clear."""
-
-    device_id: str
-    group: str
-    device_key: bytes
-    broker_password: str
-    token: str
-
-
-class DeviceSummary(BaseModel):
-    """One row of the fleet view: cheap to list for a thousand devices."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    device_id: str
-    group: str
-    online: bool
-    agent_version: str | None = None
-    enrolled_at: datetime
-    last_seen: datetime | None = None
-    deployment_id: str | None = Field(None, description="deployment the device reports")
-    deployment_status: str | None = None
-    desired_deployment_id: str | None = None
-    model: str | None = Field(None, description="name@version the device runs")
-    fps: float | None = None
-    latency_p95: float | None = None
-    cpu_pct: float | None = None
-    gpu_util: float | None = None
-    gpu_temp: float | None = None
-    gpu_power: float | None = None
-    outbox_depth: int | None = None
-    escalation_rate: float | None = Field(None, description="escalations sent per minute")
-    agreement: float | None = Field(None, description="edge-vs-cloud agreement, 0..1")
-    updated_at: datetime
-
-
-class DeviceDetail(DeviceSummary):
-    telemetry: dict[str, Any] | None = None
-    reported: dict[str, Any] | None = None
-    desired: dict[str, Any] | None = None
-
-
-class HistoryPoint(BaseModel):
-    ts: datetime
-    fps: float | None = None
-    latency_p95: float | None = None
-    cpu_pct: float | None = None
-    gpu_util: float | None = None
-    gpu_temp: float | None = None
-    gpu_power: float | None = None
-    outbox_depth: int | None = None
-    escalation_rate: float | None = None
-    agreement: float | None = None
-
-
 def _now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def validate_device_id(device_id: str) -> str:
-    if not re.match(DEVICE_ID_PATTERN, device_id or ""):
-        raise InvalidInput(
-            f"invalid device id {device_id!r}",
-            hint="use 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit",
-        )
-    if device_id in RESERVED_NAMES:
-        raise InvalidInput(f"device id {device_id!r} is reserved for service accounts")
-    return device_id
-
-
-def validate_group(group: str) -> str:
-    if not re.match(GROUP_PATTERN, group or ""):
-        raise InvalidInput(
-            f"invalid group {group!r}", hint="use 1-63 characters of a-z, 0-9, '_' and '-'"
-        )
-    return group
 
 
 class DeviceRegistry:

@@ -37,8 +37,9 @@ from fleet.deployment import (
     TargetView,
     parse_request,
 )
+from fleet.devices import validate_group
 from fleet.models import ModelStore
-from fleet.registry import DeviceRegistry, validate_group
+from fleet.registry import DeviceRegistry
 from shared.db import Database
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.messages import DesiredState, ModelRef, ReportedState
