@@ -16,10 +16,8 @@ from __future__ import annotations
 import gc
 import io
 import logging
-import statistics
 import struct
 import tempfile
-import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -31,26 +29,13 @@ import psutil
 import typer
 from PIL import Image
 
+from bench.timing import timed
 from shared.errors import EdgefleetError
 from shared.imaging import ImageLimits, decode_file, decode_image, encode_jpeg, encode_png
 
 app = typer.Typer(add_completion=False)
 MB = 1 << 20
 SIDE = 8000
-
-
-def timed(fn: Callable[[], object], repeat: int, rounds: int) -> float:
-    """Seconds per call: the best over rounds of the median of `repeat` calls."""
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        samples = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        best = min(best, statistics.median(samples))
-    return best
 
 
 def peak_growth(fn: Callable[[], object]) -> float:

@@ -11,35 +11,19 @@ median of `--repeat` calls, best round of `--rounds` (the machine is shared).
 from __future__ import annotations
 
 import importlib.util
-import statistics
-import time
-from collections.abc import Callable
 
 import cv2
 import numpy as np
 import typer
 
 import shared.kernels as kernels
+from bench.timing import timed
 from shared.imaging.letterbox import LetterboxTransform
 from shared.kernels import native, reference
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 app = typer.Typer(add_completion=False)
-
-
-def timed(fn: Callable[[], object], repeat: int, rounds: int) -> float:
-    """Seconds per call: the best over rounds of the median of `repeat` calls."""
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        samples = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        best = min(best, statistics.median(samples))
-    return best
 
 
 def chain(frame: np.ndarray, t: LetterboxTransform) -> np.ndarray:
