@@ -124,11 +124,7 @@ class Model(abc.ABC):
         Raises InvalidInput, Overloaded (queue full or memory watermark: retry later) or
         InferenceTimeout.
         """
-        check_image(image_rgb)
-        if self._closing:
-            raise ModelClosed(f"model {self.spec.name} is closed")
-        self.budget.check_watermark()
-        batcher = self._batcher
+        batcher = self._admit(image_rgb)
         if batcher is None:
             return self.predict_many([image_rgb])[0]
         try:
@@ -140,11 +136,7 @@ class Model(abc.ABC):
         self, image_rgb: np.ndarray, *, timeout_s: float | None = None
     ) -> list[Detection]:
         """`predict` for asyncio callers (the event loop is never blocked)."""
-        check_image(image_rgb)
-        if self._closing:
-            raise ModelClosed(f"model {self.spec.name} is closed")
-        self.budget.check_watermark()
-        batcher = self._batcher
+        batcher = self._admit(image_rgb)
         if batcher is None:
             import asyncio
 
@@ -153,6 +145,14 @@ class Model(abc.ABC):
             return await batcher.submit_async(image_rgb, timeout_s=timeout_s)
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
+
+    def _admit(self, image_rgb: np.ndarray) -> DynamicBatcher[np.ndarray, list[Detection]] | None:
+        """Refuse a bad image, a closed model or a full memory budget; the batcher, if any."""
+        check_image(image_rgb)
+        if self._closing:
+            raise ModelClosed(f"model {self.spec.name} is closed")
+        self.budget.check_watermark()
+        return self._batcher
 
     @property
     def memory_bytes(self) -> int:
