@@ -121,14 +121,23 @@ def test_configuration_is_accepted_by_the_real_settings(
     settings = load_settings(CloudSettings, cloud_yaml)
     assert settings.ingest.share_group == "edgefleet-cloud"
     env = {k: v for k, v in data.items() if k != "cloud.yaml"}
-    env["EDGEFLEET_CLOUD_INGEST__CLIENT_ID"] = "edgefleet-cloud-0"  # what the downward API gives each pod
+    env["EDGEFLEET_CLOUD_INGEST__CLIENT_ID"] = (
+        "edgefleet-cloud-0"  # what the downward API gives each pod
+    )
     assert assert_env_sets_real_settings(IMAGES["x86-cloud"], env, monkeypatch) == len(env)
     # variables from the Secret: their names must be settings too (values are not here)
-    secret_env = {"EDGEFLEET_CLOUD_MQTT__PASSWORD": "x", "EDGEFLEET_CLOUD_DATABASE_URL": "sqlite:///x.db"}
+    secret_env = {
+        "EDGEFLEET_CLOUD_MQTT__PASSWORD": "x",
+        "EDGEFLEET_CLOUD_DATABASE_URL": "sqlite:///x.db",
+    }
     for item in _container()["env"]:
         if "secretKeyRef" in item["valueFrom"]:
             secret_env[item["name"]] = secret_env[item["valueFrom"]["secretKeyRef"]["key"]]
-    assert set(secret_env) == {"EDGEFLEET_CLOUD_MQTT__PASSWORD", "EDGEFLEET_CLOUD_DATABASE_URL", "EDGEFLEET_FLEET_DATABASE_URL"}
+    assert set(secret_env) == {
+        "EDGEFLEET_CLOUD_MQTT__PASSWORD",
+        "EDGEFLEET_CLOUD_DATABASE_URL",
+        "EDGEFLEET_FLEET_DATABASE_URL",
+    }
     assert assert_env_sets_real_settings(IMAGES["x86-cloud"], secret_env, monkeypatch) == 3
     sources = {next(iter(s)) for s in _container()["envFrom"]}
     assert sources == {"configMapRef", "secretRef"}
