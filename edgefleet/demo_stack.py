@@ -35,6 +35,8 @@ MOSQUITTO_MISSING = (
     "  macOS:          brew install mosquitto\n"
     "or run `make demo`, which installs it. Then run `edgefleet demo` again."
 )
+# Where distributions install the broker when sbin is not on PATH (a plain user's shell).
+MOSQUITTO_LOCATIONS = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 # Channels a device publishes on: what counts as uplink.
 UPLINK_CHANNELS = ("status", "telemetry", "escalations", "reported")
 
@@ -120,7 +122,7 @@ def free_port() -> int:
 def mosquitto_binary() -> str:
     """Path of the broker binary; ConfigError with install instructions when missing."""
     found = shutil.which("mosquitto") or next(
-        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if Path(p).exists()),
+        (p for p in MOSQUITTO_LOCATIONS if Path(p).is_file()),
         None,
     )
     if found is None:

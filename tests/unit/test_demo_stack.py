@@ -129,3 +129,25 @@ def _connected(port: int, username: str, password: str) -> mqtt.Client:
         client.loop_stop()
         raise ConnectionRefusedError(codes[0])
     return client
+
+
+def test_a_missing_mosquitto_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from edgefleet import demo_stack
+    from edgefleet.cli import app
+
+    # given a machine without the broker: nothing on PATH, nothing in sbin
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    monkeypatch.setattr(demo_stack, "MOSQUITTO_LOCATIONS", (str(tmp_path / "sbin/mosquitto"),))
+    with pytest.raises(EdgefleetError, match="mosquitto is not installed"):
+        mosquitto_binary()
+    # when the demo starts
+    result = CliRunner().invoke(app, ["demo", "--workdir", str(tmp_path / "w")])
+    # then it stops at once with the install commands, before starting or writing anything
+    assert result.exit_code == 2, result.output
+    assert "sudo apt-get install mosquitto" in result.output
+    assert "brew install mosquitto" in result.output
+    assert not (tmp_path / "w").exists()
