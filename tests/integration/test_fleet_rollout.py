@@ -87,21 +87,19 @@ class CloudLink:
         self.client.loop_stop()
 
 
-@pytest.fixture
-def fleet(tmp_path: Path):
-    server = FleetServer(tmp_path / "cloud", publish=lambda w, r: link.publish(w, r))
-    server.start()
-    enrollments = {d: server.registry.enroll(d, group="line") for d in DEVICES}
-    cloud_password = server.registry.ensure_service_account("cloud")
-    files = write_mosquitto_files(server.registry, tmp_path / "auth")
-    extra = mosquitto_auth_config(files) + ("user root\n" if os.geteuid() == 0 else "")
-    broker = MosquittoBroker(tmp_path / "broker", extra_config=extra).start()
-    link = CloudLink(server, broker.port, cloud_password).start()
-    procs = []
-    for device, enrollment in enrollments.items():
-        log = open(tmp_path / f"{device}.log", "wb")  # noqa: SIM115
-        procs.append(
-            subprocess.Popen(
+class DeviceProcesses:
+    """The five device processes; each can be killed and started again with its own state."""
+
+    def __init__(self, tmp_path: Path, port: int, enrollments: dict):
+        self.tmp_path = tmp_path
+        self.port = port
+        self.enrollments = enrollments
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, device: str) -> None:
+        enrollment = self.enrollments[device]
+        with open(self.tmp_path / f"{device}.log", "ab") as log:
+            self.procs[device] = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
@@ -111,29 +109,57 @@ def fleet(tmp_path: Path):
                     "--key",
                     enrollment.device_key.hex(),
                     "--port",
-                    str(broker.port),
+                    str(self.port),
                     "--password",
                     enrollment.broker_password,
                     "--state",
-                    str(tmp_path / "devices" / device),
+                    str(self.tmp_path / "devices" / device),
                 ],
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        )
-        log.close()
-    yield server, link, tmp_path
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+
+    def kill(self, device: str) -> None:
+        """Gone without a goodbye (power cut): the broker publishes its `offline` will."""
+        proc = self.procs.pop(device)
+        proc.kill()
+        proc.wait(timeout=15)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+def rig(tmp_path: Path):
+    server = FleetServer(tmp_path / "cloud", publish=lambda w, r: link.publish(w, r))
+    server.start()
+    enrollments = {d: server.registry.enroll(d, group="line") for d in DEVICES}
+    cloud_password = server.registry.ensure_service_account("cloud")
+    files = write_mosquitto_files(server.registry, tmp_path / "auth")
+    extra = mosquitto_auth_config(files) + ("user root\n" if os.geteuid() == 0 else "")
+    broker = MosquittoBroker(tmp_path / "broker", extra_config=extra).start()
+    link = CloudLink(server, broker.port, cloud_password).start()
+    devices = DeviceProcesses(tmp_path, broker.port, enrollments)
+    for device in DEVICES:
+        devices.start(device)
+    yield server, link, devices, tmp_path
+    devices.stop()
     link.stop()
     broker.kill()
     server.stop()
+
+
+@pytest.fixture
+def fleet(rig):
+    server, link, _, tmp_path = rig
+    return server, link, tmp_path
 
 
 def device_state(tmp_path: Path, device: str) -> dict:
@@ -218,3 +244,40 @@ def test_good_rollout_reaches_all_bad_ones_stop_at_the_canary(fleet) -> None:
     for device in DEVICES:
         assert device_state(tmp_path, device)["deployment_id"] == good
         assert server.registry.desired(device).deployment_id == good
+
+
+def test_a_device_offline_during_the_rollout_gets_it_when_it_returns(rig) -> None:
+    server, link, devices, tmp_path = rig
+    server.store.add("det", "1", tiny_onnx(tmp_path / "m1" / "det.onnx", scale=1.0))
+    assert wait_until(
+        lambda: sum(d.online for d in server.registry.list_devices("line")) == 5, timeout_s=90
+    ), logs(tmp_path)
+    # given cam-04 drops off the network (its will marks it offline)
+    devices.kill("cam-04")
+    assert wait_until(lambda: not server.registry.get_device("cam-04").online, timeout_s=60)
+
+    # when a rollout runs while it is away
+    dep = rollout(server, "1")
+    assert server.rollouts.get(dep).canaries != ["cam-04"]  # online devices go first
+    # then the four online devices apply it; the rollout waits for the fifth
+    assert wait_until(
+        lambda: all(
+            server.registry.reported(d) is not None
+            and server.registry.reported(d).deployment_id == dep
+            and server.registry.reported(d).status == "healthy"
+            for d in DEVICES[:4]
+        ),
+        90,
+    ), logs(tmp_path)
+    view = server.rollouts.get(dep)
+    assert view.status == "rolling"
+    assert {t.device_id: t.state for t in view.targets}["cam-04"] == "sent"
+    assert device_state(tmp_path, "cam-04").get("deployment_id") != dep
+
+    # when it comes back, the retained desired state is waiting for it: nobody re-sends
+    published = len(link.published)
+    devices.start("cam-04")
+    assert wait_until(lambda: server.rollouts.get(dep).status == "completed", 90), logs(tmp_path)
+    assert device_state(tmp_path, "cam-04")["deployment_id"] == dep
+    assert server.registry.reported("cam-04").deployment_id == dep
+    assert len(link.published) == published
