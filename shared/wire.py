@@ -171,6 +171,11 @@ class Verifier:
         image = None
         if isinstance(message, EscalationCase):
             image = wire.payload
+            if wire.content_type and wire.content_type != message.content_type:
+                raise PayloadRejected(
+                    "content_type",
+                    f"content-type {wire.content_type!r} but ef-meta says {message.content_type!r}",
+                )
             if not image.startswith(IMAGE_MAGIC[message.content_type]):
                 raise PayloadRejected("content_type", f"payload is not {message.content_type}")
         verified = Verified(message, image, device_id)

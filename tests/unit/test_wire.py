@@ -113,6 +113,8 @@ def _tamper(wire: WireMessage, **changes) -> WireMessage:
         ("bad_signature", lambda w: _tamper(w, payload=w.payload.replace(b'"seq":1', b'"seq":2'))),
         ("schema", lambda w: _tamper(w, props={SCHEMA_PROP: "ef.status/1"})),
         ("schema", lambda w: _tamper(w, drop=[SCHEMA_PROP])),
+        ("schema", lambda w: _tamper(w, props={SCHEMA_PROP: "ef.telemetry/9"})),
+        ("schema", lambda w: _tamper(w, props={SCHEMA_PROP: "ef.bogus/1"})),
         ("topic", lambda w: _tamper(w, topic="elsewhere/cam-01/telemetry")),
         ("unknown_device", lambda w: _tamper(w, topic="ef/v1/cam-99/telemetry")),
     ],
@@ -140,8 +142,16 @@ def test_stale_and_future_timestamps_are_rejected():
     for ts in (now - timedelta(seconds=301), now + timedelta(seconds=301)):
         wire = encode(telemetry(seq=200, ts=ts), KEY, TOPICS.telemetry("cam-01"))
         with pytest.raises(PayloadRejected) as err:
-            verifier().verify(wire)
+            verifier().verify(wire, now=now)
         assert err.value.reason == "stale"
+
+
+def test_timestamps_within_the_300_s_window_are_accepted():
+    now = datetime.now(timezone.utc)
+    v = verifier()
+    for seq, ts in enumerate((now - timedelta(seconds=299), now + timedelta(seconds=299))):
+        wire = encode(telemetry(seq=300 + seq, ts=ts), KEY, TOPICS.telemetry("cam-01"))
+        assert v.verify(wire, now=now).message.ts == ts
 
 
 def test_replayed_seq_and_case_id_are_rejected_with_the_verified_message():
@@ -176,6 +186,20 @@ def test_image_that_lies_about_its_type_is_rejected():
     with pytest.raises(PayloadRejected) as err:
         verifier().verify(wire)
     assert err.value.reason == "content_type"
+
+
+def test_content_type_property_must_agree_with_the_metadata():
+    # given a JPEG case whose MQTT content-type property claims PNG
+    wire = encode(case(), KEY, TOPICS.escalations("cam-01"), image=JPEG)
+    lying = WireMessage(wire.topic, wire.payload, wire.user_properties, "image/png")
+    # then it is rejected and counted, while a client that sets no content type is accepted
+    before = rejected_count("content_type")
+    with pytest.raises(PayloadRejected) as err:
+        verifier().verify(lying)
+    assert err.value.reason == "content_type"
+    assert rejected_count("content_type") == before + 1
+    unset = WireMessage(wire.topic, wire.payload, wire.user_properties, None)
+    assert verifier().verify(unset).image == JPEG
 
 
 def test_signed_but_invalid_document_is_rejected_as_invalid():
