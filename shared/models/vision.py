@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import cv2
@@ -9,6 +10,7 @@ import numpy as np
 
 from shared.errors import ConfigError
 from shared.executor.memory import MemoryBudget
+from shared.executor.metrics import MODEL_WARMUP_SECONDS
 from shared.executor.settings import ExecutionSettings
 from shared.imaging.letterbox import LetterboxTransform
 from shared.messages import Detection
@@ -67,8 +69,12 @@ class _SingleSessionModel(Model):
         cap = session.executor.capabilities.max_batch_size
         self.static_batch = cap  # None = dynamic batch axis
         self._norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
-        if settings.warmup:
+        if settings.warmup:  # before load_model returns: the first caller never pays it
+            started = time.perf_counter()
             self._run(np.zeros((1, spec.input.channels, *self.hw), np.float32))
+            MODEL_WARMUP_SECONDS.labels(spec.name, session.backend).observe(
+                time.perf_counter() - started
+            )
         super().__init__(spec, [session], settings, session.budget)
 
     def _run(self, batch: np.ndarray) -> np.ndarray:

@@ -87,6 +87,12 @@ def test_info_memory_and_backends(ppocr):
     assert ppocr.info.precision == "fp32" and len(ppocr.info.sha256) == 64
     assert ppocr.memory_bytes > 15_000_000  # at least the weights of det + rec
     assert ppocr.backends == {"ppocr-det": "onnxruntime-cpu", "ppocr-rec": "onnxruntime-cpu"}
+    from prometheus_client import REGISTRY
+
+    for part in ppocr.backends:  # each component was timed loading and warming up in load
+        labels = {"model": part, "backend": "onnxruntime-cpu"}
+        assert REGISTRY.get_sample_value("edgefleet_model_load_seconds_count", labels) >= 1
+        assert REGISTRY.get_sample_value("edgefleet_model_warmup_seconds_count", labels) >= 1
 
 
 def test_batched_equals_one_by_one_for_different_sizes(ppocr):
