@@ -226,9 +226,7 @@ def test_a_closed_model_refuses_with_a_typed_retryable_error(tmp_path):
     model.close()  # closing twice is harmless
 
 
-def test_load_warms_up_records_load_and_warmup_times_and_logs_the_backend_choice(
-    tmp_path, caplog
-):
+def test_load_warms_up_records_load_and_warmup_times_and_logs_the_backend_choice(tmp_path, caplog):
     from prometheus_client import REGISTRY
 
     def count(metric: str, name: str) -> float:
@@ -245,11 +243,13 @@ def test_load_warms_up_records_load_and_warmup_times_and_logs_the_backend_choice
     # given: a fresh model; when: it loads; then: by the time load_model returns it has
     # been timed loading and has run its warm-up inference, and the start log names the
     # chosen backend and why every other lost
-    with caplog.at_level("INFO", logger="shared"):
-        with load_model("tiny-warm", settings=SETTINGS, registry=registry):
-            assert count("edgefleet_model_load_seconds", "tiny-warm") == 1
-            assert count("edgefleet_model_warmup_seconds", "tiny-warm") == 1
-            assert count("edgefleet_infer_seconds", "tiny-warm") == 1  # the warm-up run
+    with (
+        caplog.at_level("INFO", logger="shared"),
+        load_model("tiny-warm", settings=SETTINGS, registry=registry),
+    ):
+        assert count("edgefleet_model_load_seconds", "tiny-warm") == 1
+        assert count("edgefleet_model_warmup_seconds", "tiny-warm") == 1
+        assert count("edgefleet_infer_seconds", "tiny-warm") == 1  # the warm-up run
     choice = [r.getMessage() for r in caplog.records if r.getMessage().startswith("backend ")]
     assert choice and choice[0].startswith("backend onnxruntime-cpu; not chosen: tensorrt (")
     cold = SETTINGS.model_copy(update={"warmup": False})
