@@ -119,3 +119,113 @@ def test_deploy_and_status_through_the_api(tmp_path: Path) -> None:
         assert no_key.exit_code == 2 and "--api-key" in no_key.output
     finally:
         server.stop()
+
+
+def test_deploy_flags_as_the_issue_writes_them(tmp_path: Path) -> None:
+    server = FleetServer(tmp_path).start()
+    try:
+        for i in range(10):
+            server.registry.enroll(f"cam-{i}", group="dock" if i < 5 else "yard")
+        api = ["--api", server.url, "--api-key", OPERATOR_KEY]
+        model = ["--model", f"det@3=https://models.example/det.onnx#{'e' * 64}"]
+        # a percentage that is no number is refused before anything is sent
+        bad = run("deploy", "--group", "dock", "--image", "acme/edge:1", "--canary", "ten", *api)
+        assert bad.exit_code == 2 and "percentage" in bad.output
+        zero = run("deploy", "--group", "dock", "--image", "acme/edge:1", "--canary", "0%", *api)
+        assert zero.exit_code == 2 and "canary_percent" in zero.output
+        assert server.sent == [] and server.rollouts.list() == []
+        # when deployed with `--canary 10% --auto-rollback`
+        ok = run(
+            "deploy", "--group", "dock", "--image", "acme/edge:1.4.2", *model,
+            "--canary", "10%", "--auto-rollback", *api,
+        )  # fmt: skip
+        assert ok.exit_code == 0, ok.output
+        (dock,) = server.rollouts.list()
+        assert dock.auto_rollback is True and len(dock.canaries) == 1
+        assert dock.models[0].name == "det" and dock.models[0].version == "3"
+        # and `--no-auto-rollback` turns it off
+        off = run(
+            "deploy", "--group", "yard", "--image", "acme/edge:1.4.2",
+            "--canary", "40%", "--no-auto-rollback", *api,
+        )  # fmt: skip
+        assert off.exit_code == 0, off.output
+        yard = next(d for d in server.rollouts.list() if d.group == "yard")
+        assert yard.auto_rollback is False and len(yard.canaries) == 2
+    finally:
+        server.stop()
+
+
+def test_status_table_is_coloured_by_health() -> None:
+    import io
+
+    from rich.console import Console
+
+    from fleet.cli import status_table
+
+    devices = [
+        {"device_id": "cam-up", "group": "dock", "online": True, "deployment_id": "dep-1",
+         "deployment_status": "healthy", "fps": 24.5, "gpu_temp": 88.0, "outbox_depth": 150,
+         "last_seen": "2026-01-01T00:00:00Z"},
+        {"device_id": "cam-down", "group": "dock", "online": False, "deployment_id": "dep-1",
+         "deployment_status": "failed", "fps": None, "gpu_temp": None, "outbox_depth": None,
+         "last_seen": None},
+    ]  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, force_terminal=True, color_system="standard", width=200).print(
+        status_table(devices)
+    )
+    text = out.getvalue()
+    green, red, yellow = "\x1b[32m", "\x1b[31m", "\x1b[33m"
+    assert f"{green}● online" in text and f"{red}○ offline" in text
+    assert f"{green}dep-1 healthy" in text and f"{red}dep-1 failed" in text
+    assert f"{red}88" in text  # hot
+    assert f"{yellow}150" in text  # a growing outbox
+    assert "never" in text and "2 devices" in text
+
+
+def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from fleet.registry import DeviceRegistry
+    from shared.db import Database
+    from tests.support.fleet import wait_until
+
+    db_url = f"sqlite:///{tmp_path}/cloud.db"
+    db = Database.connect(db_url)
+    registry = DeviceRegistry(db)
+    registry.enroll("cam-01", group="dock")
+    env = {**os.environ, "TTY_COMPATIBLE": "1", "FORCE_COLOR": "1", "COLUMNS": "160"}
+    edgefleet = Path(sys.executable).parent / "edgefleet"
+    proc = subprocess.Popen(
+        [str(edgefleet), "fleet", "status", "--watch", "--interval", "0.2", "--db", db_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    output = bytearray()
+    reader = threading.Thread(
+        target=lambda: [
+            output.extend(chunk) for chunk in iter(lambda: proc.stdout.read1(4096), b"")
+        ],
+        daemon=True,
+    )
+    reader.start()
+    try:
+        # given the watch shows the one device
+        assert wait_until(lambda: b"1 devices" in output, timeout_s=60), output.decode()
+        # when a second device is enrolled, the table refreshes by itself
+        registry.enroll("cam-02", group="yard")
+        assert wait_until(lambda: b"2 devices" in output and b"cam-02" in output, timeout_s=60)
+        # and Ctrl-C ends it cleanly
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, output.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        db.close()
