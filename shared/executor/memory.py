@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from shared.errors import MemoryBudgetExceeded, Overloaded
+from shared.errors import MemoryBudgetExceeded
 from shared.executor.metrics import MEMORY_REFUSED, MEMORY_RESERVED
 from shared.executor.settings import MemorySettings
 
@@ -219,14 +219,18 @@ class MemoryBudget:
             MEMORY_RESERVED.labels(self.device).set(sum(self._reserved.values()))
 
     def check_watermark(self) -> None:
-        """Raise a retryable Overloaded when memory in use is above the watermark."""
+        """Refuse new work while memory in use is above the watermark: a retryable
+        MemoryBudgetExceeded (an Overloaded; HTTP 503 + Retry-After, since the server, not
+        the caller, is short of memory) instead of an out-of-memory crash later."""
         snap = self._recent()
         used = self._used(snap)
         if used > self.capacity(snap):
             MEMORY_REFUSED.labels("watermark").inc()
-            raise Overloaded(
+            raise MemoryBudgetExceeded(
                 f"memory on {snap.device} is above the {self.settings.watermark:.0%} watermark",
                 code="memory_watermark",
+                hint="retry after Retry-After; if it persists, load fewer models or lower "
+                "max_batch_size",
                 retry_after_s=2.0,
             )
 

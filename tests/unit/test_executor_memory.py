@@ -75,6 +75,8 @@ def test_watermark_refuses_new_work_with_a_retryable_error():
         budget.check_watermark()
     assert err.value.code == "memory_watermark"
     assert err.value.retry_after_s > 0
+    # the server is short of memory, not the caller too fast: 503 with Retry-After
+    assert err.value.http_status == 503
 
 
 def test_batch_cap_follows_headroom():
