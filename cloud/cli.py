@@ -35,7 +35,9 @@ def _settings(config: Path | None):
 def serve(
     config: ConfigOption = None,
     host: Annotated[str | None, typer.Option(help="override http.host")] = None,
-    port: Annotated[int | None, typer.Option(help="override http.port")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="override http.port (0 = any free port)")
+    ] = None,
 ) -> None:
     """Run the REST API and the MQTT ingest in one process (uvicorn).
 
@@ -46,20 +48,58 @@ def serve(
     from cloud.app import create_app
     from shared.logs import configure_logging
 
-    settings = _settings(config)
+    settings = serve_settings(_settings(config), host=host, port=port)
     configure_logging(settings.log_level)
+    sock = None
+    if settings.http.port == 0:
+        # bind first, so the port the links name is the port that is served
+        sock = _bind(settings.http.host)
+        settings = serve_settings(settings, port=sock.getsockname()[1])
     try:
         api = create_app(settings)
     except EdgefleetError as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
-    uvicorn.run(
-        api,
-        host=host or settings.http.host,
-        port=settings.http.port if port is None else port,
-        log_config=None,
-        access_log=False,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            api,
+            host=settings.http.host,
+            port=settings.http.port,
+            log_config=None,
+            access_log=False,
+        )
     )
+    server.run(sockets=[sock] if sock is not None else None)
+    if not server.started:
+        raise typer.Exit(3)
+
+
+def serve_settings(settings, *, host: str | None = None, port: int | None = None):
+    """The settings with `--host/--port` written into `http`, so everything built from
+    them (download links from `resolved_public_url`, logs) names where uvicorn listens."""
+    from cloud.settings import HttpSettings
+
+    update = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if not update:
+        return settings
+    http = HttpSettings.model_validate({**settings.http.model_dump(), **update})
+    return settings.model_copy(update={"http": http})
+
+
+def _bind(host: str):
+    """A TCP socket bound to a free port on `host` (IPv6 literals included)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, 0))
+    except OSError as exc:
+        sock.close()
+        typer.secho(f"cannot bind {host}: {exc.strerror}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    return sock
 
 
 @app.command()

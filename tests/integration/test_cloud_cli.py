@@ -92,3 +92,71 @@ def test_readyz_says_why_without_a_broker(tmp_path: Path) -> None:
         assert response.status_code == 503 and response.headers["Retry-After"] == "5"
     finally:
         _stop(process)
+
+
+def test_port_flag_is_the_port_served_and_the_one_download_links_name(tmp_path: Path) -> None:
+    # given: a device and a model in the store, and a config that names another port
+    from typer.testing import CliRunner
+
+    from cloud.auth import key_digest
+    from fleet.cli import app as fleet_cli
+
+    data_dir, key = tmp_path / "data", "op-serve-key-" + "s" * 20
+    fleet_env = {"EDGEFLEET_FLEET_DATA_DIR": str(data_dir)}
+    model = tmp_path / "det.onnx"
+    model.write_bytes(b"onnx-bytes-" + os.urandom(512))
+    for args in (["enroll", "cam-s1", "--group", "dock"], ["model-add", "det", "1.0", str(model)]):
+        done = CliRunner().invoke(fleet_cli, args, env=fleet_env)
+        assert done.exit_code == 0, done.output
+    config = tmp_path / "cloud.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "http": {"port": free_port()},
+                "data_dir": str(data_dir),
+                "ingest": {"enabled": False},
+                "models": {"preload": False},
+                "api_keys": [{"name": "ops", "sha256": key_digest(key)}],
+            }
+        )
+    )
+    port = free_port()
+    # when: `--port` overrides it
+    process = subprocess.Popen(
+        [
+            *(str(Path(sys.executable).parent / "edgefleet"), "cloud", "serve", "-c", str(config)),
+            *("--host", "127.0.0.1", "--port", str(port)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "serve.log").open("wb"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _poll(f"{url}/readyz", 200)
+        created = httpx.post(
+            f"{url}/v1/deployments",
+            json={"group": "dock", "image": "ghcr.io/acme/edge:1", "soak_s": 0}
+            | {"models": [{"name": "det", "version": "1.0"}]},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        # then: the deployment's download link names the port really served
+        assert created.status_code == 201, created.text
+        assert created.json()["models"][0]["url"] == f"{url}/v1/models/det/1.0"
+    finally:
+        _stop(process)
+
+
+def test_port_zero_serves_a_free_port_that_the_settings_know() -> None:
+    from cloud.cli import _bind, serve_settings
+    from cloud.settings import CloudSettings
+
+    settings = serve_settings(CloudSettings(), host="0.0.0.0", port=0)
+    sock = _bind(settings.http.host)
+    try:
+        bound = serve_settings(settings, port=sock.getsockname()[1])
+        assert bound.http.port == sock.getsockname()[1] != 0
+        assert bound.resolved_public_url() == f"http://127.0.0.1:{bound.http.port}"
+        assert serve_settings(bound) is bound  # no flags: unchanged
+    finally:
+        sock.close()
