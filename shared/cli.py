@@ -25,10 +25,19 @@ def schema(
         return
     try:
         raw = check.read_bytes()
-        schema_id = json.loads(raw).get("schema")
-    except (OSError, ValueError, AttributeError) as exc:
-        typer.echo(f"{check}: not a JSON object: {exc}", err=True)
+    except OSError as exc:
+        typer.echo(f"{check}: cannot read: {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from None
+    try:
+        document = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError names line and column; UnicodeDecodeError
+        typer.echo(f"{check}: not JSON: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(document, dict):
+        kind = {list: "an array", str: "a string"}.get(type(document), "a bare value")
+        typer.echo(f"{check}: the document is {kind}; a message is a JSON object", err=True)
+        raise typer.Exit(2)
+    schema_id = document.get("schema")
     model = MESSAGE_TYPES.get(schema_id) if isinstance(schema_id, str) else None
     if model is None:
         known = ", ".join(MESSAGE_TYPES)

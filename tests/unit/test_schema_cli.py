@@ -51,3 +51,19 @@ def test_check_names_unknown_schema_and_non_json(tmp_path: Path):
     garbage.write_text("not json")
     result = edgefleet("schema", "--check", str(garbage))
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_check_says_what_is_wrong_with_unreadable_or_non_object_input(tmp_path: Path):
+    # given a missing file, broken JSON and JSON that is not an object
+    missing = edgefleet("schema", "--check", str(tmp_path / "absent.json"))
+    assert missing.returncode == 2 and "cannot read: No such file" in missing.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schema": "ef.status/1",\n  "state": }')
+    result = edgefleet("schema", "--check", str(broken))
+    assert result.returncode == 2 and "not JSON" in result.stderr and "line 2" in result.stderr
+    array = tmp_path / "array.json"
+    array.write_text("[1, 2]")
+    result = edgefleet("schema", "--check", str(array))
+    # then each says what is wrong in the user's terms, never Python internals
+    assert result.returncode == 2 and "is an array; a message is a JSON object" in result.stderr
+    assert "attribute" not in result.stderr and "Traceback" not in result.stderr
