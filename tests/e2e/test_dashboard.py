@@ -166,3 +166,75 @@ def test_dashboard_shows_the_fleet_and_updates_live(fleet, browser) -> None:
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
     assert problems == []
     page.close()
+
+
+def test_dashboard_in_the_cloud_shows_a_case_with_its_thumbnail_and_verdict(
+    broker, browser, tmp_path: Path
+) -> None:
+    """The real cloud app: a device's escalation is answered, and the dashboard card shows
+    the stored image (fetched from /v1/escalations/{id}/image with the operator key)."""
+    import json
+    import secrets
+    import time
+
+    import httpx
+    import numpy as np
+
+    from cloud.app import create_app
+    from cloud.auth import key_digest
+    from cloud.settings import CloudSettings
+    from cloud.testing import ServerThread, escalation_case, free_port
+    from shared.imaging import encode_jpeg
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("default: {model: rules, timeout_s: 30}\n")
+    port = free_port()
+    settings = CloudSettings(
+        data_dir=tmp_path / "data",
+        public_url=f"http://127.0.0.1:{port}",
+        mqtt={"host": broker.host, "port": broker.port},
+        ingest={"share_group": f"dash-{secrets.token_hex(3)}"},
+        api_keys=[{"name": "ops", "sha256": key_digest(OPERATOR_KEY)}],
+        rules={"file": rules, "poll_s": 60},
+        models={"preload": False},
+    )
+    app = create_app(settings)
+    cam = app.state.services.registry.enroll("cam-dash", group="dock")
+    server = ServerThread(app, port=port).start()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{server.url}/readyz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the cloud did not become ready"
+            time.sleep(0.1)
+        # given a 160x64 crop the device escalated and the cloud answered
+        image = np.full((64, 160, 3), 255, np.uint8)
+        image[20:44, 20:140] = 0
+        case = escalation_case("cam-dash", content_type="image/jpeg", edge=[("DOCK-7", 0.9)])
+        answered = httpx.post(
+            f"{server.url}/v1/escalations",
+            params={"wait": 30},
+            files={"image": ("c.jpg", encode_jpeg(image), "image/jpeg")},
+            data={"metadata": json.dumps(case.model_dump(mode="json", by_alias=True))},
+            headers={"Authorization": f"Bearer {cam.token}"},
+            timeout=60,
+        )
+        assert answered.status_code == 200, answered.text
+        # when the operator opens the cloud's own page
+        page.goto(f"{server.url}/#key={OPERATOR_KEY}")
+        page.wait_for_selector('.row[data-device="cam-dash"]')
+        # then the case card shows the stored image as its thumbnail, and the verdict
+        page.wait_for_function(
+            "document.querySelector('.case img.thumb')?.naturalWidth === 160", timeout=30_000
+        )
+        assert page.text_content(".case .verdict") == "DOCK-7"
+        assert "cam-dash" in page.text_content(".case")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-cloud.png"), full_page=True)
+        assert problems == []
+    finally:
+        page.close()
+        server.stop()
