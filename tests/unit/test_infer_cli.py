@@ -32,9 +32,18 @@ def images(tmp_path_factory) -> dict[str, Path]:
     cv2.imwrite(str(good), img)
     truncated = folder / "truncated.jpg"
     truncated.write_bytes(b"\xff\xd8\xff\xe0 not a whole jpeg")
+    _, jpeg = cv2.imencode(".jpg", img)
+    cut = folder / "cut.jpg"  # a real JPEG of the good scene, cut off half-way
+    cut.write_bytes(jpeg.tobytes()[: len(jpeg) // 2])
     text = folder / "notes.png"
     text.write_text("hello, I am not an image")
-    return {"good": good, "truncated": truncated, "text": text, "missing": folder / "nope.png"}
+    return {
+        "good": good,
+        "truncated": truncated,
+        "cut": cut,
+        "text": text,
+        "missing": folder / "nope.png",
+    }
 
 
 def test_json_lines_one_object_per_image_bad_images_reported(images):
@@ -68,6 +77,18 @@ def test_json_lines_one_object_per_image_bad_images_reported(images):
     assert lines[4]["results"] == ok["results"]
 
 
+def test_a_real_jpeg_cut_short_is_an_error_line_not_a_partial_read(images):
+    result = runner.invoke(cli, ["infer", str(images["cut"]), str(images["good"]), "--json"])
+    assert result.exit_code == 1
+    cut, good = [json.loads(line) for line in result.stdout.splitlines()]
+    assert cut == {
+        "image": str(images["cut"]),
+        "error": {"code": "image_invalid", "message": cut["error"]["message"]},
+    }
+    assert "truncated" in cut["error"]["message"]
+    assert good["results"][0]["text"] == "PARCEL 7781-XZ"
+
+
 def test_plain_output_one_line_errors_no_traceback(images):
     result = runner.invoke(cli, ["infer", str(images["truncated"]), str(images["good"])])
     assert result.exit_code == 1
@@ -94,6 +115,13 @@ def test_model_verify_and_list(tmp_path):
     tampered.write_bytes(b"\x08" + det.read_bytes()[1:-1])
     bad = runner.invoke(cli, ["model", "verify", str(tampered)])
     assert bad.exit_code == 1 and "does not match ppocr-det" in bad.stderr
+    stranger = tmp_path / "other.onnx"
+    stranger.write_bytes(det.read_bytes() + b"\x00")
+    unknown = runner.invoke(cli, ["model", "verify", str(stranger)])
+    assert unknown.exit_code == 1 and "is not in the trusted manifest" in unknown.stderr
+    missing = runner.invoke(cli, ["model", "verify", str(tmp_path / "absent.onnx")])
+    assert missing.exit_code == 1 and "cannot read" in missing.stderr
+    assert "Traceback" not in unknown.output + missing.output
     listed = runner.invoke(cli, ["model", "list"])
     assert listed.exit_code == 0 and "ppocr-heavy" in listed.stdout
 
