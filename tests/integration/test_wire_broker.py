@@ -136,3 +136,24 @@ def test_our_encoder_round_trips_through_the_broker(broker, received):
     finally:
         publisher.loop_stop()
         publisher.disconnect()
+
+
+def test_own_broker_restarts_on_its_port_and_keeps_retained_messages(own_broker):
+    # given a retained message on a broker of this test's own
+    topic = TOPICS.status("cam-01")
+    mosquitto_pub(own_broker, topic, [], "-r", "-m", "kept")
+    port = own_broker.port
+    # when the broker is stopped and started again mid-test
+    own_broker.restart()
+    assert own_broker.running and own_broker.port == port
+    # then an outside client finds the message, restored from the persistence directory
+    sub = ["mosquitto_sub", "-h", own_broker.host, "-p", str(port), "-t", topic]
+    got = subprocess.run(
+        [*sub, "-C", "1", "-W", "10"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert got.stdout.strip() == "kept", got.stderr + own_broker.log_tail()
+    own_broker.kill()
+    assert not own_broker.running
