@@ -152,6 +152,61 @@ def test_infer_has_no_fallback_so_a_hang_is_a_504(server) -> None:
     assert ok.status_code == 200
 
 
+def test_oversize_multipart_escalation_streamed_without_length_is_a_413(server) -> None:
+    url, services = server
+    limit = services.settings.http.max_upload_bytes
+    case = escalation_case("cam-f1")
+    meta = json.dumps(case.model_dump(mode="json", by_alias=True)).encode()
+
+    def body():  # chunked (no Content-Length): only counting the stream can stop it
+        yield (
+            b'--xx\r\nContent-Disposition: form-data; name="metadata"\r\n\r\n' + meta + b"\r\n"
+            b'--xx\r\nContent-Disposition: form-data; name="image"; filename="c.png"\r\n'
+            b"Content-Type: image/png\r\n\r\n\x89PNG\r\n\x1a\n"
+        )
+        for _ in range(limit // 65_536 + 8):
+            yield b"\0" * 65_536
+        yield b"\r\n--xx--\r\n"
+
+    response = httpx.post(
+        f"{url}/v1/escalations",
+        content=body(),
+        headers={
+            "Authorization": f"Bearer {OP_KEY}",
+            "Content-Type": "multipart/form-data; boundary=xx",
+        },
+        timeout=60,
+    )
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["code"] == "payload_too_large" and len(error["trace_id"]) == 32
+    assert services.store.case_device(case.case_id) is None  # nothing stored
+    assert httpx.get(f"{url}/healthz").status_code == 200
+
+
+def test_wait_that_runs_out_is_a_202_and_the_verdict_comes_later(server) -> None:
+    url, _ = server
+    # given a primary that hangs for the route's 1.5 s, when the client waits only 0.2 s
+    response = _escalate(url, wait=0.2)
+    # then it gets a 202 saying the case is still processing, not an error
+    assert response.status_code == 202, response.text
+    accepted = response.json()
+    assert accepted["status"] == "processing" and len(accepted["trace_id"]) == 32
+    # and the verdict (from the fallback) is there to fetch once it is made
+    deadline = time.monotonic() + 60
+    while True:
+        record = httpx.get(
+            f"{url}/v1/escalations/{accepted['case_id']}",
+            headers={"Authorization": f"Bearer {OP_KEY}"},
+            timeout=30,
+        ).json()
+        if record["verdict"] is not None:
+            break
+        assert time.monotonic() < deadline, record
+        time.sleep(0.1)
+    assert record["verdict"]["fallback_level"] == 1
+
+
 def test_full_queue_answers_429_with_retry_after(server) -> None:
     url, services = server
     # given one worker stuck for 1.5 s per case and room for 2 waiting cases
