@@ -214,7 +214,9 @@ class Agent:
         topic = self.uplink.topics.escalations(self.settings.device_id) if self.uplink else ""
         if self.outbox.put("escalation", topic, case.model_dump_json().encode(), escalation.jpeg):
             self.escalations_created += 1
-            self.verdicts.expect(case.case_id, frame.stream_id, case.edge_result)
+            self.verdicts.expect(
+                case.case_id, frame.stream_id, case.edge_result, frame_index=frame.index
+            )
             for callback in self.on_escalation:
                 callback(case)
         if self.uplink is not None:
@@ -260,6 +262,7 @@ class Agent:
             {
                 "verdict": m.verdict.model_dump(mode="json"),
                 "stream_id": m.stream_id,
+                "frame_index": m.frame_index,
                 "edge_result": None
                 if m.edge_result is None
                 else [d.model_dump(mode="json") for d in m.edge_result],

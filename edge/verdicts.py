@@ -19,12 +19,14 @@ VERDICTS = Counter("ef_edge_verdicts_total", "Cloud verdicts received", ["outcom
 
 @dataclass(frozen=True)
 class MatchedVerdict:
-    """A verdict with the edge result it answers (None if the case was not known here)."""
+    """A verdict with the case it answers: stream, frame and edge result (None each if the
+    case was not known here), so the application can correct that very frame."""
 
     verdict: CloudVerdict
     stream_id: str | None
     edge_result: list[Detection] | None
     agrees: bool | None
+    frame_index: int | None = None
 
 
 def result_key(detections: list[Detection]) -> frozenset[str]:
@@ -40,7 +42,7 @@ class VerdictBook:
     """Remembers pending cases (bounded), matches verdicts, counts agreement."""
 
     def __init__(self, max_pending: int = 10_000, keep_recent: int = 100):
-        self._pending: OrderedDict[str, tuple[str, list[Detection]]] = OrderedDict()
+        self._pending: OrderedDict[str, tuple[str, list[Detection], int | None]] = OrderedDict()
         self._max = max_pending
         self._lock = threading.Lock()
         self.recent: deque[MatchedVerdict] = deque(maxlen=keep_recent)
@@ -49,9 +51,16 @@ class VerdictBook:
         self.agreed = 0
         self.unmatched = 0
 
-    def expect(self, case_id: str, stream_id: str, edge_result: list[Detection]) -> None:
+    def expect(
+        self,
+        case_id: str,
+        stream_id: str,
+        edge_result: list[Detection],
+        frame_index: int | None = None,
+    ) -> None:
+        """Remember a case sent to the cloud; its verdict will carry these back."""
         with self._lock:
-            self._pending[case_id] = (stream_id, edge_result)
+            self._pending[case_id] = (stream_id, edge_result, frame_index)
             while len(self._pending) > self._max:
                 self._pending.popitem(last=False)
 
@@ -62,10 +71,11 @@ class VerdictBook:
                 self.unmatched += 1
                 matched = MatchedVerdict(verdict, None, None, None)
             else:
-                agrees = result_key(known[1]) == result_key(verdict.result)
+                stream_id, edge_result, frame_index = known
+                agrees = result_key(edge_result) == result_key(verdict.result)
                 self.matched += 1
                 self.agreed += int(agrees)
-                matched = MatchedVerdict(verdict, known[0], known[1], agrees)
+                matched = MatchedVerdict(verdict, stream_id, edge_result, agrees, frame_index)
             self.recent.append(matched)
         VERDICTS.labels(
             "unmatched" if matched.agrees is None else ("agree" if matched.agrees else "disagree")

@@ -97,7 +97,12 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
         # then the agent matches it to the case and counts agreement
         wait_for(lambda: verdicts, 20, "verdict callback")
         assert verdicts[0].verdict.case_id == case.case_id and verdicts[0].agrees is True
+        assert (verdicts[0].stream_id, verdicts[0].frame_index) == ("gate", case.frame_index)
         assert agent.verdicts.agreement_rate == 1.0
+        # and the agreement rate reaches the cloud in the next telemetry
+        wait_for(
+            lambda: collector.telemetry[-1].agreement_rate == 1.0, 30, "agreement in telemetry"
+        )
 
         # and the local HTTP port answers health, readiness, metrics and verdicts
         port = agent.health.port
@@ -110,7 +115,10 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
         assert status == 200 and b"ef_edge_stage_seconds_bucket" in body
         assert b'ef_edge_frame_latency_seconds_count{stream="gate"}' in body
         status, body = _get(port, "/verdicts")
-        assert json.loads(body)["verdicts"][0]["agrees"] is True
+        local = json.loads(body)["verdicts"][0]
+        assert local["agrees"] is True and local["frame_index"] == case.frame_index
+        assert local["verdict"]["case_id"] == case.case_id and local["stream_id"] == "gate"
+        assert health["agreement_rate"] == 1.0
     finally:
         agent.stop()
     # graceful stop: `offline` is published and is what a newcomer gets, retained
