@@ -12,6 +12,10 @@ APT_PACKAGES := mosquitto mosquitto-clients ffmpeg gcc g++ python3-dev python3-v
                 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user chromium
 # The binaries that show the packages above are present (checked before calling apt).
 APT_PROBES := mosquitto mosquitto_pub ffmpeg gcc aarch64-linux-gnu-gcc qemu-aarch64 chromium
+# python3-venv and python3-dev ship no binary to probe: ask the interpreter for ensurepip and
+# Python.h (Debian's python3 has neither until they are installed).
+PY_PROBE := import ensurepip, os, sysconfig; \
+            assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint system-deps install clean
@@ -31,6 +35,7 @@ install: system-deps $(STAMP)
 
 system-deps:
 	@missing=""; for b in $(APT_PROBES); do command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
+	$(PYTHON) -c '$(PY_PROBE)' >/dev/null 2>&1 || missing="$$missing python3-venv/python3-dev"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages (missing:$$missing)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
