@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,17 +69,33 @@ def render_mosquitto_acl(
 
 
 def write_mosquitto_files(
-    registry: DeviceRegistry, out_dir: Path, topics: Topics = Topics()
+    registry: DeviceRegistry,
+    out_dir: Path,
+    topics: Topics = Topics(),
+    *,
+    readable_by_gid: int | None = None,
 ) -> BrokerFiles:
-    """Write `passwords` and `acl` under `out_dir` (mode 0600) from the registry."""
+    """Write `passwords` and `acl` under `out_dir` from the registry.
+
+    Mode 0600, owned by the writer. A broker running as another user (Mosquitto in its own
+    container is uid/gid 1883) reads them when `readable_by_gid` makes them group `gid`,
+    mode 0640. Without it, a rewrite keeps the group access the password file already
+    has, so `enroll` and `revoke` do not take the broker's access away again.
+    """
     devices = registry.broker_accounts()
     services = registry.service_accounts()
     out_dir.mkdir(parents=True, exist_ok=True)
     files = BrokerFiles(out_dir / "passwords", out_dir / "acl")
-    write_private(files.password_file, render_password_file([*services, *devices]))
+    gid = readable_by_gid if readable_by_gid is not None else _group_access(files.password_file)
+    mode = 0o600 if gid is None else 0o640
+    write_private(
+        files.password_file, render_password_file([*services, *devices]), mode=mode, gid=gid
+    )
     write_private(
         files.acl_file,
         render_mosquitto_acl([d for d, _ in devices], [u for u, _ in services], topics),
+        mode=mode,
+        gid=gid,
     )
     log.info(
         "wrote broker auth files",
@@ -172,13 +189,37 @@ def write_emqx_files(registry: DeviceRegistry, out_dir: Path, topics: Topics = T
     return out_dir
 
 
-def write_private(path: Path, text: str) -> None:
-    """Atomic write with mode 0600: a reader sees the old file or the new one, never half."""
+def write_private(path: Path, text: str, *, mode: int = 0o600, gid: int | None = None) -> None:
+    """Atomic write with mode 0600: a reader sees the old file or the new one, never half.
+
+    `mode` may add group read (0640) for a broker in another container; `gid` is then the
+    group that may read (the writer must be root or a member of it).
+    """
+    if mode & 0o037:
+        raise ConfigError(f"{path}: mode {mode:o} would let others read or write a secret")
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
-    os.chmod(tmp, 0o600)
+    try:
+        if gid is not None:
+            os.chown(tmp, -1, gid)
+        os.chmod(tmp, mode)
+    except PermissionError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"cannot give group {gid} read access to {path}: {exc}",
+            hint="run as root, or as a member of that group",
+        ) from None
     os.replace(tmp, path)
+
+
+def _group_access(path: Path) -> int | None:
+    """The group an existing broker file is readable by (mode 0640), or None."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_gid if stat.S_IMODE(st.st_mode) & 0o040 else None

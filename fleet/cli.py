@@ -166,6 +166,13 @@ def broker_files(
     db: DbOpt = None,
     out: Annotated[Path | None, typer.Option(help="directory (default: settings)")] = None,
     emqx: Annotated[bool, typer.Option(help="also write the EMQX export")] = False,
+    readable_by_gid: Annotated[
+        int | None,
+        typer.Option(
+            help="make the files group GID, mode 0640, for a broker running as another user "
+            "(eclipse-mosquitto: 1883); later enroll/revoke keep it"
+        ),
+    ] = None,
 ) -> None:
     """Write the Mosquitto password + ACL files (and the `cloud` service account).
 
@@ -173,6 +180,7 @@ def broker_files(
 
     Example:
       edgefleet fleet broker-files -c fleet.yaml --out /etc/mosquitto/conf.d
+      edgefleet fleet broker-files --out /srv/mosquitto/auth --readable-by-gid 1883
     """
     from fleet.acl import (
         mosquitto_auth_config,
@@ -184,7 +192,7 @@ def broker_files(
     with _open_store(config, db) as store:
         target = out or store.settings.resolved_broker_dir()
         password = store.registry.ensure_service_account("cloud")
-        files = write_mosquitto_files(store.registry, target)
+        files = write_mosquitto_files(store.registry, target, readable_by_gid=readable_by_gid)
         if password:
             write_private(target / "cloud.secret", password + "\n")
         if emqx:

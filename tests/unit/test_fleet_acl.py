@@ -74,3 +74,36 @@ def test_files_are_written_private_from_the_registry(tmp_path: Path) -> None:
     assert [u["user_id"] for u in users] == ["cloud", "cam-01"]
     assert files.password_file.read_text().count("\n") == 2
     db.close()
+
+
+def test_files_can_be_made_readable_by_the_broker_group(tmp_path: Path) -> None:
+    import os
+
+    db = Database.connect(f"sqlite:///{tmp_path}/f.db")
+    registry = DeviceRegistry(db)
+    registry.enroll("cam-01")
+    gid = os.getgid()  # a group the writer may always give files to
+    # when written for a broker that runs as another user in that group
+    files = write_mosquitto_files(registry, tmp_path / "out", readable_by_gid=gid)
+    for path in (files.password_file, files.acl_file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.stat().st_gid == gid
+    # then a later rewrite (enroll, revoke) keeps the broker's read access
+    registry.enroll("cam-02")
+    write_mosquitto_files(registry, tmp_path / "out")
+    assert "cam-02" in files.acl_file.read_text()
+    for path in (files.password_file, files.acl_file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.stat().st_gid == gid
+    # and a fresh directory stays private by default
+    other = write_mosquitto_files(registry, tmp_path / "private")
+    assert stat.S_IMODE(other.password_file.stat().st_mode) == 0o600
+    db.close()
+
+
+def test_secrets_are_never_written_world_readable(tmp_path: Path) -> None:
+    from fleet.acl import write_private
+
+    with pytest.raises(ConfigError, match="others"):
+        write_private(tmp_path / "passwords", "x\n", mode=0o644)
+    with pytest.raises(ConfigError):
+        write_private(tmp_path / "passwords", "x\n", mode=0o660)
+    assert list(tmp_path.iterdir()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -81,6 +82,13 @@ def test_broker_files_create_the_cloud_account_once(tmp_path: Path) -> None:
     (out / "cloud.secret").unlink()
     second = run("broker-files", "--db", db, "--out", str(out))
     assert second.exit_code == 0 and not (out / "cloud.secret").exists()
+    # for a broker in another container: group-readable by its gid
+    gid = os.getgid()
+    shared = run("broker-files", "--db", db, "--out", str(out), "--readable-by-gid", str(gid))
+    assert shared.exit_code == 0, shared.output
+    for name in ("passwords", "acl"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o640
+        assert (out / name).stat().st_gid == gid
 
 
 def test_deploy_and_status_through_the_api(tmp_path: Path) -> None:
