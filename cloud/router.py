@@ -23,6 +23,7 @@ import fnmatch
 import logging
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -116,15 +117,30 @@ def matches(match: Match, case: EscalationCase, size: int) -> bool:
     )
 
 
-def parse_rules(text: str, source: str = "<rules>") -> RuleFile:
+def parse_rules(
+    text: str, source: str = "<rules>", models: Collection[str] | None = None
+) -> RuleFile:
+    """Parse and validate a rules file; with `models`, every route must name one of them
+    (or `rules`/`busy`), so a typo is refused instead of failing every case it routes."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
     try:
-        return RuleFile.model_validate(raw or {})
+        parsed = RuleFile.model_validate(raw or {})
     except ValidationError as exc:
         raise ConfigError(f"{source}: invalid routing rules: {exc}") from None
+    if models is not None:
+        known = {*models, RULES, BUSY}
+        routes = [("default", parsed.default)] if parsed.default else []
+        routes += [(rule.name, rule.route) for rule in parsed.rules]
+        unknown = [f"{name} -> {spec.model!r}" for name, spec in routes if spec.model not in known]
+        if unknown:
+            raise ConfigError(
+                f"{source}: routes name models that are not served: {', '.join(unknown)}",
+                hint=f"use one of {', '.join(sorted(known))} (models.served lists the models)",
+            )
+    return parsed
 
 
 class Router:
@@ -137,9 +153,11 @@ class Router:
         path: Path | None = None,
         poll_s: float = 1.0,
         default_timeout_s: float = 20.0,
+        models: Collection[str] | None = None,
         clock=time.monotonic,
     ):
         self._builtin_default = default
+        self._models = None if models is None else tuple(models)
         self._default_timeout_s = default_timeout_s
         self.path = Path(path) if path else None
         self._poll_s = poll_s
@@ -151,7 +169,7 @@ class Router:
         self.last_error: str | None = None
         if self.path is not None:
             # At start a bad file is a configuration error: refuse to start on it.
-            self._rules = parse_rules(self._read(), str(self.path))
+            self._rules = parse_rules(self._read(), str(self.path), self._models)
             self._stamp = self._stat()
             self._next_check = clock() + poll_s
         RULES_ACTIVE.set(len(self._rules.rules))
@@ -185,7 +203,7 @@ class Router:
                 return
             self._stamp = stamp
             try:
-                rules = parse_rules(self._read(), str(self.path))
+                rules = parse_rules(self._read(), str(self.path), self._models)
             except ConfigError as exc:
                 self.last_error = exc.message
                 RULE_RELOADS.labels("rejected").inc()

@@ -102,6 +102,7 @@ class CloudServices:
             path=settings.rules.file,
             poll_s=settings.rules.poll_s,
             default_timeout_s=settings.models.timeout_s,
+            models=settings.models.served,
         )
         cascade = Cascade(
             pool,

@@ -80,6 +80,26 @@ def test_a_bad_rules_file_at_start_is_a_config_error(tmp_path: Path) -> None:
         _router(tmp_path, "rules: [{name: x}]")
 
 
+def test_a_rules_file_naming_an_unserved_model_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    served = ["ppocr-heavy", "ppocr"]
+    # at start: a configuration error that names the rule and the model
+    path.write_text("rules:\n  - {name: typo, when: {stream: s1}, route: {model: ppocr-hevy}}\n")
+    with pytest.raises(ConfigError, match=r"typo -> 'ppocr-hevy'"):
+        Router(RouteSpec(model="ppocr-heavy"), path=path, models=served)
+    # at reload: rejected, and the rules in force stay
+    path.write_text("rules:\n  - {name: s1, when: {stream: s1}, route: {model: ppocr}}\n")
+    clock = Clock()
+    router = Router(RouteSpec(model="ppocr-heavy"), path=path, models=served, clock=clock)
+    case = escalation_case("yard-1", stream_id="s1")
+    path.write_text(
+        "default: {model: nope}\nrules:\n  - {name: s1, when: {}, route: {model: busy}}\n"
+    )
+    clock.now = 2.0
+    assert router.route(case, 5000) == Route("s1", "ppocr", 20.0, 0, True)
+    assert router.last_error is not None and "default -> 'nope'" in router.last_error
+
+
 def test_cache_keeps_only_confident_model_results_and_drops_old_versions() -> None:
     cache = VerdictCache(size=2, min_score=0.9)
     sure = (Detection(text="A", score=0.95),)
