@@ -225,3 +225,21 @@ def test_the_timer_ends_the_soak_without_more_reports(tmp_path: Path) -> None:
         assert wait_until(lambda: fleet.rollouts.get(dep.id).status == "rolling", timeout_s=30)
     finally:
         fleet.rollouts.stop()
+
+
+def test_canary_above_latency_bound_rolls_back(fleet: Fleet) -> None:
+    # given a first deployment everywhere, then one bounded to a p95 of 5 ms
+    first = fleet.rollouts.create(request())
+    for d in fleet.devices:
+        fleet.report(d, first.id, "healthy")
+    dep = fleet.rollouts.create(request(image="ghcr.io/acme/edge:1.3.0", max_latency_p95_ms=5))
+    canary = dep.canaries[0]
+    # when the canary is healthy but its telemetry shows a p95 of 9 ms
+    fleet.report(canary, dep.id, "healthy")
+    fleet.telemetry(canary, fps=30, seq=1)
+    fleet.rollouts.tick()
+    # then the rollout stops and the canary gets the first deployment back
+    view = fleet.rollouts.get(dep.id)
+    assert view.status == "rolled_back" and "p95" in view.error
+    assert fleet.desired_for(canary)[-1].deployment_id == first.id
+    assert all(fleet.registry.desired(d).deployment_id == first.id for d in fleet.devices)
