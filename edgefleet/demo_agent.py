@@ -18,46 +18,39 @@ from typing import Any
 def run_agent_recording(config: Path, results: Path) -> None:
     """Run the agent until SIGTERM, appending `frame`, `escalated` and `verdict` rows.
 
-    The agent's sink calls the result callbacks and then, for an escalated frame,
-    `verdicts.expect(case_id, ...)`, in that order on the one post-processing thread; a
-    VerdictBook that remembers the frame last seen on its thread therefore ties every
-    case id to its frame index, which the cloud's answer is scored against later.
+    Every row comes from the agent's public callbacks: each frame's result, each case once
+    it is safely in the outbox (the case carries its stream and frame index, which the
+    cloud's answer is scored against later), and each verdict the cloud sends back.
     """
     from edge.agent import Agent
     from edge.settings import EdgeSettings
-    from edge.verdicts import VerdictBook
     from shared.config import load_settings
     from shared.logs import configure_logging
+    from shared.messages import EscalationCase
 
     configure_logging("WARNING")
     settings = load_settings(EdgeSettings, config)
     agent = Agent(settings)
     lock = threading.Lock()
-    last_frame = threading.local()
     out = results.open("a", buffering=1)
 
     def write(row: dict[str, Any]) -> None:
         with lock:
             out.write(json.dumps(row) + "\n")
 
-    class RecordingBook(VerdictBook):
-        def expect(self, case_id: str, stream_id: str, edge_result: list[Any]) -> None:
-            super().expect(case_id, stream_id, edge_result)
-            seen = getattr(last_frame, "value", None)
-            frame_index = seen[1] if seen and seen[0] == stream_id else None
-            write(
-                {
-                    "kind": "escalated",
-                    "case_id": case_id,
-                    "stream_id": stream_id,
-                    "frame_index": frame_index,
-                }
-            )
-
     def on_result(stream_id: str, frame_index: int, detections: list[Any]) -> None:
-        last_frame.value = (stream_id, frame_index)
         texts = [d.text for d in detections if d.text]
         write({"kind": "frame", "stream_id": stream_id, "frame_index": frame_index, "texts": texts})
+
+    def on_escalation(case: EscalationCase) -> None:
+        write(
+            {
+                "kind": "escalated",
+                "case_id": case.case_id,
+                "stream_id": case.stream_id,
+                "frame_index": case.frame_index,
+            }
+        )
 
     def on_verdict(matched: Any) -> None:
         edge = None if matched.edge_result is None else [d.text or "" for d in matched.edge_result]
@@ -72,8 +65,8 @@ def run_agent_recording(config: Path, results: Path) -> None:
             }
         )
 
-    agent.verdicts = RecordingBook()
     agent.on_result.append(on_result)
+    agent.add_escalation_callback(on_escalation)
     agent.add_verdict_callback(on_verdict)
     try:
         agent.run_forever()

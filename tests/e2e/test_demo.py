@@ -7,9 +7,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +124,77 @@ def test_demo_rejects_a_missing_video(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "nope.mp4: no such file" in result.stdout + result.stderr
+
+
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+def test_demo_with_no_arguments_stops_on_ctrl_c_with_the_report_and_no_leftovers(
+    tmp_path: Path,
+) -> None:
+    import psutil
+
+    # given `edgefleet demo` with no arguments (its temporary work folder under tmp_path)
+    env = {**os.environ, "COLUMNS": "200", "TERM": "dumb", "TMPDIR": str(tmp_path)}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "edgefleet", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(demo.stdout), daemon=True)
+    reader.start()
+    try:
+        # when the default three agents have processed frames and escalated a hard one
+        workdir = _wait_for(lambda: _work_dir(lines), 600, demo, lines)
+        results = [workdir / "devices" / f"demo-cam-0{i}" / "results.jsonl" for i in (1, 2, 3)]
+        _wait_for(lambda: all(_has(r, "frame") for r in results), 300, demo, lines)
+        _wait_for(lambda: any(_has(r, "escalated") for r in results), 300, demo, lines)
+        children = psutil.Process(demo.pid).children(recursive=True)
+        assert len(children) >= 5  # mosquitto, the cloud and three agents
+        # and the user presses Ctrl-C, long before the default duration is over
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(300) == 0, "".join(lines)[-4000:]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    reader.join(30)
+    output = "".join(lines)
+    # then it printed the live table, the final report and the summary line
+    assert "escalations" in output and "corrections" in output, output[-3000:]
+    assert "final report" in output
+    summary = re.search(r"edge\+cloud [\d.]+ %, ([\d.]+) % of frames escalated", output)
+    assert summary, output[-3000:]
+    assert float(summary.group(1)) > 0  # the escalated cases were recorded and counted
+    for device_id in ("demo-cam-01", "demo-cam-02", "demo-cam-03"):
+        assert device_id in output.split("final report")[1]
+    # and no process it started is left, nor its temporary work folder
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+    assert not workdir.exists()
+
+
+def _work_dir(lines: list[str]) -> Path | None:
+    found = re.search(r"work dir:\s+(\S+)", "".join(lines))
+    return Path(found.group(1)) if found else None
+
+
+def _has(results: Path, kind: str) -> bool:
+    try:
+        return f'"kind": "{kind}"' in results.read_text()
+    except OSError:
+        return False
+
+
+def _wait_for(check, timeout_s: float, demo: subprocess.Popen, lines: list[str]):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        assert demo.poll() is None, "".join(lines)[-4000:]
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout_s} s; output:\n{''.join(lines)[-4000:]}")
