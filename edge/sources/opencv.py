@@ -26,6 +26,19 @@ _BACKENDS = {
 }
 
 
+# Secrets that are not `user:password@` in a URL: GStreamer rtspsrc's `user-pw=` property
+# and the `?pwd=...` query parameters many HTTP cameras take.
+_SECRET_PARAMS = re.compile(
+    r"(?i)\b(user-pw|proxy-pw|password|passwd|pwd|pass|token|access_token)="
+    r"(\"[^\"]*\"|'[^']*'|[^\s&!]+)"
+)
+
+
+def safe_url(url: str) -> str:
+    """The source url or pipeline as it may be logged: credentials replaced by ***."""
+    return _SECRET_PARAMS.sub(r"\1=***", redact_url(url))
+
+
 def guess_kind(url: str) -> str:
     """Source kind from the url: scheme, /dev/video*, a GStreamer pipeline, else a file."""
     lowered = url.strip().lower()
@@ -64,7 +77,7 @@ class OpenCvSource(VideoSource):
         return self._fps
 
     def describe(self) -> str:
-        return f"{self.kind} {redact_url(self.settings.url)}"
+        return f"{self.kind} {safe_url(self.settings.url)}"
 
     def open(self) -> None:
         self.close()

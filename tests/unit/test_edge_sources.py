@@ -79,8 +79,20 @@ def test_kind_is_guessed_from_the_url(url: str, kind: str) -> None:
     assert guess_kind(url) == kind
 
 
-def test_credentials_never_appear_in_the_description() -> None:
-    source = OpenCvSource(_settings("rtsp://admin:hunter2@10.0.0.5:554/live"))
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rtsp://admin:hunter2@10.0.0.5:554/live",
+        "rtspsrc location=rtsp://admin:hunter2@10.0.0.5/live latency=0 ! rtph264depay ! "
+        "h264parse ! nvv4l2decoder ! nvvidconv ! video/x-raw,format=BGRx ! appsink",
+        'rtspsrc location="rtsp://10.0.0.5/live" user-id=admin user-pw=hunter2 ! appsink',
+        'rtspsrc location=rtsp://10.0.0.5/live user-id=admin user-pw="hunter2" ! appsink',
+        "http://10.0.0.5/video.cgi?user=admin&pwd=hunter2&resolution=720",
+        "http://10.0.0.5/mjpg?password=hunter2",
+    ],
+)
+def test_credentials_never_appear_in_the_description(url: str) -> None:
+    source = OpenCvSource(_settings(url))
     assert "hunter2" not in source.describe() and "10.0.0.5" in source.describe()
 
 
