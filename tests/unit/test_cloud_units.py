@@ -269,3 +269,33 @@ def test_unknown_errors_are_a_logged_500_with_the_json_body(tmp_path: Path, capl
     assert any("unhandled error" in r.getMessage() for r in caplog.records)
     assert client.get("/healthz").status_code == 200
     app.state.services.close()
+
+
+def test_a_store_outage_is_a_503_with_retry_after_and_readyz_says_why(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from cloud.app import create_app
+
+    key = "op-outage-key-" + "o" * 20
+    settings = CloudSettings(
+        data_dir=tmp_path,
+        ingest={"enabled": False},
+        models={"preload": False},
+        api_keys=[{"name": "ops", "sha256": key_digest(key)}],
+    )
+    app = create_app(settings)
+    client = TestClient(app)
+    # given the database goes away under a running app
+    app.state.services.db.close()
+    # then reads answer 503 + Retry-After with the JSON error body, not a 500
+    response = client.get("/v1/escalations/case-0001", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 503, response.text
+    assert int(response.headers["Retry-After"]) >= 1
+    error = response.json()["error"]
+    assert error["code"] == "store_unavailable" and len(error["trace_id"]) == 32
+    # and readiness names the store
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.headers["Retry-After"] == "5"
+    assert any(r.startswith("store not writable") for r in ready.json()["reasons"])
+    assert client.get("/healthz").status_code == 200
+    app.state.services.close()
