@@ -89,7 +89,8 @@ def test_key_from_an_enrollment_bundle(tmp_path: Path) -> None:
 
 
 def test_cli_reports_bad_config_in_one_clear_error_without_traceback(tmp_path: Path) -> None:
-    config = _write(tmp_path, "device_id: cam-01\ndevice_key: k\nmqtt: {port: nope}\n")
+    # given a config with a wrong type and an unknown key
+    config = _write(tmp_path, "device_id: cam-01\ndevice_key: k\nmqtt: {port: nope}\nstreamz: []\n")
     result = subprocess.run(
         [sys.executable, "-m", "edgefleet", "edge", "run", "-c", str(config)],
         capture_output=True,
@@ -100,8 +101,11 @@ def test_cli_reports_bad_config_in_one_clear_error_without_traceback(tmp_path: P
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "edge.yaml:3: mqtt.port" in result.stderr
-    assert result.stderr.startswith("error: invalid settings")
+    # then it exits at once with one line per bad key, each naming file, line and key
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "error: invalid settings:" and len(lines) == 3, result.stderr
+    assert lines[1].strip().startswith(f"{config}:3: mqtt.port")
+    assert lines[2].strip().startswith(f"{config}:4: streamz: Extra inputs are not permitted")
 
 
 def test_the_example_config_is_valid() -> None:
