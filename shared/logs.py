@@ -44,10 +44,15 @@ class JsonFormatter(logging.Formatter):
         if trace_id:
             entry["trace_id"] = trace_id
         entry.update(
-            {k: v for k, v in vars(record).items() if k not in self._SKIP and k != "trace_id"}
+            {
+                k: redact_url(v) if isinstance(v, str) else v
+                for k, v in vars(record).items()
+                if k not in self._SKIP and k != "trace_id"
+            }
         )
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            # exception messages quote URLs too (OpenCV, httpx): redact them like the message
+            entry["exc"] = redact_url(self.formatException(record.exc_info))
         return json.dumps(entry, default=str)
 
 

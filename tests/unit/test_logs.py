@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 from shared.logs import JsonFormatter, redact_url, trace_id_from_traceparent, trace_id_var
 
@@ -30,3 +31,19 @@ def test_json_lines_carry_the_trace_id_and_extras():
     assert entry["trace_id"] == "ab" * 16
     assert entry["stream_id"] == "door"
     assert entry["level"] == "warning" and entry["ts"].endswith("Z")
+
+
+def test_credentials_in_extras_and_exceptions_are_redacted_too():
+    # given a log call that passes the URL as an extra field and inside an exception
+    try:
+        raise OSError("cannot open rtsp://admin:s3cret@10.0.0.5/live")
+    except OSError:
+        record = logging.LogRecord(
+            "edge", logging.ERROR, "f", 1, "source failed", (), sys.exc_info()
+        )
+    record.source = "rtsp://admin:s3cret@10.0.0.5/live"
+    # when formatted / then the password appears nowhere in the line
+    line = JsonFormatter().format(record)
+    assert "s3cret" not in line
+    entry = json.loads(line)
+    assert entry["source"] == "rtsp://***@10.0.0.5/live" and "rtsp://***@" in entry["exc"]
