@@ -206,3 +206,19 @@ def test_events_stream_batches_device_changes(server) -> None:
     assert [d["device_id"] for d in online_batch() if d["online"]] == ["cam-2"]
     assert any(e == "deployments" for e, _ in events)
     thread.join(timeout=10)
+
+
+def test_a_hash_that_does_not_match_the_stored_model_is_refused(tmp_path, server) -> None:
+    # given det@1 in the model store
+    server.store.add("det", "1", tiny_onnx(tmp_path / "det.onnx"))
+    # when a deployment names it with another (well-formed) sha256
+    resp = httpx.post(
+        f"{server.url}/v1/deployments",
+        json=body(models=[{"name": "det", "version": "1", "sha256": "f" * 64}]),
+        headers=AUTH,
+    )
+    # then it is refused and nothing was sent or stored
+    assert "does not match" in assert_error(resp, 422, "invalid_input")["message"]
+    assert server.sent == []
+    assert httpx.get(f"{server.url}/v1/deployments", headers=AUTH).json()["deployments"] == []
+    assert all(server.registry.desired(d) is None for d in ("cam-0", "cam-1", "cam-2"))
