@@ -5,7 +5,14 @@ It only runs forward passes; loading goes through `shared.models` (hash-checked 
 
 from __future__ import annotations
 
-from shared.executor.base import Capabilities, Executor, ModelBlob, ModelLoadError, TensorSpec
+from shared.executor.base import (
+    Capabilities,
+    Executor,
+    InferenceFailed,
+    ModelBlob,
+    ModelLoadError,
+    TensorSpec,
+)
 from shared.executor.batcher import BatcherClosed, DynamicBatcher
 from shared.executor.memory import Footprint, MemoryBudget, MemorySnapshot
 from shared.executor.registry import create_executor, probe_backends
@@ -25,6 +32,7 @@ __all__ = [
     "ExecutionSettings",
     "Executor",
     "Footprint",
+    "InferenceFailed",
     "MemoryBudget",
     "MemorySettings",
     "MemorySnapshot",

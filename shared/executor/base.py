@@ -18,6 +18,24 @@ class ModelLoadError(EdgefleetError):
     hint = "the file passed its hash check but is not a valid model for this backend"
 
 
+class InferenceFailed(EdgefleetError):
+    """The runtime refused a forward pass (wrong input name, shape or dtype for the model).
+
+    Backends raise this instead of their runtime's own exception types, so callers (the
+    batcher, the CLI, the HTTP handlers) meet one typed error and never a raw traceback.
+    """
+
+    code = "inference_failed"
+    http_status = 500
+    hint = "the model rejected its input tensor; check the manifest's input spec"
+
+
+def runtime_message(exc: BaseException) -> str:
+    """The first line of a runtime's error text (ONNX Runtime and torch write pages)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else repr(exc)
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One model input or output as the backend sees it; None marks a dynamic axis."""

@@ -8,7 +8,14 @@ import time
 import numpy as np
 
 from shared.errors import EdgefleetError
-from shared.executor.base import Capabilities, ModelBlob, ModelLoadError, TensorSpec
+from shared.executor.base import (
+    Capabilities,
+    InferenceFailed,
+    ModelBlob,
+    ModelLoadError,
+    TensorSpec,
+    runtime_message,
+)
 from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
 from shared.executor.settings import ExecutionSettings
 
@@ -111,8 +118,9 @@ class OnnxRuntimeExecutor:
                 provider_options=self._provider_options(),
             )
         except Exception as exc:  # ORT raises its own (non-typed) errors on bad graphs
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
-            raise ModelLoadError(f"{self.name} cannot load {blob.name}: {first}") from None
+            raise ModelLoadError(
+                f"{self.name} cannot load {blob.name}: {runtime_message(exc)}"
+            ) from None
         self._model = blob.name
         self._inputs = [
             TensorSpec(i.name, _dims(i.shape), _NUMPY_DTYPES.get(i.type, "float32"))
@@ -139,7 +147,10 @@ class OnnxRuntimeExecutor:
         if self._session is None:
             raise EdgefleetError(f"{self.name}: infer() before load()")
         started = time.perf_counter()
-        outputs = self._session.run(None, batch)
+        try:
+            outputs = self._session.run(None, batch)
+        except Exception as exc:  # ORT's own types (InvalidArgument, Fail, ValueError)
+            raise InferenceFailed(f"{self._model}: {runtime_message(exc)}") from None
         INFER_SECONDS.labels(self._model, self.name).observe(time.perf_counter() - started)
         return outputs
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.errors import ConfigError, EdgefleetError
-from shared.executor.base import Capabilities, ModelBlob, TensorSpec
+from shared.executor.base import Capabilities, InferenceFailed, ModelBlob, TensorSpec
 from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
 from shared.executor.settings import ExecutionSettings
 from shared.executor.tensorrt_plan import (
@@ -339,9 +339,17 @@ class TensorRTExecutor:
         started = time.perf_counter()
         keep = []
         for spec in self._inputs:
+            if spec.name not in batch:
+                raise InferenceFailed(
+                    f"{self._model}: input {spec.name!r} missing (got {', '.join(batch)})"
+                )
             arr = np.ascontiguousarray(batch[spec.name], dtype=spec.dtype)
             keep.append(arr)
-            self._context.set_input_shape(spec.name, arr.shape)
+            if not self._context.set_input_shape(spec.name, arr.shape):
+                raise InferenceFailed(
+                    f"{self._model}: input {spec.name} shape {arr.shape} is outside the "
+                    "engine's optimisation profile"
+                )
             ptr = self._buffer(spec.name, arr.nbytes)
             self._context.set_tensor_address(spec.name, ptr)
             _check(cudart.cudaMemcpyAsync(ptr, arr.ctypes.data, arr.nbytes, h2d, self._stream))
@@ -353,7 +361,7 @@ class TensorRTExecutor:
             self._context.set_tensor_address(spec.name, ptr)
             outputs.append((out, ptr))
         if not self._context.execute_async_v3(int(self._stream)):
-            raise EdgefleetError(f"tensorrt: execution of {self._model} failed")
+            raise InferenceFailed(f"tensorrt: execution of {self._model} failed")
         for out, ptr in outputs:
             _check(cudart.cudaMemcpyAsync(out.ctypes.data, ptr, out.nbytes, d2h, self._stream))
         _check(cudart.cudaStreamSynchronize(self._stream))

@@ -14,7 +14,14 @@ import time
 import numpy as np
 
 from shared.errors import EdgefleetError, ModelIntegrityError
-from shared.executor.base import Capabilities, ModelBlob, ModelLoadError, TensorSpec
+from shared.executor.base import (
+    Capabilities,
+    InferenceFailed,
+    ModelBlob,
+    ModelLoadError,
+    TensorSpec,
+    runtime_message,
+)
 from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
 from shared.executor.settings import ExecutionSettings
 
@@ -90,8 +97,11 @@ class TorchExecutor:
             torch.from_numpy(np.ascontiguousarray(arr)).to(self._torch_device(), dtype=dtype)
             for arr in batch.values()
         ]
-        with torch.inference_mode():
-            out = self._module(*tensors)
+        try:
+            with torch.inference_mode():
+                out = self._module(*tensors)
+        except Exception as exc:  # torch's many types for a shape/dtype mismatch
+            raise InferenceFailed(f"{self._model}: {runtime_message(exc)}") from None
         outs = out if isinstance(out, (tuple, list)) else [out]
         result = [o.detach().float().cpu().numpy() for o in outs]
         INFER_SECONDS.labels(self._model, self.name).observe(time.perf_counter() - started)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from shared.executor.base import Executor
+from shared.executor.base import Executor, InferenceFailed, ModelLoadError
 from shared.executor.memory import Footprint, MemoryBudget, detect_probe
 from shared.executor.metrics import MODEL_WARMUP_SECONDS
 from shared.executor.registry import create_executor, probe_backends
@@ -51,6 +53,21 @@ class Session:
         self.executor.close()
 
 
+@contextmanager
+def warmup_guard(spec: ModelSpec, executor: Executor) -> Iterator[None]:
+    """A warm-up the runtime refuses means the model does not fit its manifest entry: a
+    load error (the model never becomes ready), and the half-loaded executor is freed."""
+    try:
+        yield
+    except InferenceFailed as exc:
+        executor.close()
+        raise ModelLoadError(
+            f"{spec.name} failed its warm-up inference: {exc.message}",
+            hint="check the manifest's input spec (name, layout, height, width) against "
+            "the model's input",
+        ) from None
+
+
 def open_session(
     spec: ModelSpec,
     registry: ModelRegistry,
@@ -79,7 +96,8 @@ def open_session(
         if settings.warmup and warmup_shape is not None:
             started = time.perf_counter()
             name = spec.input.name or executor.inputs[0].name
-            executor.infer({name: np.zeros(warmup_shape, np.float32)})
+            with warmup_guard(spec, executor):
+                executor.infer({name: np.zeros(warmup_shape, np.float32)})
             MODEL_WARMUP_SECONDS.labels(spec.name, chosen).observe(time.perf_counter() - started)
     finally:
         # once loaded its memory shows in the device's `used`; the reservation only

@@ -19,7 +19,7 @@ from shared.models.decoders.classification import top_k
 from shared.models.decoders.yolo import decode_yolo
 from shared.models.preprocess import normalise, pad_norm_value, stack_canvases
 from shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
-from shared.models.session import Session, open_session
+from shared.models.session import Session, open_session, warmup_guard
 
 
 def _fused_kernel():
@@ -71,7 +71,8 @@ class _SingleSessionModel(Model):
         self._norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
         if settings.warmup:  # before load_model returns: the first caller never pays it
             started = time.perf_counter()
-            self._run(np.zeros((1, spec.input.channels, *self.hw), np.float32))
+            with warmup_guard(spec, session.executor):
+                self._run(np.zeros((1, spec.input.channels, *self.hw), np.float32))
             MODEL_WARMUP_SECONDS.labels(spec.name, session.backend).observe(
                 time.perf_counter() - started
             )

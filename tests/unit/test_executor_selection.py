@@ -117,6 +117,14 @@ def test_create_executor_runs_a_tiny_onnx_graph():
     assert caps.backend == "onnxruntime-cpu" and caps.device == "cpu"
     assert caps.dynamic_shapes and caps.max_batch_size is None
     assert executor.inputs[0].name == "x" and executor.inputs[0].shape == (None, 3)
+    # what the runtime refuses (wrong input name, wrong shape) is one typed error
+    from shared.executor.base import InferenceFailed
+
+    with pytest.raises(InferenceFailed, match=r"double: .*missing from input feed"):
+        executor.infer({"wrong": np.ones((2, 3), np.float32)})
+    with pytest.raises(InferenceFailed) as err:
+        executor.infer({"x": np.ones((2, 4), np.float32)})
+    assert err.value.code == "inference_failed" and "\n" not in err.value.message
     executor.close()
     with pytest.raises(KeyError):
         create_executor("openvino", ExecutionSettings())

@@ -101,3 +101,16 @@ def test_torchscript_on_cuda_in_fp16(tmp_path):
         green = np.zeros((20, 30, 3), np.uint8)
         green[..., 1] = 255
         assert model.predict(green)[0].label == "green"
+
+
+def test_a_tensor_the_program_refuses_is_a_typed_error():
+    from shared.executor.base import InferenceFailed, ModelBlob
+    from shared.executor.registry import create_executor
+
+    executor = create_executor("torch-cpu", ExecutionSettings())
+    executor.load(ModelBlob("colour", torchscript_bytes(), "0" * 64, "torchscript"))
+    assert executor.infer({"x": np.ones((1, 3, 8, 8), np.float32)})[0].shape == (1, 3)
+    # a 2-D tensor has no dims (2, 3) to average: torch's error becomes InferenceFailed
+    with pytest.raises(InferenceFailed, match="colour: "):
+        executor.infer({"x": np.ones((3, 8), np.float32)})
+    executor.close()

@@ -163,3 +163,35 @@ def test_user_yolo_model_from_a_manifest(tmp_path, images):
         ("b", None, None),
     ]
     assert all(len(r["box"]) == 4 for r in obj["results"])
+
+
+@pytest.mark.parametrize("wrong", [{"name": "pixels"}, {"layout": "NHWC"}])
+def test_a_manifest_input_spec_the_model_refuses_is_a_load_error_not_a_traceback(
+    tmp_path, images, wrong
+):
+    pytest.importorskip("onnx")
+    from tests.unit.test_models_vision import constant_model, v8_output
+
+    # given a model whose manifest entry names the wrong input tensor or layout
+    data = constant_model(v8_output(), [1, 3, 64, 64])
+    (tmp_path / "tiny.onnx").write_bytes(data)
+    entry = {
+        "name": "tiny",
+        "version": "1",
+        "task": "yolo",
+        "file": "tiny.onnx",
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "input": wrong,
+    }
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text(yaml.safe_dump({"models": [entry]}))
+    base = ["infer", str(images["good"]), "-m", "tiny", "--manifest", str(manifest)]
+    # when it is loaded: its warm-up fails, so it never becomes ready (exit 2, typed)
+    result = runner.invoke(cli, [*base, "--json"])
+    assert result.exit_code == 2
+    (obj,) = [json.loads(x) for x in result.stdout.splitlines()]
+    assert obj["error"]["code"] == "model_load_failed"
+    assert "warm-up" in obj["error"]["message"]
+    plain = runner.invoke(cli, base)
+    assert plain.exit_code == 2 and "Traceback" not in plain.output
+    assert plain.stderr.startswith("error: cannot load model tiny: tiny failed its warm-up")
