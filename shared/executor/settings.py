@@ -113,7 +113,7 @@ class ExecutionSettings(_Closed):
     memory_arena: bool = Field(True, description="ONNX Runtime CPU memory arena on/off")
     warmup: bool = Field(True, description="run one inference in load() before declaring ready")
     engine_cache_dir: Path = Field(
-        Path.home() / ".cache" / "edgefleet" / "engines",
+        default_factory=lambda: Path.home() / ".cache" / "edgefleet" / "engines",
         description="where TensorRT engines and timing caches are kept",
     )
     calibration_dir: Path | None = Field(

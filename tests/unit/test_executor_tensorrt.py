@@ -10,6 +10,7 @@ import pytest
 
 from shared.errors import ConfigError
 from shared.executor.base import TensorSpec
+from shared.executor.settings import ExecutionSettings
 from shared.executor.tensorrt_plan import (
     EngineKey,
     ProfileShape,
@@ -133,7 +134,6 @@ def test_build_engine_caches_and_runs(tmp_path: Path):
     from onnx import TensorProto, helper
 
     from shared.executor.base import ModelBlob
-    from shared.executor.settings import ExecutionSettings
     from shared.executor.tensorrt_backend import TensorRTExecutor, build_or_load_engine
     from shared.models.registry import sha256_bytes
 
@@ -168,3 +168,10 @@ def test_calibration_tensors_follow_the_model_channel_order(tmp_path: Path):
     bgr = letterbox_loader((32, 32), [0.0] * 3, [1.0] * 3, bgr=True)(tmp_path / "red.png")
     assert rgb[0].mean() == pytest.approx(1.0) and rgb[2].mean() == pytest.approx(0.0)
     assert bgr[2].mean() == pytest.approx(1.0) and bgr[0].mean() == pytest.approx(0.0)
+
+
+def test_engine_cache_default_follows_home_when_settings_are_made(tmp_path, monkeypatch):
+    # the default is read when the settings are built, not when the module was imported
+    monkeypatch.setenv("HOME", str(tmp_path))
+    expected = tmp_path / ".cache" / "edgefleet" / "engines"
+    assert ExecutionSettings().engine_cache_dir == expected
