@@ -89,7 +89,7 @@ def demo(
     from rich.console import Console
 
     from edgefleet.demo_report import pct, report_table, total_score
-    from edgefleet.demo_stack import MOSQUITTO_MISSING, Stack, mosquitto_binary
+    from edgefleet.demo_stack import MOSQUITTO_MISSING, Interrupted, Stack, mosquitto_binary
 
     console = Console()
     try:
@@ -109,6 +109,9 @@ def demo(
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
         scores = _run(stack, mosquitto, duration, devices, video or [], port, seed, interrupted)
+    except Interrupted:
+        console.print("stopped during start-up: nothing ran yet, so there is no report")
+        raise typer.Exit(130) from None
     except EdgefleetError as exc:
         console.print(f"[red]error:[/] {exc}")
         console.print(f"logs are in {root / 'logs'}" if temp is None else "")
@@ -153,6 +156,7 @@ def _run(
     from edgefleet.demo_report import jpeg_bytes_per_frame, live_table, score_device
     from edgefleet.demo_stack import (
         Device,
+        Interrupted,
         UplinkMeter,
         agent_env,
         broker_config,
@@ -167,12 +171,16 @@ def _run(
     console, root = stack.console, stack.workdir
     with console.status("rendering the demo videos…"):
         scenes = prepare_videos(root, n_devices, videos, seed, duration)
+    if interrupted.is_set():
+        raise Interrupted("the videos to be rendered")
     http_port = http_port or free_port()
     broker_port = free_port()
     operator_key = "efk_" + secrets.token_urlsafe(24)
     with console.status("enrolling devices with `edgefleet fleet enroll`…"):
         device_ids = [f"demo-cam-{i + 1:02d}" for i in range(n_devices)]
         enrolled = enroll_devices(root, device_ids, broker_port, http_port)
+    if interrupted.is_set():
+        raise Interrupted("the devices to be enrolled")
     cloud_yaml = write_cloud_config(
         root, http_port, broker_port, operator_key, enrolled.cloud_password
     )
@@ -191,7 +199,7 @@ def _run(
     with console.status("starting Mosquitto…"):
         conf = broker_config(root, broker_port, enrolled.password_file, enrolled.acl_file)
         broker = stack.start("mosquitto", [mosquitto, "-c", str(conf)])
-        wait_until(lambda: port_open(broker_port), 30, "the broker", [broker])
+        wait_until(lambda: port_open(broker_port), 30, "the broker", [broker], interrupted)
 
     base = f"http://127.0.0.1:{http_port}"
     headers = {"Authorization": f"Bearer {operator_key}"}
@@ -205,7 +213,7 @@ def _run(
 
     with console.status("starting the cloud orchestrator (loading and warming models)…"):
         cloud = stack.start("cloud", edgefleet_argv("cloud", "serve", "-c", str(cloud_yaml)))
-        wait_until(ready, 300, "the cloud to be ready (/readyz)", [broker, cloud])
+        wait_until(ready, 300, "the cloud to be ready (/readyz)", [broker, cloud], interrupted)
 
     meter = UplinkMeter(broker_port, "cloud", enrolled.cloud_password)
     with console.status(f"starting {n_devices} edge agents…"):
@@ -228,6 +236,7 @@ def _run(
             300,
             "the edge agents to load their models",
             [broker, cloud, *agents],
+            interrupted,
         )
 
     console.print(f"dashboard: [link={base}/#key={operator_key}]{base}/#key={operator_key}[/link]")

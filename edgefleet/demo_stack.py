@@ -130,12 +130,26 @@ def mosquitto_binary() -> str:
     return found
 
 
+class Interrupted(EdgefleetError):
+    """Ctrl-C while the demo was still starting: nothing ran yet, so nothing to report."""
+
+    def __init__(self, what: str):
+        super().__init__(f"interrupted while waiting for {what}", code="demo_interrupted")
+
+
 def wait_until(
-    check: Callable[[], bool], timeout_s: float, what: str, children: list[Child]
+    check: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    children: list[Child],
+    stop: threading.Event | None = None,
 ) -> None:
-    """Poll `check` until true; fail early, with its log, if a child process died."""
+    """Poll `check` until true; fail early, with its log, if a child process died, or
+    with Interrupted once `stop` is set (Ctrl-C during a start-up that can take minutes)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if stop is not None and stop.is_set():
+            raise Interrupted(what)
         for child in children:
             if not child.alive():
                 raise EdgefleetError(
@@ -304,6 +318,7 @@ def run_fleet(args: list[str], env: dict[str, str] | None = None) -> str:
         env={**os.environ, "COLUMNS": "200", **(env or {})},
         stdin=subprocess.DEVNULL,
         timeout=300,
+        start_new_session=True,  # Ctrl-C must not cut an enrollment off half-written
     )
     output = result.stdout + result.stderr
     if result.returncode != 0:

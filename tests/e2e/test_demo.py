@@ -198,3 +198,40 @@ def _wait_for(check, timeout_s: float, demo: subprocess.Popen, lines: list[str])
         assert demo.poll() is None, "".join(lines)[-4000:]
         time.sleep(0.5)
     pytest.fail(f"timed out after {timeout_s} s; output:\n{''.join(lines)[-4000:]}")
+
+
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+def test_ctrl_c_during_start_up_stops_at_once_and_leaves_nothing_running(tmp_path: Path) -> None:
+    import psutil
+
+    # given a demo whose cloud is still starting (its log exists, it is not ready yet)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "edgefleet", "demo", "--devices", "1", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", "TERM": "dumb"},
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(demo.stdout), daemon=True)
+    reader.start()
+    try:
+        _wait_for(lambda: (tmp_path / "logs" / "cloud.log").exists(), 300, demo, lines)
+        children = psutil.Process(demo.pid).children(recursive=True)
+        assert children  # the broker and the cloud
+        # when the user presses Ctrl-C
+        demo.send_signal(signal.SIGINT)
+        code = demo.wait(120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    reader.join(30)
+    output = "".join(lines)
+    # then it stops without waiting for the start-up to finish, says so, and leaves nothing
+    assert code == 130, output[-3000:]
+    assert "stopped during start-up" in output
+    assert "dashboard:" not in output
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]

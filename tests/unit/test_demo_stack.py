@@ -21,6 +21,7 @@ from rich.console import Console
 from cloud.settings import CloudSettings
 from edgefleet.demo_stack import (
     Device,
+    Interrupted,
     Stack,
     UplinkMeter,
     agent_env,
@@ -68,6 +69,21 @@ def test_wait_until_reports_a_child_that_died_with_its_log(tmp_path: Path) -> No
     child.process.wait(60)
     with pytest.raises(EdgefleetError, match=r"(?s)crasher exited with code 3.*boom: bad config"):
         wait_until(lambda: False, 60, "something", [child])
+
+
+def test_wait_until_gives_up_on_ctrl_c(tmp_path: Path) -> None:
+    # given a child that is alive and a check that is never true
+    stack = Stack(tmp_path, Console())
+    child = stack.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
+    stop = threading.Event()
+    stop.set()  # when Ctrl-C was pressed
+    try:
+        # then the wait ends at once, not after the timeout, as Interrupted
+        with pytest.raises(Interrupted, match="interrupted while waiting for the cloud"):
+            wait_until(lambda: False, 600, "the cloud", [child], stop)
+    finally:
+        stack.stop_all()
+    assert not child.alive()
 
 
 @pytest.mark.slow
