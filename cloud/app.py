@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -127,7 +129,30 @@ def create_app(settings: CloudSettings, *, services: CloudServices | None = None
     app.include_router(health.router)
     if services.registry is not None:
         _include_fleet(app, services)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, with its default 422 body (`detail`) replaced by ours: every
+    error here answers `{"error": {"code", "message", "trace_id"}}` (ErrorResponse, which
+    the escalation routes already put in the components)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        ours = {"$ref": "#/components/schemas/ErrorResponse"}
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                answer = operation.get("responses", {}).get("422")
+                if answer is not None:
+                    answer["description"] = "invalid input"
+                    answer["content"] = {"application/json": {"schema": ours}}
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _include_fleet(app: FastAPI, services: CloudServices) -> None:

@@ -6,12 +6,33 @@ import json
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from cloud.services import CloudServices
 from shared.errors import InvalidInput, UnsupportedMediaType
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable machine-readable reason, e.g. duplicate_case")
+    message: str
+    trace_id: str | None = Field(description="W3C trace id of the request (also in the logs)")
+    hint: str | None = Field(None, description="what to do about it, when there is advice")
+
+
+class ErrorResponse(BaseModel):
+    """The body of every 4xx/5xx answer."""
+
+    error: ErrorDetail
+
+
+def error_responses(**descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the given statuses (`e409="..."`), all with ErrorResponse."""
+    return {
+        int(status.removeprefix("e")): {"model": ErrorResponse, "description": text}
+        for status, text in descriptions.items()
+    }
 
 
 def services(request: Request) -> CloudServices:

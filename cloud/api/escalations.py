@@ -11,7 +11,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
-from cloud.api.deps import parse_json_object, require_media_type, services, validate_model
+from cloud.api.deps import (
+    error_responses,
+    parse_json_object,
+    require_media_type,
+    services,
+    validate_model,
+)
 from cloud.auth import Principal, require_device_or_operator, require_device_scope
 from shared.errors import Conflict, NotFound, UnsupportedMediaType
 from shared.imaging import sniff_format
@@ -36,13 +42,27 @@ def multipart_only(request: Request) -> None:
     "",
     status_code=202,
     summary="send a hard case; 202 with its case_id, or 200 with the verdict given ?wait=",
+    description="Idempotent by `case_id`, like the MQTT ingest: a case is stored and run "
+    "once. Over MQTT a redelivered case is answered again on the results topic; over REST "
+    "the caller is there to be told, so a `case_id` already received is a 409 "
+    "`duplicate_case` whose hint names `GET /v1/escalations/{case_id}` (the verdict). With "
+    "`?wait=S` (capped by `http.max_wait_s`) the answer is 200 with the verdict, or 202 "
+    "`processing` when S runs out first; the case still gets its verdict.",
     response_model=EscalationAccepted,
     responses={
+        202: {"description": "queued (no ?wait=), or still processing when ?wait= ran out"},
         200: {"model": CloudVerdict, "description": "the verdict (with ?wait=)"},
-        409: {"description": "a case with this case_id was already received"},
-        413: {"description": "upload too large"},
-        415: {"description": "not a JPEG/PNG, or not multipart"},
-        429: {"description": "queue full; retry after Retry-After"},
+        **error_responses(
+            e400="malformed metadata JSON, or an image that will not decode",
+            e401="missing or unknown bearer token",
+            e403="a device sending for another device",
+            e409="a case with this case_id was already received; GET it for the verdict",
+            e413="upload or image too large (refused while streaming)",
+            e415="not multipart, or the image part is not the JPEG/PNG it claims",
+            e422="metadata missing fields or with wrong types",
+            e429="queue full; retry after Retry-After",
+            e503="store unavailable; retry after Retry-After",
+        ),
     },
 )
 async def post_escalation(

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
-from cloud.api.deps import require_media_type, services
+from cloud.api.deps import error_responses, require_media_type, services
 from cloud.auth import Principal, require_device_or_operator
 from shared.errors import ImageRejected, ModelNotFound
 from shared.messages import Detection
@@ -33,13 +33,16 @@ class InferResult(BaseModel):
     "/{model}",
     summary="run one served model on one image (raw JPEG/PNG body)",
     response_model=InferResult,
-    responses={
-        404: {"description": "model not served"},
-        413: {"description": "image too large"},
-        415: {"description": "not a JPEG/PNG body"},
-        429: {"description": "model queue full"},
-        504: {"description": "inference timed out"},
-    },
+    responses=error_responses(
+        e400="an image that will not decode",
+        e401="missing or unknown bearer token",
+        e404="model not served",
+        e413="image too large",
+        e415="not a JPEG/PNG body",
+        e429="model queue full; retry after Retry-After",
+        e503="model closed or store unavailable; retry after Retry-After",
+        e504="inference timed out (this endpoint has no fallback)",
+    ),
     openapi_extra={
         "requestBody": {
             "required": True,

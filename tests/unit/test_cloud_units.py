@@ -299,3 +299,28 @@ def test_a_store_outage_is_a_503_with_retry_after_and_readyz_says_why(tmp_path: 
     assert any(r.startswith("store not writable") for r in ready.json()["reasons"])
     assert client.get("/healthz").status_code == 200
     app.state.services.close()
+
+
+def test_openapi_documents_the_error_body_the_409_and_the_wait_202(tmp_path: Path) -> None:
+    from cloud.app import create_app
+
+    app = create_app(
+        CloudSettings(data_dir=tmp_path, ingest={"enabled": False}, models={"preload": False})
+    )
+    schema = app.openapi()
+    ours = {"$ref": "#/components/schemas/ErrorResponse"}
+    post = schema["paths"]["/v1/escalations"]["post"]
+    assert {"200", "202", "409", "413", "415", "422", "429"} <= set(post["responses"])
+    assert post["responses"]["409"]["content"]["application/json"]["schema"] == ours
+    assert "duplicate_case" in post["description"] and "202" in post["description"]
+    infer = schema["paths"]["/v1/infer/{model}"]["post"]["responses"]
+    assert infer["504"]["content"]["application/json"]["schema"] == ours
+    # every 422 is documented as the body the app really sends, not FastAPI's `detail`
+    answers = [op["responses"] for path in schema["paths"].values() for op in path.values()]
+    assert all(
+        a["422"]["content"]["application/json"]["schema"] == ours for a in answers if "422" in a
+    )
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    detail = schema["components"]["schemas"]["ErrorDetail"]
+    assert {"code", "message", "trace_id"} <= set(detail["required"])
+    app.state.services.close()
