@@ -154,3 +154,39 @@ def test_cuda_provider_runs_on_a_gpu():
     assert np.array_equal(y, np.maximum(x, 0))
     assert executor.capabilities.device == "cuda:0"
     executor.close()
+
+
+@pytest.mark.parametrize(
+    "config,level",
+    [
+        (
+            {"intra_op_threads": 2, "graph_optimization": "basic", "memory_arena": False},
+            "ENABLE_BASIC",
+        ),
+        ({"inter_op_threads": 1, "graph_optimization": "disable"}, "DISABLE_ALL"),
+    ],
+)
+def test_onnxruntime_session_options_come_from_the_settings(config, level):
+    pytest.importorskip("onnx")
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from shared.executor.base import ModelBlob
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    settings = ExecutionSettings(**config)
+    executor = create_executor("onnxruntime-cpu", settings)
+    executor.load(ModelBlob("relu", model.SerializeToString(), "0" * 64, "onnx"))
+    used = executor._session.get_session_options()  # what the live session was built with
+    assert used.graph_optimization_level == getattr(ort.GraphOptimizationLevel, f"ORT_{level}")
+    assert used.enable_cpu_mem_arena == settings.memory_arena
+    assert used.intra_op_num_threads == settings.intra_op_threads
+    assert used.inter_op_num_threads == settings.inter_op_threads
+    executor.close()
