@@ -133,15 +133,13 @@ def export(
             console=None if output else _stderr_console(),
             transient=output is None,
         ) as progress:
-            task = progress.add_task("exporting cases", total=total)
-            for record in store.export():
+            task = progress.add_task("scanning cases", total=total)
+            for record in store.export(on_scanned=lambda: progress.advance(task)):
                 out.write(record.to_json() + "\n")
                 written += 1
-                progress.advance(task)
-            progress.update(task, completed=total)
         if output:
             out.close()
-            typer.echo(f"{written} examples written to {output}", err=True)
+            typer.echo(f"{written} examples from {total} cases written to {output}", err=True)
     finally:
         db.close()
 

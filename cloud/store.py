@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -366,22 +366,26 @@ class FeedbackStore:
         )
 
     def count_exportable(self) -> int:
+        """Cases `export` scans: those with a verdict or feedback (a rule-based or busy
+        verdict without feedback is scanned but gives no example)."""
         row = self.db.query_one(
-            """SELECT COUNT(*) AS n FROM ef_cases c
-               WHERE EXISTS (SELECT 1 FROM ef_verdicts v WHERE v.case_id = c.case_id)
-                  OR EXISTS (SELECT 1 FROM ef_feedback f WHERE f.case_id = c.case_id)"""
+            f"SELECT COUNT(*) AS n FROM ef_cases c LEFT JOIN ef_verdicts v "
+            f"ON v.case_id = c.case_id WHERE {_CANDIDATE}"
         )
         return int(row["n"]) if row else 0
 
-    def export(self, page_size: int = 500) -> Iterator[ExportRecord]:
-        """Every labelled case, oldest first, paged so memory stays flat."""
+    def export(
+        self, page_size: int = 500, on_scanned: Callable[[], None] | None = None
+    ) -> Iterator[ExportRecord]:
+        """Every labelled case, oldest first, paged so memory stays flat; `on_scanned` is
+        called for each case looked at (a progress bar over `count_exportable`)."""
         after_time: datetime | None = None
         after_id = ""
         while True:
             params: tuple[Any, ...] = ()
-            where = ""
+            where = f"WHERE {_CANDIDATE}"
             if after_time is not None:
-                where = "WHERE (c.received_at > ? OR (c.received_at = ? AND c.case_id > ?))"
+                where += " AND (c.received_at > ? OR (c.received_at = ? AND c.case_id > ?))"
                 params = (after_time, after_time, after_id)
             rows = self.db.query(
                 f"""SELECT c.case_id, c.device_id, c.stream_id, c.image_path, c.content_type,
@@ -396,9 +400,17 @@ class FeedbackStore:
                 return
             for row in rows:
                 record = _export_record(row)
+                if on_scanned is not None:
+                    on_scanned()
                 if record is not None:
                     yield record
             after_time, after_id = rows[-1]["received_at"], rows[-1]["case_id"]
+
+
+# a case with a verdict or feedback (`c` = ef_cases, `v` = its LEFT JOINed verdict)
+_CANDIDATE = (
+    "(v.case_id IS NOT NULL OR EXISTS (SELECT 1 FROM ef_feedback f0 WHERE f0.case_id = c.case_id))"
+)
 
 
 def _export_record(row: dict[str, Any]) -> ExportRecord | None:

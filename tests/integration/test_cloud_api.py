@@ -301,6 +301,7 @@ def test_signed_feedback_and_export(env: Env, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     cli_records = {r["case_id"] for r in map(json.loads, out.read_text().splitlines())}
     assert set(records) == cli_records
+    assert f"{len(cli_records)} examples from" in result.output  # cases scanned beside it
 
 
 # --- bad input: every one a 4xx JSON error, and the server keeps serving ---------------

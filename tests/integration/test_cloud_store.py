@@ -86,10 +86,16 @@ def test_export_pages_through_many_cases_in_order(store: FeedbackStore) -> None:
         busy, image_sha256="b" * 64, image=PNG, source="rest", replica="r", stale_after_s=60
     )
     store.save_verdict(_verdict(busy, level=3), replica="r")  # busy verdicts are no label
-    exported = list(store.export(page_size=3))
+    pending = escalation_case("cam-pg", frame_index=100)  # no verdict yet: not scanned
+    store.claim(
+        pending, image_sha256="b" * 64, image=PNG, source="rest", replica="r", stale_after_s=60
+    )
+    scanned: list[int] = []
+    exported = list(store.export(page_size=3, on_scanned=lambda: scanned.append(1)))
     assert {r.case_id for r in exported} == {c.case_id for c in cases}
     assert all(r.label_source == "cloud" for r in exported)
-    assert store.count_exportable() == 8
+    # the progress bar's total is exactly what the export scans
+    assert store.count_exportable() == len(scanned) == 8
 
 
 def test_concurrent_claims_have_one_winner(store: FeedbackStore) -> None:
