@@ -8,6 +8,9 @@ Run: `.venv/bin/python -m bench.bench_fleet`
   tick (an indexed `updated_at > cursor` read that, like the server, re-reads the two
   previous ticks to catch late commits and drops the repeats). With 1,000 devices each
   reporting every 20 s and a 1 s tick, about 50 rows change per tick.
+- Rollout progress, per SSE tick: the naive stream rebuilds the views of the newest 10
+  rollouts (every target) to see whether anything moved; ours reads a progress marker
+  (counts and latest change times) and rebuilds only when it moved.
 - Telemetry history: the naive store appends one row per telemetry message; ours keeps
   one sample per device per minute (upsert), which is what a chart of the last hours
   draws. Rows stored and time per message are printed for the same message stream.
@@ -143,7 +146,37 @@ def main(
         print(f"| naive: a row per message | {naive_rows:,} | {_ms(naive_w)} |")
         print(f"| ours: last + 1 sample/device/min | {ours_rows:,} | {_ms(ours_w)} |")
         print(f"| ratio | {naive_rows / max(1, ours_rows):.1f}x fewer rows | |")
+        _rollout_progress(registry, db, rounds)
         db.close()
+
+
+def _rollout_progress(registry: DeviceRegistry, db: Database, rounds: int) -> None:
+    """Per SSE tick with no progress: rebuild the rollout views (naive) vs check the marker."""
+    from fleet.rollout import RolloutController
+
+    rollouts = RolloutController(registry, db, lambda wire, retain: None, tick_interval_s=None)
+    model = {"name": "det", "version": "1", "url": "https://m/det", "sha256": "a" * 64}
+    for group in registry.groups():
+        rollouts.create({"group": group, "image": "acme/edge:2.0", "models": [model]})
+    naive_t, ours_t = [], []
+    marker = rollouts.progress_marker(10)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        json.dumps([d.model_dump(mode="json") for d in rollouts.list(10)])
+        naive_t.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        unchanged = rollouts.progress_marker(10) == marker
+        ours_t.append(time.perf_counter() - t0)
+        assert unchanged
+    targets = db.query_one("SELECT COUNT(*) AS n FROM fleet_deployment_targets")["n"]
+    n = len(rollouts.list(10))
+    print()
+    print(f"## rollout progress: {n} active rollouts, {targets:,} targets, a tick with no change")
+    print("| per tick | time (median) |")
+    print("| --- | --- |")
+    print(f"| naive: rebuild and compare the views | {_ms(naive_t)} |")
+    print(f"| ours: progress marker unchanged | {_ms(ours_t)} |")
+    print(f"| ratio | {statistics.median(naive_t) / statistics.median(ours_t):.1f}x less time |")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 _RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_FULL_REFRESH_TICKS = 30  # rebuild the rollout views at least this often on a live stream
 
 
 def build_router(
@@ -204,6 +205,8 @@ async def _event_stream(
     cursor = datetime.now(timezone.utc) - timedelta(seconds=1)
     sent: dict[str, datetime] = {}
     last_deployments = ""
+    last_marker: tuple[Any, ...] | None = None
+    ticks = 0
     yield {"event": "hello", "data": json.dumps({"interval_s": interval_s})}
     while not await request.is_disconnected():
         # a small overlap catches rows committed just after the previous read;
@@ -219,9 +222,15 @@ async def _event_stream(
             cursor = max(cursor, *(d.updated_at for d in fresh))
             payload = [d.model_dump(mode="json") for d in fresh]
             yield {"event": "devices", "data": json.dumps(payload)}
-        deps = await to_thread.run_sync(lambda: rollouts.list(10))
-        deps_json = json.dumps([d.model_dump(mode="json") for d in deps])
-        if deps_json != last_deployments:
-            last_deployments = deps_json
-            yield {"event": "deployments", "data": deps_json}
+        # the views of big rollouts cost tens of ms to build: only when the marker moves
+        # (and now and then regardless, should replica clocks disagree)
+        marker = await to_thread.run_sync(rollouts.progress_marker, 10)
+        ticks += 1
+        if marker != last_marker or ticks >= _FULL_REFRESH_TICKS:
+            last_marker, ticks = marker, 0
+            deps = await to_thread.run_sync(lambda: rollouts.list(10))
+            deps_json = json.dumps([d.model_dump(mode="json") for d in deps])
+            if deps_json != last_deployments:
+                last_deployments = deps_json
+                yield {"event": "deployments", "data": deps_json}
         await asyncio.sleep(interval_s)

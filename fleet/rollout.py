@@ -466,6 +466,21 @@ class RolloutController:
         )
         return [self.get(r["id"]) for r in rows]
 
+    def progress_marker(self, limit: int = 20) -> tuple[Any, ...]:
+        """A cheap fingerprint of the newest `limit` deployments: it changes whenever one of
+        them or one of their targets changes, so a live view rebuilds `list` only then."""
+        newest = "SELECT id FROM fleet_deployments ORDER BY created_at DESC LIMIT ?"
+        deps = self.db.query_one(
+            "SELECT COUNT(*) AS n, MAX(updated_at) AS at FROM fleet_deployments"
+        )
+        targets = self.db.query_one(
+            "SELECT COUNT(*) AS n, MAX(updated_at) AS at FROM fleet_deployment_targets "
+            f"WHERE deployment_id IN ({newest})",
+            (limit,),
+        )
+        assert deps is not None and targets is not None  # aggregates always return a row
+        return (deps["n"], deps["at"], targets["n"], targets["at"])
+
     def active(self, group: str) -> DeploymentView | None:
         row = self.db.query_one(
             "SELECT id FROM fleet_deployments WHERE grp = ? AND status IN ('canary', 'rolling')",
