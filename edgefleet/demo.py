@@ -35,18 +35,11 @@ def prepare_videos(
     workdir: Path, devices: int, videos: list[Path] | None, seed: int, duration: float
 ) -> list[tuple[Path, GroundTruth | None]]:
     """One video per device: the user's (cycled), or rendered with known text."""
-    from edgefleet.demo_video import GroundTruth, VideoSpec, render_video
+    from edgefleet.demo_video import VideoSpec, render_video
 
     if videos:
-        out = []
-        for i in range(devices):
-            path = Path(videos[i % len(videos)]).expanduser().resolve()
-            if not path.is_file():
-                raise ConfigError(f"--video {path}: no such file")
-            truth_file = path.with_suffix(".json")
-            truth = GroundTruth.load(truth_file) if truth_file.is_file() else None
-            out.append((path, truth))
-        return out
+        checked = [_users_video(Path(v)) for v in videos]
+        return [checked[i % len(checked)] for i in range(devices)]
     # Long enough that no agent loops within the run (startup included).
     spec = VideoSpec(duration_s=min(3600.0, duration + 60.0))
     rendered = []
@@ -54,6 +47,36 @@ def prepare_videos(
         path = workdir / "videos" / f"scene-{i}.mp4"
         rendered.append((path, render_video(path, spec.model_copy(update={"seed": seed + i}))))
     return rendered
+
+
+def _users_video(video: Path) -> tuple[Path, GroundTruth | None]:
+    """A user's file, checked before anything starts: the agent reads it with OpenCV, and
+    a JSON of the same name beside it must be a ground truth (it enables the scoring)."""
+    import cv2
+
+    from edgefleet.demo_video import GroundTruth, truth_path
+
+    path = video.expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"--video {path}: no such file")
+    capture = cv2.VideoCapture(str(path))
+    try:
+        readable, _ = capture.read()
+    finally:
+        capture.release()
+    if not readable:
+        raise ConfigError(f"--video {path}: OpenCV cannot decode a frame of it")
+    truth_file = truth_path(path)
+    if not truth_file.is_file():
+        return path, None
+    try:
+        return path, GroundTruth.load(truth_file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{truth_file} lies beside --video {path.name} but is not its ground truth: "
+            f"{str(exc).splitlines()[0]}",
+            hint="rename or remove it to run without accuracy scoring",
+        ) from None
 
 
 # ----------------------------------------------------------------- the command

@@ -235,3 +235,54 @@ def test_ctrl_c_during_start_up_stops_at_once_and_leaves_nothing_running(tmp_pat
     assert "dashboard:" not in output
     _gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
+
+
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+def test_demo_runs_on_the_users_own_video(tmp_path: Path) -> None:
+    import cv2
+    import numpy as np
+
+    # given the user's own clip (printed text on a grey wall), with no ground truth beside it
+    clip = tmp_path / "dock-camera.mp4"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 10, (640, 360))
+    for i in range(100):
+        frame = np.full((360, 640, 3), 150, np.uint8)
+        cv2.putText(frame, "GATE 7", (40 + i, 200), cv2.FONT_HERSHEY_SIMPLEX, 2.5, (0, 0, 0), 6)
+        writer.write(frame)
+    writer.release()
+    # when the demo runs on it with one device
+    workdir = tmp_path / "w"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgefleet",
+            "demo",
+            "--video",
+            str(clip),
+            "--devices",
+            "1",
+            "--duration",
+            "8",
+            "--workdir",
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200", "TERM": "dumb"},
+        stdin=subprocess.DEVNULL,
+    )
+    output = result.stdout + result.stderr
+    # then the agent played that very file, and the report counts without scoring
+    assert result.returncode == 0, output[-4000:]
+    assert "final report" in output
+    assert "edge-only accuracy –, edge+cloud –" in output
+    [device] = json.loads((workdir / "report.json").read_text())
+    assert device["frames"] > 0 and device["bytes_uplinked"] > 0
+    assert device["edge_accuracy"] is None and device["combined_accuracy"] is None
+    assert not (workdir / "videos").exists()  # nothing was rendered
+    frames = [
+        json.loads(line) for line in (workdir / "devices" / "demo-cam-01" / "results.jsonl").open()
+    ]
+    assert any("GATE" in " ".join(r.get("texts", [])).upper() for r in frames)
