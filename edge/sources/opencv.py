@@ -59,6 +59,29 @@ def guess_kind(url: str) -> str:
     return "file"
 
 
+def open_params(kind: str, open_timeout_s: float, read_timeout_s: float, version: str) -> list[int]:
+    """The open/read timeouts for the backends that take them when opening.
+
+    OpenCV passes open parameters a backend does not know to its setProperty and refuses
+    to open when that fails. FFmpeg (files, RTSP, UDP, HTTP) takes both; GStreamer since
+    OpenCV 4.7 (JetPack 5 ships 4.5); V4L2 takes none: a camera given them would never
+    open. V4L2 reads end on OpenCV's own select() timeout (10 s,
+    OPENCV_VIDEOIO_V4L_SELECT_TIMEOUT), and the stall watchdog reports the stream meanwhile.
+    """
+    if kind == "v4l2":
+        return []
+    if kind == "gstreamer":
+        major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
+        if (major, minor) < (4, 7):
+            return []
+    return [
+        cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+        int(open_timeout_s * 1000),
+        cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+        int(read_timeout_s * 1000),
+    ]
+
+
 class OpenCvSource(VideoSource):
     """A cv2.VideoCapture with open/read timeouts, so a dead peer cannot block forever."""
 
@@ -84,7 +107,7 @@ class OpenCvSource(VideoSource):
         url = self.settings.url
         if self.kind == "file" and not Path(url).is_file():
             raise SourceDisconnected(f"no such video file: {url}", hint="check the stream url")
-        if self.kind == "gstreamer" and "GStreamer:                   YES" not in _build_info():
+        if self.kind == "gstreamer" and not has_gstreamer():
             raise SourceDisconnected(
                 "this OpenCV has no GStreamer support",
                 hint="use the Jetson image (OpenCV built with GStreamer) or an rtsp/file url",
@@ -92,12 +115,9 @@ class OpenCvSource(VideoSource):
         target: str | int = url
         if self.kind == "v4l2":
             target = int(url.removeprefix("/dev/video"))
-        params = [
-            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
-            int(self.settings.open_timeout_s * 1000),
-            cv2.CAP_PROP_READ_TIMEOUT_MSEC,
-            int(self.settings.stall_timeout_s * 1000),
-        ]
+        params = open_params(
+            self.kind, self.settings.open_timeout_s, self.settings.stall_timeout_s, cv2.__version__
+        )
         cap = cv2.VideoCapture(target, _BACKENDS[self.kind], params)
         if not cap.isOpened():
             cap.release()
@@ -126,8 +146,11 @@ class OpenCvSource(VideoSource):
 _BUILD_INFO: str | None = None
 
 
-def _build_info() -> str:
+def has_gstreamer(build_info: str | None = None) -> bool:
+    """Whether this OpenCV was built with GStreamer (its build information says `YES`)."""
     global _BUILD_INFO
-    if _BUILD_INFO is None:
-        _BUILD_INFO = cv2.getBuildInformation()
-    return _BUILD_INFO
+    if build_info is None:
+        if _BUILD_INFO is None:
+            _BUILD_INFO = cv2.getBuildInformation()
+        build_info = _BUILD_INFO
+    return re.search(r"^\s*GStreamer:\s*YES", build_info, re.MULTILINE) is not None

@@ -15,6 +15,7 @@ import pytest
 from edge.settings import SourceSettings
 from edge.sources import OpenCvSource, VideoSource, guess_kind
 from edge.sources.capture import Backoff, Capture, valid_frame
+from edge.sources.opencv import has_gstreamer, open_params
 from shared.errors import SourceDisconnected
 
 
@@ -220,8 +221,51 @@ def test_a_source_that_stops_sending_is_marked_stalled_then_reconnected() -> Non
 def test_gstreamer_pipeline_without_gstreamer_support_says_why() -> None:
     source = OpenCvSource(_settings("videotestsrc ! videoconvert ! appsink"))
     assert source.kind == "gstreamer"
-    if "GStreamer:                   YES" in cv2.getBuildInformation():
+    if has_gstreamer():
         pytest.skip("this OpenCV has GStreamer")
     with pytest.raises(SourceDisconnected) as err:
         source.open()
     assert "no GStreamer support" in err.value.message and "Jetson" in err.value.hint
+
+
+def test_gstreamer_support_is_read_from_the_build_information() -> None:
+    jetson = "  Video I/O:\n    FFMPEG:                      YES\n    GStreamer:    YES (1.20.3)\n"
+    assert has_gstreamer(jetson)
+    assert not has_gstreamer("    GStreamer:                   NO\n")
+
+
+@pytest.mark.parametrize(
+    ("kind", "version", "timeouts"),
+    [
+        ("file", "4.5.4", True),
+        ("rtsp", "5.0.0", True),
+        ("udp", "4.8.0", True),
+        ("http", "4.8.0", True),
+        ("gstreamer", "4.8.0", True),  # JetPack 6
+        ("gstreamer", "4.5.4", False),  # JetPack 5: its GStreamer backend takes no timeouts
+        ("v4l2", "4.8.0", False),
+        ("v4l2", "5.0.0", False),
+    ],
+)
+def test_timeouts_go_only_to_backends_that_take_them(
+    kind: str, version: str, timeouts: bool
+) -> None:
+    params = open_params(kind, 2.0, 5.0, version)
+    expected = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 2000, cv2.CAP_PROP_READ_TIMEOUT_MSEC, 5000]
+    assert params == (expected if timeouts else [])
+
+
+def test_a_backend_without_open_parameters_refuses_the_timeouts(tmp_path: Path) -> None:
+    """Why V4L2 gets none: OpenCV's built-in MJPEG reader is, like V4L2, a backend without
+    open parameters, and given the timeouts it does not open the same file at all."""
+    video = tmp_path / "m.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (64, 48))
+    for _ in range(3):
+        writer.write(np.zeros((48, 64, 3), np.uint8))
+    writer.release()
+    plain = cv2.VideoCapture(str(video), cv2.CAP_OPENCV_MJPEG)
+    timed = cv2.VideoCapture(
+        str(video), cv2.CAP_OPENCV_MJPEG, open_params("file", 1.0, 1.0, cv2.__version__)
+    )
+    assert plain.isOpened() and not timed.isOpened()
+    plain.release()
