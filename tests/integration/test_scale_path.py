@@ -1,9 +1,10 @@
-"""The scale path as docker/x86/k8s runs it: two orchestrator replicas, each with its own
-data folder, sharing one broker (a shared subscription) and one PostgreSQL store.
+"""The scale path as docker/x86/k8s runs it: two orchestrator replicas sharing one broker
+(a shared subscription), one PostgreSQL store and one data folder (the ReadWriteMany
+claim of pvc.yaml, where the case images lie).
 
-Load splits between the replicas, every case gets exactly one verdict, and the store ran
-each case exactly once. Cases go to the rule-based level (a rules file) so the test
-measures the ingest and claim path, not OCR.
+Load splits between the replicas, every case gets exactly one verdict, the store ran each
+case exactly once, and either replica answers for a case the other processed. Cases go to
+the rule-based level (a rules file) so the test measures the ingest and claim path, not OCR.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import httpx
 import numpy as np
 
 from cloud.app import create_app
+from cloud.auth import key_digest
 from cloud.services import CloudServices
 from cloud.settings import CloudSettings
 from cloud.testing import ServerThread, escalation_case, escalation_wire
@@ -29,10 +31,14 @@ from tests.integration.test_db import pg_url  # noqa: F401 - the fixture, reused
 N_CASES = 300
 
 
+OPERATOR_KEY = "efk_" + secrets.token_urlsafe(16)
+
+
 def _replica(data: Path, pg: str, broker, group: str, name: str, rules: Path) -> CloudSettings:
     return CloudSettings(
         data_dir=data,
         database_url=pg,
+        api_keys=[{"name": "ops", "sha256": key_digest(OPERATOR_KEY)}],
         mqtt=MqttSettings(host=broker.host, port=broker.port),
         ingest={"share_group": group, "client_id": name, "receive_maximum": 32},
         rules={"file": rules, "poll_s": 60},
@@ -46,13 +52,12 @@ def test_two_replicas_on_postgresql_split_the_load_exactly_once(
     pg_url: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    # given two replicas (own data folders, as two pods) on one broker and one PostgreSQL
+    # given two replicas on one broker, one PostgreSQL and one shared data folder
     rules = tmp_path / "rules.yaml"
     rules.write_text("default: {model: rules, timeout_s: 30}\n")
     group = f"scale-{secrets.token_hex(3)}"
     settings = [
-        _replica(tmp_path / f"pod-{i}", pg_url, broker, group, f"replica-{i}", rules)
-        for i in range(2)
+        _replica(tmp_path / "data", pg_url, broker, group, f"replica-{i}", rules) for i in range(2)
     ]
     replicas = [CloudServices.build(s) for s in settings]
     servers = [
@@ -112,6 +117,19 @@ def test_two_replicas_on_postgresql_split_the_load_exactly_once(
         per_replica = {row["processed_by"]: row["n"] for row in rows}
         assert set(per_replica) == {"replica-0", "replica-1"}, per_replica
         assert sum(per_replica.values()) == N_CASES
+        # and behind the Service either replica answers for any case, image included
+        by = {
+            row["case_id"]: row["processed_by"]
+            for row in db.query("SELECT case_id, processed_by FROM ef_verdicts")
+        }
+        auth = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+        for owner in ("replica-0", "replica-1"):
+            case_id = next(c for c, p in by.items() if p == owner)
+            for server in servers:
+                record = httpx.get(f"{server.url}/v1/escalations/{case_id}", headers=auth)
+                assert record.status_code == 200 and record.json()["verdict"], record.text
+                image = httpx.get(f"{server.url}/v1/escalations/{case_id}/image", headers=auth)
+                assert image.status_code == 200 and image.content == png
     finally:
         device.loop_stop()
         device.disconnect()
