@@ -159,7 +159,9 @@ def _result_json(det) -> dict:
 
 
 def infer(
-    images: list[Path] = typer.Argument(..., help="image files (JPEG, PNG, BMP, WebP, TIFF)"),
+    # str, not Path: the JSON "image" field is the path exactly as given (Path("./a.jpg")
+    # would print "a.jpg"), so scripts can match results to their arguments
+    images: list[str] = typer.Argument(..., help="image files (JPEG, PNG, BMP, WebP, TIFF)"),
     model: str = typer.Option("ppocr", "--model", "-m", help="model name from the manifest"),
     json_: bool = typer.Option(False, "--json", help="JSON Lines: one object per image"),
     manifest: Path | None = MANIFEST_OPTION,
@@ -180,19 +182,19 @@ def infer(
     except EdgefleetError as exc:
         if json_:
             for image in images:
-                _emit({"image": str(image), "error": {"code": exc.code, "message": str(exc)}})
+                _emit({"image": image, "error": {"code": exc.code, "message": str(exc)}})
         raise _fail(f"cannot load model {model}: {exc}", code=2) from None
     failed = 0
     with loaded:
         for image in images:
             started = time.perf_counter()
             try:
-                rgb = decode_file(image)
+                rgb = decode_file(Path(image))
                 detections = loaded.predict_many([rgb])[0]
             except EdgefleetError as exc:
                 failed += 1
                 if json_:
-                    _emit({"image": str(image), "error": {"code": exc.code, "message": str(exc)}})
+                    _emit({"image": image, "error": {"code": exc.code, "message": str(exc)}})
                 else:
                     typer.echo(f"{image}: error {exc.code}: {exc}", err=True)
                 continue
@@ -200,7 +202,7 @@ def infer(
             if json_:
                 _emit(
                     {
-                        "image": str(image),
+                        "image": image,
                         "model": model,
                         "results": [_result_json(d) for d in detections],
                         "latency_ms": latency_ms,

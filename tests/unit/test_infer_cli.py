@@ -195,3 +195,11 @@ def test_a_manifest_input_spec_the_model_refuses_is_a_load_error_not_a_traceback
     plain = runner.invoke(cli, base)
     assert plain.exit_code == 2 and "Traceback" not in plain.output
     assert plain.stderr.startswith("error: cannot load model tiny: tiny failed its warm-up")
+
+
+def test_the_image_field_is_the_path_exactly_as_given(images, monkeypatch):
+    monkeypatch.chdir(images["good"].parent)
+    given = ["./good.png", "./nope.png", str(images["good"].parent) + "//good.png"]
+    result = runner.invoke(cli, ["infer", *given, "--json"])
+    assert result.exit_code == 1
+    assert [json.loads(line)["image"] for line in result.stdout.splitlines()] == given
