@@ -8,7 +8,8 @@ Run: `.venv/bin/python -m bench.bench_cloud` (defaults: 160 requests per point,
   image per forward pass, what a plain FastAPI + ONNX Runtime service does).
 - MQTT escalation ingest: signed cases published at QoS 1 by a second process, routed to
   the rule-based level so the figure is the ingest path (verify, claim in SQLite, store,
-  answer on the results topic); cases/s from first publish to last verdict received,
+  answer on the results topic); cases/s from first publish to last verdict received and
+  p50/p99 ms from each publish to its verdict,
   against a naive inline consumer (auto-ack, everything in paho's network thread).
 - Telemetry ingest: 1,000 enrolled devices, each sending signed telemetry at QoS 1;
   messages/s until the registry has stored every one.
@@ -65,8 +66,11 @@ def _http_load(url: str, image: bytes, concurrency: int, total: int) -> tuple[fl
     return asyncio.run(run())
 
 
-def _publish_cases(host: str, port: int, device: str, key: bytes, total: int) -> float:
-    """Publish `total` signed cases and wait for every verdict; cases/s end to end."""
+def _publish_cases(
+    host: str, port: int, device: str, key: bytes, total: int
+) -> tuple[float, list[float]]:
+    """Publish `total` signed cases and wait for every verdict; (cases/s end to end,
+    per-case ms from publish to its verdict received)."""
     import numpy as np
 
     from cloud.testing import escalation_case, escalation_wire
@@ -76,14 +80,15 @@ def _publish_cases(host: str, port: int, device: str, key: bytes, total: int) ->
 
     settings = MqttSettings(host=host, port=port)
     client = make_client(settings, f"{device}-bench")
-    got: set[str] = set()
+    got: dict[str, float] = {}
+    sent: dict[str, float] = {}
     done = threading.Event()
     ready = threading.Event()
 
     def on_message(c, u, message) -> None:
         import json
 
-        got.add(json.loads(message.payload)["case_id"])
+        got.setdefault(json.loads(message.payload)["case_id"], time.perf_counter())
         if len(got) >= total:
             done.set()
 
@@ -93,18 +98,18 @@ def _publish_cases(host: str, port: int, device: str, key: bytes, total: int) ->
     connect(client, settings, clean_start=True)
     ready.wait(30)
     png = encode_png(np.full((32, 96, 3), 180, np.uint8))
-    wires = [
-        escalation_wire(escalation_case(device, frame_index=i, edge=[("X", 0.9)]), key, png)
-        for i in range(total)
-    ]
+    cases = [escalation_case(device, frame_index=i, edge=[("X", 0.9)]) for i in range(total)]
+    wires = [(case.case_id, escalation_wire(case, key, png)) for case in cases]
     started = time.perf_counter()
-    for wire in wires:
+    for case_id, wire in wires:
+        sent[case_id] = time.perf_counter()
         publish(client, wire, qos=1)
     done.wait(600)
     elapsed = time.perf_counter() - started
     client.loop_stop()
     client.disconnect()
-    return total / elapsed if len(got) >= total else float("nan")
+    latencies = [(got[c] - sent[c]) * 1000 for c in sent if c in got]
+    return (total / elapsed if len(got) >= total else float("nan")), latencies
 
 
 def _publish_telemetry(
@@ -301,7 +306,7 @@ def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_devic
     naive = NaiveIngest(naive_services, broker)
     naive.connected.wait(30)
     time.sleep(0.5)
-    naive_rate = client.submit(
+    naive_rate, naive_lat = client.submit(
         _publish_cases, broker.host, broker.port, naive_dev.device_id, naive_dev.device_key, cases
     ).result()
     naive.stop()
@@ -315,14 +320,17 @@ def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_devic
     with ServerThread(api) as server:
         _wait_ready(server.url)
         first = enrolled[0]
-        rate = client.submit(
+        rate, lat = client.submit(
             _publish_cases, broker.host, broker.port, first.device_id, first.device_key, cases
         ).result()
         print(f"\n## MQTT escalation ingest: {cases} cases, QoS 1, one replica")
-        print("| ingest | cases/s (publish -> verify -> store -> verdict received) |")
-        print("| --- | --- |")
-        print(f"| naive inline consumer (auto-ack) | {naive_rate:.0f} |")
-        print(f"| edgefleet (workers, ack after store) | {rate:.0f} |")
+        print("| ingest | cases/s (publish -> store -> verdict received) | p50 ms | p99 ms |")
+        print("| --- | --- | --- | --- |")
+        for name, r, ms in (
+            ("naive inline consumer (auto-ack)", naive_rate, naive_lat),
+            ("edgefleet (workers, ack after store)", rate, lat),
+        ):
+            print(f"| {name} | {r:.0f} | {statistics.median(ms):.0f} | {_pct(ms, 99):.0f} |")
         print(f"edgefleet / naive: {rate / naive_rate:.2f}x")
         total = devices * per_device
         before = _stored_telemetry()
