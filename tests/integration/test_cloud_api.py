@@ -255,6 +255,9 @@ def test_infer_endpoint_runs_the_named_model(env: Env) -> None:
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == "ppocr@4.0" and [d["text"] for d in body["result"]] == [TEXT]
+    # and /readyz counts the call in the model's qps
+    models = {m["name"]: m for m in httpx.get(f"{env.url}/readyz", timeout=10).json()["models"]}
+    assert models["ppocr"]["qps"] > 0
 
 
 def test_signed_feedback_and_export(env: Env, tmp_path: Path) -> None:

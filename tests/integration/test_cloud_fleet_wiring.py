@@ -214,3 +214,39 @@ def test_recent_cases_list_an_escalation_with_its_image(env: Env) -> None:
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "not_found"
     assert httpx.get(f"{env.url}/v1/fleet/cases", timeout=30).status_code == 401
+
+
+def test_drift_of_a_device_is_served_to_operators(env: Env) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from cloud.testing import escalation_case as case_for
+
+    # given: 25 sure cases of another device three weeks ago and 25 unsure ones now
+    store = env.services.store
+    old = datetime.now(timezone.utc) - timedelta(days=21)
+    png = b"\x89PNG\r\n\x1a\n" + b"drift pixels"
+    for i in range(50):
+        case = case_for("cam-w2", frame_index=i, edge=[("X", 0.95 if i < 25 else 0.35)])
+        store.claim(
+            case, image_sha256="d" * 64, image=png, source="mqtt", replica="t", stale_after_s=60
+        )
+        if i < 25:
+            store.db.execute(
+                "UPDATE ef_cases SET received_at = ? WHERE case_id = ?", (old, case.case_id)
+            )
+    env.services.drift.compute()
+    # when: an operator asks for the device's drift
+    answer = httpx.get(
+        f"{env.url}/v1/drift", params={"device_id": "cam-w2"}, headers=env.op(), timeout=30
+    )
+    # then: the KS statistic of this week against the reference window is there
+    assert answer.status_code == 200, answer.text
+    [reading] = answer.json()
+    assert (reading["device_id"], reading["model"], reading["ks"]) == ("cam-w2", "ppocr", 1.0)
+    assert (reading["current_n"], reading["reference_n"]) == (25, 25)
+    assert reading["computed_at"].endswith("Z")
+    # and it is an operator's view: a device token may not read it
+    denied = httpx.get(
+        f"{env.url}/v1/drift", headers={"Authorization": f"Bearer {env.token}"}, timeout=30
+    )
+    assert denied.status_code == 403
