@@ -211,6 +211,7 @@ class CloudServices:
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """What /readyz reports: each model, the broker, the store; reasons when not ready."""
         reasons: list[str] = []
+        self.router.maybe_reload()  # a rules file edited while no case comes is seen here
         models = self.pool.status()
         if self.settings.models.preload:
             for model in models:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -323,4 +324,33 @@ def test_openapi_documents_the_error_body_the_409_and_the_wait_202(tmp_path: Pat
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     detail = schema["components"]["schemas"]["ErrorDetail"]
     assert {"code", "message", "trace_id"} <= set(detail["required"])
+    app.state.services.close()
+
+
+def test_readyz_reports_a_rejected_rules_file_before_any_case_arrives(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from cloud.app import create_app
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("default: {model: rules}\n")
+    settings = CloudSettings(
+        data_dir=tmp_path,
+        ingest={"enabled": False},
+        models={"preload": False},
+        rules={"file": rules, "poll_s": 0.01},
+    )
+    app = create_app(settings)
+    client = TestClient(app)
+    assert client.get("/readyz").json()["rules_error"] is None
+    # when the file is broken while no case comes in
+    rules.write_text("default: {model: rules}\nrules: [oops\n")
+    deadline = time.monotonic() + 30
+    while (error := client.get("/readyz").json()["rules_error"]) is None:
+        assert time.monotonic() < deadline, "the broken rules file was never noticed"
+        time.sleep(0.05)
+    # then readiness says why, and the old rules stay in force
+    assert "not valid YAML" in error
+    route = app.state.services.router.route(escalation_case("cam-1"), 100)
+    assert route.model == "rules" and route.name == "default"
     app.state.services.close()
