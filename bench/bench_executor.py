@@ -8,6 +8,7 @@ For each default model (`ppocr`, `ppocr-heavy`) on each backend available here:
   (batch 1, what a user writes) vs the same callers going through the dynamic batcher
   (`predict`, Triton-style max_delay batching) and through an eager batcher (dispatch
   when idle), with throughput (images/s) and the ratios to batch 1;
+- the batcher's own cost per request, with a no-op model (direct vs eager vs max_delay);
 - the rapidocr-onnxruntime pipeline (same ONNX files) as a peer, when importable.
 Images: 960x540 scenes rendered here with two lines of text each.
 """
@@ -22,6 +23,7 @@ import cv2
 import numpy as np
 import typer
 
+from shared.executor.batcher import DynamicBatcher
 from shared.executor.registry import probe_backends
 from shared.executor.settings import BatcherSettings, ExecutionSettings
 from shared.models import load_model
@@ -104,6 +106,35 @@ def forward_only(data: list[np.ndarray], rounds: int) -> None:
     print(f"| 1 x batch 4 | {batched * 1000:.0f} | {one_by_one / batched:.2f}x |")
 
 
+def batcher_overhead(max_delay_ms: float, requests: int = 2000) -> None:
+    """The batcher's own cost per request: a no-op model called directly vs through the
+    batcher (eager, and with `max_delay_ms`), one caller at a time."""
+
+    def noop(items: list[int]) -> list[int]:
+        return items
+
+    def per_request(call) -> float:
+        t0 = time.perf_counter()
+        for i in range(requests):
+            call(i)
+        return (time.perf_counter() - t0) / requests
+
+    direct = per_request(lambda i: noop([i])[0])
+    rows = [("direct call (no queue)", direct)]
+    for label, eager in (
+        ("batcher, eager", True),
+        (f"batcher, max_delay_ms={max_delay_ms}", False),
+    ):
+        settings = BatcherSettings(max_delay_ms=max_delay_ms, eager=eager, max_queue=requests)
+        with DynamicBatcher(noop, settings, name=f"bench-noop-{eager}") as batcher:
+            rows.append((label, per_request(batcher)))
+    print()
+    print(f"| batcher overhead (no-op model, 1 caller, {requests} requests) | µs / request |")
+    print("|---|---|")
+    for label, seconds in rows:
+        print(f"| {label} | {seconds * 1e6:.1f} |")
+
+
 def _time(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -184,6 +215,7 @@ def main(
             delayed.close()
             eager.close()
     forward_only(data, rounds)
+    batcher_overhead(max_delay_ms)
     print()
     print("| pipeline | backend | p50 ms / image | p95 ms / image |")
     print("|---|---|---|---|")
