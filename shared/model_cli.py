@@ -64,7 +64,10 @@ def list_models(manifest: Path | None = MANIFEST_OPTION) -> None:
 
     Example: edgefleet model list --manifest my-models.yaml
     """
-    registry = _registry(manifest)
+    try:
+        registry = _registry(manifest)
+    except EdgefleetError as exc:
+        raise _fail(str(exc)) from None
     table = Table("name", "version", "task", "format", "sha256", "file")
     for spec in registry.specs():
         if spec.file is None:

@@ -124,6 +124,13 @@ def test_model_verify_and_list(tmp_path):
     assert "Traceback" not in unknown.output + missing.output
     listed = runner.invoke(cli, ["model", "list"])
     assert listed.exit_code == 0 and "ppocr-heavy" in listed.stdout
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models: [")
+    for command in (["list"], ["verify", str(det)]):
+        for where in (broken, tmp_path / "absent.yaml"):
+            bad = runner.invoke(cli, ["model", *command, "--manifest", str(where)])
+            assert bad.exit_code == 1 and bad.exception.__class__ is SystemExit, bad.output
+            assert bad.stderr.startswith("error: ") and str(where) in bad.stderr
 
 
 def test_build_engine_without_tensorrt_says_so():
