@@ -162,8 +162,16 @@ class ModelRegistry:
             manifest = Manifest.model_validate(raw)
         except OSError as exc:
             raise ConfigError(f"cannot read model manifest {path}: {exc.strerror}") from None
-        except (yaml.YAMLError, ValidationError) as exc:
-            raise ConfigError(f"{path}: invalid model manifest: {exc}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"{where}: invalid model manifest (YAML): {problem}") from None
+        except ValidationError as exc:
+            errors = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ConfigError(f"{path}: invalid model manifest: {errors}") from None
         base = path.parent.resolve()
         return cls([s.model_copy(update={"base_dir": base}) for s in manifest.models])
 

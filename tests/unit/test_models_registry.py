@@ -141,8 +141,14 @@ def test_unknown_names_and_bad_manifests(tmp_path: Path):
         load_model("ppocr-det")
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  - name: x\n    version: '1'\n    task: segmentation\n")
-    with pytest.raises(ConfigError, match="invalid model manifest"):
+    with pytest.raises(ConfigError, match=r"invalid model manifest: models\.0\.task: Input"):
         ModelRegistry.from_file(bad)
+    # broken YAML: one line naming the file, line and column
+    bad.write_text("models:\n  - name: x\n    version: [1\n")
+    with pytest.raises(ConfigError) as err:
+        ModelRegistry.from_file(bad)
+    assert err.value.message.startswith(f"{bad}:4:1: invalid model manifest (YAML): ")
+    assert "\n" not in err.value.message
 
 
 def test_user_manifest_merges_over_the_default(tmp_path: Path):
