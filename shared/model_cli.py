@@ -164,15 +164,20 @@ def _result_json(det) -> dict:
 def infer(
     # str, not Path: the JSON "image" field is the path exactly as given (Path("./a.jpg")
     # would print "a.jpg"), so scripts can match results to their arguments
-    images: list[str] = typer.Argument(..., help="image files (JPEG, PNG, BMP, WebP, TIFF)"),
+    images: list[str] = typer.Argument(
+        ..., metavar="IMAGE", help="image files (JPEG, PNG, BMP, WebP, TIFF)"
+    ),
     model: str = typer.Option("ppocr", "--model", "-m", help="model name from the manifest"),
     json_: bool = typer.Option(False, "--json", help="JSON Lines: one object per image"),
     manifest: Path | None = MANIFEST_OPTION,
 ) -> None:
     """Run the local pipeline (decode -> letterbox -> executor -> decoder) on images.
 
-    Example: `edgefleet infer photo.jpg --json`. A bad image is reported and skipped;
-    the exit status is 1 at the end if any image failed, 2 if the model could not load.
+    With --json: one JSON object per image. A bad image is reported and skipped.
+
+    Exit status: 0 all read, 1 if any image failed, 2 if the model could not load.
+
+    Example: edgefleet infer photo.jpg --json
     """
     from shared.imaging.decode import decode_file
     from shared.models import load_model
