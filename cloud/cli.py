@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -60,6 +61,12 @@ def serve(
     except EdgefleetError as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
+    logging.getLogger(__name__).info(
+        "serving on %s:%d; download links name %s",
+        settings.http.host,
+        settings.http.port,
+        settings.resolved_public_url(),
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             api,

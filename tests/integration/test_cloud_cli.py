@@ -147,16 +147,48 @@ def test_port_flag_is_the_port_served_and_the_one_download_links_name(tmp_path: 
         _stop(process)
 
 
-def test_port_zero_serves_a_free_port_that_the_settings_know() -> None:
-    from cloud.cli import _bind, serve_settings
-    from cloud.settings import CloudSettings
+def test_port_zero_serves_a_free_port_that_the_settings_know(tmp_path: Path) -> None:
+    import re
 
-    settings = serve_settings(CloudSettings(), host="0.0.0.0", port=0)
-    sock = _bind(settings.http.host)
+    config = tmp_path / "cloud.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "data_dir": str(tmp_path / "data"),
+                "ingest": {"enabled": False},
+                "models": {"preload": False},
+            }
+        )
+    )
+    log_path = tmp_path / "serve.log"
+    # when: any free port is asked for
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "edgefleet"),
+            "cloud",
+            "serve",
+            "-c",
+            str(config),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log_path.open("wb"),
+    )
     try:
-        bound = serve_settings(settings, port=sock.getsockname()[1])
-        assert bound.http.port == sock.getsockname()[1] != 0
-        assert bound.resolved_public_url() == f"http://127.0.0.1:{bound.http.port}"
-        assert serve_settings(bound) is bound  # no flags: unchanged
+        deadline = time.monotonic() + 120
+        while not (
+            found := re.search(
+                r"serving on 127\.0\.0\.1:(\d+); download links name "
+                r"http://127\.0\.0\.1:(\d+)",
+                log_path.read_text(),
+            )
+        ):
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        # then: the port it says it serves is the port the links name, and it answers there
+        port, linked = found.groups()
+        assert port == linked and port != "0"
+        assert _poll(f"http://127.0.0.1:{port}/readyz", 200).json()["ready"] is True
     finally:
-        sock.close()
+        _stop(process)
