@@ -283,11 +283,14 @@ def _run(
                     )
             interrupted.wait(1.0)
 
+    interrupted.clear()  # from here a (second) Ctrl-C skips waiting for late answers
     with console.status("stopping the agents (they flush their outboxes)…"):
+        for agent in agents:
+            agent.terminate()  # all at once: each flushes in parallel
         for agent in agents:
             agent.stop(30.0)
     meter.close()
-    cases = _collect_cases(http, fleet_devices, console)
+    cases = _collect_cases(http, fleet_devices, console, interrupted)
     scores = [score_device(d, cases, meter.bytes.get(d.device_id, 0)) for d in fleet_devices]
     for score, device in zip(scores, fleet_devices, strict=True):
         score.jpeg_bytes_per_frame = jpeg_bytes_per_frame(device.video)
@@ -299,13 +302,18 @@ def _run(
 
 
 def _collect_cases(
-    http: Any, devices: list[Device], console: Console, timeout_s: float = 120.0
+    http: Any,
+    devices: list[Device],
+    console: Console,
+    skip: threading.Event,
+    timeout_s: float = 120.0,
+    quiet_s: float = 30.0,
 ) -> dict[str, dict[str, Any]]:
     """The cloud's record of every escalated case, waiting for the answers still due.
 
     Cases the agents flushed on the way out are still in the broker or the cloud's queue;
-    stop waiting when all are answered, after `timeout_s`, or when nothing moved for 30 s
-    (the report then counts the rest as unanswered).
+    stop waiting when all are answered, after `timeout_s`, when nothing moved for `quiet_s`, or
+    on Ctrl-C (the report then counts the rest as unanswered).
     """
     import httpx
 
@@ -331,8 +339,12 @@ def _collect_cases(
                     cases[case_id] = response.json()
                     last_progress = time.monotonic()
             pending = len(wanted) - len(cases)
-            status.update(f"waiting for the cloud's answers… {pending} of {len(wanted)} due")
+            status.update(
+                f"waiting for the cloud's answers… {pending} of {len(wanted)} due "
+                "(Ctrl-C: report now)"
+            )
             now = time.monotonic()
-            if pending == 0 or now > deadline or now - last_progress > 30:
+            if pending == 0 or now > deadline or now - last_progress > quiet_s:
                 return cases
-            time.sleep(1.0)
+            if skip.wait(1.0):
+                return cases

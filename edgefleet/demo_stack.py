@@ -52,9 +52,15 @@ class Child:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def stop(self, timeout_s: float) -> int | None:
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM: a graceful shutdown) without waiting."""
         if self.alive():
             self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float) -> int | None:
+        """Stop it (a repeated SIGTERM is harmless), killing it after `timeout_s`."""
+        if self.alive():
+            self.terminate()
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:

@@ -167,3 +167,21 @@ def test_a_missing_mosquitto_says_how_to_install_it(
     assert "sudo apt-get install mosquitto" in result.output
     assert "brew install mosquitto" in result.output
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_skips_waiting_for_the_clouds_late_answers(tmp_path: Path) -> None:
+    import httpx
+
+    from edgefleet.demo import _collect_cases
+
+    # given a device with an escalated case and a cloud that does not answer (nothing listens)
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"kind": "escalated", "case_id": "c-1", "stream_id": "cam"}\n')
+    device = Device("cam-01", tmp_path, tmp_path / "v.mp4", None, results, free_port())
+    skip = threading.Event()
+    skip.set()  # when Ctrl-C is pressed while the demo waits for the answers
+    with httpx.Client(base_url=f"http://127.0.0.1:{free_port()}", timeout=1.0) as http:
+        # then it reports with what it has instead of waiting out the (here 10-minute) limits
+        cases = _collect_cases(http, [device], Console(), skip, timeout_s=600, quiet_s=600)
+    assert cases == {}
