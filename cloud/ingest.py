@@ -46,6 +46,9 @@ INGESTED = Counter(
 )
 BROKER_CONNECTED = Gauge("ef_cloud_broker_connected", "1 while the ingest client is connected")
 LIGHT_QUEUE_DEPTH = Gauge("ef_cloud_light_queue_depth", "Telemetry/status waiting to be stored")
+UNACKED = Gauge(
+    "ef_cloud_mqtt_unacked", "QoS 1 messages taken but not yet acknowledged (<= receive_maximum)"
+)
 
 CHANNELS = (Channel.ESCALATIONS, Channel.TELEMETRY, Channel.STATUS, Channel.REPORTED)
 
@@ -86,6 +89,8 @@ class Ingest:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self._connected = threading.Event()
+        self._unacked = 0
+        self._unacked_lock = threading.Lock()
         self._light_max = light_queue
         self._light: queue.Queue[tuple[Verified, int, int] | None] = queue.Queue()
         self._light_workers = [
@@ -166,6 +171,8 @@ class Ingest:
 
     def _on_message(self, client: mqtt.Client, userdata, message: mqtt.MQTTMessage) -> None:
         mid, qos = message.mid, message.qos
+        if qos > 0:
+            self._taken()
         wire = from_paho(message)
         try:
             verified = self.verifier.verify(wire)
@@ -216,8 +223,20 @@ class Ingest:
 
         future.add_done_callback(done)
 
+    def _taken(self) -> None:
+        """One more QoS 1 message held; at `receive_maximum` the broker must hold the rest,
+        which is our backpressure on MQTT: counted like a full REST queue."""
+        with self._unacked_lock:
+            self._unacked += 1
+            UNACKED.set(self._unacked)
+            if self._unacked >= self.receive_maximum:
+                BACKPRESSURE.labels("mqtt").inc()
+
     def _ack(self, mid: int, qos: int) -> None:
         if qos > 0:
+            with self._unacked_lock:
+                self._unacked = max(0, self._unacked - 1)
+                UNACKED.set(self._unacked)
             self.client.ack(mid, qos)
 
     # --- telemetry, status, reported ------------------------------------------------

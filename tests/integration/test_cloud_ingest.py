@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from prometheus_client import REGISTRY
 
 from cloud.services import CloudServices
@@ -81,14 +82,18 @@ def _backpressure_count() -> float:
     return REGISTRY.get_sample_value("ef_cloud_backpressure_total", {"source": "mqtt"}) or 0.0
 
 
-def test_slow_processing_holds_messages_at_the_broker_not_in_memory(broker, tmp_path: Path) -> None:
-    # given one worker stuck on a gated model and a receive maximum of 4
+@pytest.mark.parametrize("max_pending", [2, 64], ids=["case-queue-full", "window-full"])
+def test_slow_processing_holds_messages_at_the_broker_not_in_memory(
+    broker, tmp_path: Path, max_pending: int
+) -> None:
+    # given one worker stuck on a gated model and a receive maximum of 4 (and a case queue
+    # that is either smaller than that window or has room to spare: counted either way)
     gate = GateModel()
     settings = _services(
         tmp_path,
         broker,
         models={"preload": False, "timeout_s": 120},
-        queue={"workers": 1, "max_pending": 2},
+        queue={"workers": 1, "max_pending": max_pending},
     )
     services = CloudServices.build(settings, loader=lambda name: gate)
     cam = services.registry.enroll("cam-bp")
