@@ -129,7 +129,12 @@ def demo(
         root.mkdir(parents=True, exist_ok=True)
     stack = Stack(root, console)
     interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    # Ctrl-C, `kill` and a closed terminal all end the demo the same orderly way: the
+    # children run in their own sessions and would otherwise outlive it.
+    previous = {
+        sig: signal.signal(sig, lambda *_: interrupted.set())
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
     try:
         scores = _run(stack, mosquitto, duration, devices, video or [], port, seed, interrupted)
     except Interrupted:
@@ -140,7 +145,8 @@ def demo(
         console.print(f"logs are in {root / 'logs'}" if temp is None else "")
         raise typer.Exit(1) from None
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         stack.stop_all()
         if temp is not None:
             temp.cleanup()

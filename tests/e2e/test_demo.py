@@ -201,7 +201,10 @@ def _wait_for(check, timeout_s: float, demo: subprocess.Popen, lines: list[str])
 
 
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-def test_ctrl_c_during_start_up_stops_at_once_and_leaves_nothing_running(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_ctrl_c_during_start_up_stops_at_once_and_leaves_nothing_running(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
     import psutil
 
     # given a demo whose cloud is still starting (its log exists, it is not ready yet)
@@ -220,8 +223,8 @@ def test_ctrl_c_during_start_up_stops_at_once_and_leaves_nothing_running(tmp_pat
         _wait_for(lambda: (tmp_path / "logs" / "cloud.log").exists(), 300, demo, lines)
         children = psutil.Process(demo.pid).children(recursive=True)
         assert children  # the broker and the cloud
-        # when the user presses Ctrl-C
-        demo.send_signal(signal.SIGINT)
+        # when the user presses Ctrl-C (or `kill`s it)
+        demo.send_signal(stop_signal)
         code = demo.wait(120)
     finally:
         if demo.poll() is None:
