@@ -185,3 +185,20 @@ def test_ctrl_c_skips_waiting_for_the_clouds_late_answers(tmp_path: Path) -> Non
         # then it reports with what it has instead of waiting out the (here 10-minute) limits
         cases = _collect_cases(http, [device], Console(), skip, timeout_s=600, quiet_s=600)
     assert cases == {}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--devices", "0"], ["--devices", "17"], ["--duration", "1"], ["--port", "70000"]],
+)
+def test_out_of_range_options_are_refused_before_anything_starts(
+    tmp_path: Path, args: list[str]
+) -> None:
+    from typer.testing import CliRunner
+
+    from edgefleet.cli import app
+
+    result = CliRunner().invoke(app, ["demo", *args, "--workdir", str(tmp_path / "w")])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value" in result.output and args[0] in result.output
+    assert not (tmp_path / "w").exists()
