@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import socket
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -364,21 +366,63 @@ def main(
     Example: edgefleet bench cloud --requests 160 --cases 2000
     """
     from shared.logs import configure_logging
-    from tests.support.broker import MosquittoBroker
 
     configure_logging("WARNING")
     ctx = multiprocessing.get_context("spawn")
     chosen = {p.strip() for p in parts.split(",")}
     with tempfile.TemporaryDirectory() as tmpdir, ProcessPoolExecutor(1, mp_context=ctx) as client:
         tmp = Path(tmpdir)
-        broker = MosquittoBroker(tmp / "mosquitto").start()
-        try:
+        with Broker(tmp / "mosquitto") as broker:
             if "infer" in chosen:
                 _bench_infer(client, tmp, broker, requests)
             if "ingest" in chosen:
                 _bench_ingest(client, tmp, broker, cases, devices, per_device)
-        finally:
-            broker.kill()
+
+
+class Broker:
+    """A throwaway Mosquitto on a free loopback port (no persistence: a benchmark needs
+    none), so `edgefleet bench cloud` runs from an installed package, not just a checkout."""
+
+    host = "127.0.0.1"
+
+    def __init__(self, workdir: Path) -> None:
+        from cloud.testing import free_port
+
+        self.port = free_port()
+        self.workdir = workdir
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Broker:
+        from edgefleet.demo_stack import mosquitto_binary
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "mosquitto.conf"
+        config.write_text(
+            f"listener {self.port} {self.host}\nallow_anonymous true\n"
+            "max_queued_messages 100000\nmax_inflight_messages 0\n"
+            "message_size_limit 16777216\n"
+        )
+        self._process = subprocess.Popen(
+            [mosquitto_binary(), "-c", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection((self.host, self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__()
+                    raise RuntimeError(f"mosquitto did not start on port {self.port}") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
 
 
 def _stored_telemetry() -> float:
