@@ -102,7 +102,10 @@ def test_port_flag_is_the_port_served_and_the_one_download_links_name(tmp_path: 
     from fleet.cli import app as fleet_cli
 
     data_dir, key = tmp_path / "data", "op-serve-key-" + "s" * 20
-    fleet_env = {"EDGEFLEET_FLEET_DATA_DIR": str(data_dir)}
+    fleet_env = {
+        "EDGEFLEET_FLEET_DATA_DIR": str(data_dir),
+        "EDGEFLEET_FLEET_BUNDLES_DIR": str(tmp_path / "bundles"),
+    }
     model = tmp_path / "det.onnx"
     model.write_bytes(b"onnx-bytes-" + os.urandom(512))
     for args in (["enroll", "cam-s1", "--group", "dock"], ["model-add", "det", "1.0", str(model)]):
