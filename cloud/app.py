@@ -163,6 +163,7 @@ def _include_fleet(app: FastAPI, services: CloudServices) -> None:
             services.rollouts,
             require_operator,
             recent_cases=services.store.recent_cases,
+            drift=services.drift.latest_json,
             model_store=services.model_store,
         )
     )

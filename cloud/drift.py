@@ -49,6 +49,16 @@ class DriftReading:
     reference_n: int
     computed_at: datetime
 
+    def to_json(self) -> dict[str, object]:
+        return {
+            "device_id": self.device_id,
+            "model": self.model,
+            "ks": self.ks,
+            "current_n": self.current_n,
+            "reference_n": self.reference_n,
+            "computed_at": self.computed_at.isoformat().replace("+00:00", "Z"),
+        }
+
 
 class DriftWatch:
     def __init__(self, store: FeedbackStore, settings: DriftSettings):
@@ -76,6 +86,9 @@ class DriftWatch:
             DRIFT_KS.labels(key[0], key[1]).set(reading.ks)
         self._latest = {(r.device_id, r.model): r for r in readings}
         return readings
+
+    def latest_json(self, device_id: str | None = None) -> list[dict[str, object]]:
+        return [reading.to_json() for reading in self.latest(device_id)]
 
     def latest(self, device_id: str | None = None) -> list[DriftReading]:
         return [r for r in self._latest.values() if device_id is None or r.device_id == device_id]

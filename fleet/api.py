@@ -48,6 +48,7 @@ def build_router(
     require_operator: Callable[..., Any],
     *,
     recent_cases: Callable[[int], list[dict[str, Any]]] | None = None,
+    drift: Callable[[str], list[dict[str, Any]]] | None = None,
     model_store: ModelStore | None = None,
     events_interval_s: float = 1.0,
 ) -> APIRouter:
@@ -72,7 +73,10 @@ def build_router(
 
     @router.get("/v1/devices/{device_id}", dependencies=operator, tags=["fleet"])
     def device(device_id: str) -> dict[str, Any]:
-        return registry.get_device(device_id).model_dump(mode="json")
+        view = registry.get_device(device_id).model_dump(mode="json")
+        # edge score drift (KS, this week vs the reference window) per model, from the cloud
+        view["drift"] = drift(device_id) if drift else []
+        return view
 
     @router.get("/v1/devices/{device_id}/history", dependencies=operator, tags=["fleet"])
     def history(device_id: str, hours: float = Query(6.0, gt=0, le=168)) -> dict[str, Any]:

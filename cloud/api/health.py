@@ -39,14 +39,4 @@ def metrics() -> Response:
 def drift(
     request: Request, device_id: str | None = None, _: Principal = Depends(require_operator)
 ) -> list[dict[str, Any]]:
-    return [
-        {
-            "device_id": r.device_id,
-            "model": r.model,
-            "ks": r.ks,
-            "current_n": r.current_n,
-            "reference_n": r.reference_n,
-            "computed_at": r.computed_at.isoformat().replace("+00:00", "Z"),
-        }
-        for r in services(request).drift.latest(device_id)
-    ]
+    return services(request).drift.latest_json(device_id)

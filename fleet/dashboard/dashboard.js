@@ -271,6 +271,7 @@ async function showDetail(id) {
       ["deployment", dev.deployment_id ? dev.deployment_id + " (" + dev.deployment_status + ")" : "–"],
       ["desired", dev.desired_deployment_id || "–"], ["CPU", num(dev.cpu_pct, 0) + "%"],
       ["last seen", ago(dev.last_seen)],
+      ...(dev.drift || []).map((d) => ["drift " + d.model, "KS " + num(d.ks, 2) + " (n=" + d.current_n + ")"]),
     ];
     for (const [k, v] of facts) { const s = el("span", "", k + " "); s.append(el("b", "", v)); meta.append(s); }
     const charts = $("charts");

@@ -245,6 +245,10 @@ def test_drift_of_a_device_is_served_to_operators(env: Env) -> None:
     assert (reading["device_id"], reading["model"], reading["ks"]) == ("cam-w2", "ppocr", 1.0)
     assert (reading["current_n"], reading["reference_n"]) == (25, 25)
     assert reading["computed_at"].endswith("Z")
+    # and the device view of the fleet shows the same reading
+    view = httpx.get(f"{env.url}/v1/devices/cam-w2", headers=env.op(), timeout=30)
+    assert view.status_code == 200, view.text
+    assert view.json()["drift"] == [reading]
     # and it is an operator's view: a device token may not read it
     denied = httpx.get(
         f"{env.url}/v1/drift", headers={"Authorization": f"Bearer {env.token}"}, timeout=30
