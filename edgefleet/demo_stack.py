@@ -27,6 +27,7 @@ from rich.console import Console
 
 from edgefleet.demo_video import GroundTruth
 from shared.errors import ConfigError, EdgefleetError
+from shared.topics import Channel, Topics
 
 MOSQUITTO_MISSING = (
     "The demo needs the Mosquitto MQTT broker (the `mosquitto` binary), which is not installed.\n"
@@ -38,7 +39,7 @@ MOSQUITTO_MISSING = (
 # Where distributions install the broker when sbin is not on PATH (a plain user's shell).
 MOSQUITTO_LOCATIONS = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 # Channels a device publishes on: what counts as uplink.
-UPLINK_CHANNELS = ("status", "telemetry", "escalations", "reported")
+UPLINK_CHANNELS = (Channel.STATUS, Channel.TELEMETRY, Channel.ESCALATIONS, Channel.REPORTED)
 
 
 @dataclass
@@ -268,13 +269,13 @@ class UplinkMeter:
     """Counts the bytes each device publishes (topic + payload + properties), as the broker
     receives them, by listening on the device channels with the cloud's account."""
 
-    def __init__(self, port: int, username: str, password: str, topic_root: str = "ef/v1"):
+    def __init__(self, port: int, username: str, password: str, topics: Topics = Topics()):
         import paho.mqtt.client as mqtt
 
         self.bytes: dict[str, int] = {}
         self.messages: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._root = topic_root
+        self._topics = topics
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=f"edgefleet-demo-meter-{secrets.token_hex(3)}",
@@ -288,11 +289,10 @@ class UplinkMeter:
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         for channel in UPLINK_CHANNELS:
-            client.subscribe(f"{self._root}/+/{channel}", qos=0)
+            client.subscribe(self._topics.all_devices(channel), qos=0)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        parts = message.topic.split("/")
-        device = parts[-2] if len(parts) >= 2 else "?"
+        device, _ = self._topics.parse(message.topic)
         size = len(message.topic) + len(message.payload)
         props = getattr(message, "properties", None)
         for key, value in getattr(props, "UserProperty", None) or []:
