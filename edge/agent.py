@@ -88,7 +88,26 @@ class Agent:
     # --- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> Agent:
+        """Start everything; if any part fails, what already started is stopped again (so a
+        taken port or a missing model ends the process instead of leaving threads behind)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop(drain_timeout_s=2.0, flush_timeout_s=0.0)
+            raise
+
+    def _start(self) -> Agent:
         s = self.settings
+        if s.health.enabled:  # bind first: a taken port fails before anything runs
+            from edge.health import HealthServer
+
+            self.health = HealthServer(
+                s.health.host,
+                s.health.port,
+                health=self.health_report,
+                ready=self.readiness,
+                verdicts=self.recent_verdicts,
+            )
         self.outbox = Outbox(
             s.outbox.path,
             max_messages=s.outbox.max_messages,
@@ -120,16 +139,8 @@ class Agent:
             capture.start()
         self._gpu = gpu_probe()
         host_usage()  # prime psutil's CPU counter
-        if s.health.enabled:
-            from edge.health import HealthServer
-
-            self.health = HealthServer(
-                s.health.host,
-                s.health.port,
-                health=self.health_report,
-                ready=self.readiness,
-                verdicts=self.recent_verdicts,
-            ).start()
+        if self.health is not None:
+            self.health.start()
             log.info("health on http://%s:%d/healthz", s.health.host, self.health.port)
         self._telemetry_thread.start()
         return self
@@ -176,8 +187,8 @@ class Agent:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        self.start()
         try:
+            self.start()
             while not stop.wait(0.5):
                 if (
                     self.captures

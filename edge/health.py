@@ -55,7 +55,9 @@ class HealthServer:
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving and free the port (also when serving never started)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:

@@ -110,9 +110,11 @@ class Pipeline:
         self._frame_arrived()
         deadline = time.monotonic() + timeout_s
         for thread in self._workers:
-            thread.join(max(0.1, deadline - time.monotonic()))
-        self._post_q.put(_DONE)
-        self._post.join(max(0.1, deadline - time.monotonic()))
+            if thread.is_alive():
+                thread.join(max(0.1, deadline - time.monotonic()))
+        if self._post.is_alive():
+            self._post_q.put(_DONE)
+            self._post.join(max(0.1, deadline - time.monotonic()))
 
     @property
     def idle(self) -> bool:

@@ -107,7 +107,8 @@ class Capture:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def get(self, timeout: float = 0.5) -> Frame | None:
         """The newest frame not yet taken, or None after `timeout`."""
