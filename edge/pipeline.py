@@ -150,12 +150,14 @@ class Pipeline:
                 return
             frame, capture = taken
             try:
-                self._infer_one(Work(frame, capture.settings.expect_result))
+                if not self._infer_one(Work(frame, capture.settings.expect_result)):
+                    capture.count_shed()
             finally:
                 with self._ready:
                     self._busy -= 1
 
-    def _infer_one(self, work: Work) -> None:
+    def _infer_one(self, work: Work) -> bool:
+        """Pre-process and infer one frame, then queue it for post; False if it was shed."""
         start = time.perf_counter()
         rgb = cv2.cvtColor(work.frame.image, cv2.COLOR_BGR2RGB)  # pre-process
         mid = time.perf_counter()
@@ -166,7 +168,7 @@ class Pipeline:
         except Overloaded as exc:  # the executor sheds load: a dropped frame, not a case
             OVERLOADED.inc()
             log.debug("frame %s#%d shed: %s", work.frame.stream_id, work.frame.index, exc)
-            return
+            return False
         except Exception as exc:  # one bad frame or model error must not stop the stream
             work.error = f"{type(exc).__name__}: {exc}"
             self.errors += 1
@@ -176,6 +178,7 @@ class Pipeline:
         STAGE.labels("infer").observe(time.perf_counter() - mid)
         work.model = model.info
         self._post_q.put(work)
+        return True
 
     def _post_loop(self) -> None:
         while True:

@@ -127,6 +127,12 @@ class Capture:
                 self._cond.notify_all()
             return frame
 
+    def count_shed(self) -> None:
+        """A frame the pipeline took but the executor refused (overloaded): dropped as well."""
+        with self._cond:
+            self.dropped += 1
+        DROPPED.labels(self.stream_id).inc()
+
     @property
     def pending(self) -> bool:
         """A frame waits in the slot."""
