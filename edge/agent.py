@@ -25,6 +25,7 @@ from edge.settings import EdgeSettings, SourceSettings
 from edge.sources import VideoSource, make_source
 from edge.sources.capture import Capture
 from edge.telemetry import WindowStats, gpu_probe, host_usage
+from edge.updater import DesiredStateApplier
 from edge.uplink import Uplink
 from edge.verdicts import MatchedVerdict, VerdictBook
 from shared.errors import EdgefleetError
@@ -79,7 +80,7 @@ class Agent:
         self.captures: list[Capture] = []
         self.health = None
         self._gpu = None
-        self._updater: Any = None
+        self._updater: DesiredStateApplier | None = None
         self._desired_pool: ThreadPoolExecutor | None = None
         self._telemetry_thread = threading.Thread(
             target=self._telemetry_loop, name="telemetry", daemon=True
@@ -240,27 +241,17 @@ class Agent:
         if channel is Channel.RESULTS and isinstance(message, CloudVerdict):
             self.verdicts.receive(message)
         elif channel is Channel.DESIRED and isinstance(message, DesiredState):
-            if self._updater is None:
-                log.warning(
-                    "desired state %s received but no updater is installed", message.deployment_id
-                )
-                return
-            assert self._desired_pool is not None
+            assert self._desired_pool is not None  # made in start(), before the uplink
             self._desired_pool.submit(self._apply_desired, message)
 
     def _apply_desired(self, desired: DesiredState) -> None:
+        assert self._updater is not None
         try:
             self._updater.handle(desired)
         except Exception:  # the updater reports its own failures; never kill the agent
             log.exception("applying desired state %s failed", desired.deployment_id)
 
-    def _make_updater(self) -> Any:
-        try:
-            from edge.updater import DesiredStateApplier
-        except ModuleNotFoundError as exc:
-            if exc.name != "edge.updater":
-                raise
-            return None
+    def _make_updater(self) -> DesiredStateApplier:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self._desired_pool = ThreadPoolExecutor(1, thread_name_prefix="desired")
         token = self.settings.device_token
