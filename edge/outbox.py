@@ -21,6 +21,8 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
+from shared.errors import ConfigError, EdgefleetError
+
 log = logging.getLogger(__name__)
 
 DEPTH = Gauge("ef_edge_outbox_depth", "Messages waiting in the outbox")
@@ -29,6 +31,20 @@ PUT = Counter("ef_edge_outbox_put_total", "Messages accepted into the outbox", [
 ACKED = Counter("ef_edge_outbox_acked_total", "Messages removed on PUBACK", ["kind"])
 DROPPED = Counter("ef_edge_outbox_dropped_total", "Messages dropped by the size bound", ["kind"])
 CORRUPT = Counter("ef_edge_outbox_corrupt_total", "Corrupt outbox files moved aside at start")
+
+# Errors opening the file that say nothing about its content (permissions, locks, disk).
+_NOT_CORRUPT = frozenset(
+    {
+        "SQLITE_CANTOPEN",
+        "SQLITE_PERM",
+        "SQLITE_READONLY",
+        "SQLITE_BUSY",
+        "SQLITE_LOCKED",
+        "SQLITE_FULL",
+        "SQLITE_IOERR",
+        "SQLITE_NOMEM",
+    }
+)
 
 # Drop order when full: lowest priority first.
 PRIORITY = {"telemetry": 0, "reported": 1, "escalation": 2}
@@ -105,10 +121,19 @@ class Outbox:
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and not self.path.is_file():
+            raise ConfigError(f"outbox.path {self.path} is not a file (a directory?)")
         fresh = not self.path.exists()
         try:
             db = self._connect()
         except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorname", "") in _NOT_CORRUPT:
+                # the file may be fine: never move a good outbox aside for these
+                raise EdgefleetError(
+                    f"cannot open the outbox {self.path}: {exc}",
+                    hint="check the folder's permissions, free space, and that no other "
+                    "agent uses this outbox",
+                ) from None
             self.recovered_from = self._move_aside(exc)
             fresh = True
             db = self._connect()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from edge.outbox import Outbox
+from shared.errors import ConfigError, EdgefleetError
 
 
 def _put(box: Outbox, kind: str, n: int, size: int = 100) -> list[int]:
@@ -122,3 +123,40 @@ def test_outbox_file_is_plain_sqlite(tmp_path: Path) -> None:
     _put(box, "escalation", 2)
     db = sqlite3.connect(tmp_path / "o.db")
     assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 2
+
+
+def test_a_directory_as_outbox_path_is_refused_and_left_alone(tmp_path: Path) -> None:
+    # given an outbox path that names a folder with files in it
+    folder = tmp_path / "volume"
+    (folder / "keep").mkdir(parents=True)
+    (folder / "keep" / "data").write_text("precious")
+    # when an outbox is opened there, then it is a config error and nothing is moved
+    with pytest.raises(ConfigError, match="not a file"):
+        Outbox(folder)
+    assert (folder / "keep" / "data").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["volume"]
+
+
+def test_an_outbox_locked_by_another_process_is_not_mistaken_for_a_corrupt_one(
+    tmp_path: Path,
+) -> None:
+    # given a good outbox with a message, held exclusively by another connection
+    path = tmp_path / "o.db"
+    box = Outbox(path)
+    box.put("escalation", "t", b"keep me")
+    box.close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        # when the agent opens it, then it says why and leaves the file where it is
+        with pytest.raises(EdgefleetError, match="cannot open the outbox") as err:
+            Outbox(path)
+        assert "no other agent" in err.value.hint
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["o.db"]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    # and once the other process is gone the message is still there
+    assert [item.body for item in Outbox(path).read(0)] == [b"keep me"]
