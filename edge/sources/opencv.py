@@ -106,7 +106,12 @@ class OpenCvSource(VideoSource):
         self.close()
         url = self.settings.url
         if self.kind == "file" and not Path(url).is_file():
-            raise SourceDisconnected(f"no such video file: {url}", hint="check the stream url")
+            hint = (
+                "a GStreamer pipeline must end in `appsink`"
+                if "!" in url
+                else "check the stream url"
+            )
+            raise SourceDisconnected(f"no such video file: {safe_url(url)}", hint=hint)
         if self.kind == "gstreamer" and not has_gstreamer():
             raise SourceDisconnected(
                 "this OpenCV has no GStreamer support",

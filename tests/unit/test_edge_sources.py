@@ -269,3 +269,12 @@ def test_a_backend_without_open_parameters_refuses_the_timeouts(tmp_path: Path) 
     )
     assert plain.isOpened() and not timed.isOpened()
     plain.release()
+
+
+def test_a_pipeline_without_appsink_is_explained_without_its_credentials() -> None:
+    source = OpenCvSource(
+        _settings("rtspsrc location=rtsp://cam/live user-id=admin user-pw=hunter2 ! fakesink")
+    )
+    with pytest.raises(SourceDisconnected) as err:
+        source.open()
+    assert "hunter2" not in err.value.message and "appsink" in err.value.hint
