@@ -86,7 +86,8 @@ class Pipeline:
         self._stop_feed = threading.Event()
         self._ready = threading.Condition()
         self._turn = 0
-        self._busy = 0
+        self._busy = 0  # frames a worker holds
+        self._in_post = 0  # frames queued for or inside the post stage
         self.processed = 0
         self.errors = 0
         for capture in captures:
@@ -118,9 +119,12 @@ class Pipeline:
 
     @property
     def idle(self) -> bool:
-        return (
-            self._busy == 0 and self._post_q.empty() and not any(c.pending for c in self.captures)
-        )
+        """No frame waits, is inferred or is being post-processed (the last escalation of
+        an ended file is in the outbox once this is true)."""
+        with self._ready:
+            if self._busy or self._in_post:
+                return False
+        return not any(c.pending for c in self.captures)
 
     # --- stages ------------------------------------------------------------------------
 
@@ -177,6 +181,8 @@ class Pipeline:
             )
         STAGE.labels("infer").observe(time.perf_counter() - mid)
         work.model = model.info
+        with self._ready:
+            self._in_post += 1  # before the worker stops being busy: idle has no gap
         self._post_q.put(work)
         return True
 
@@ -191,6 +197,9 @@ class Pipeline:
                 log.exception(
                     "post-processing failed on %s#%d", work.frame.stream_id, work.frame.index
                 )
+            finally:
+                with self._ready:
+                    self._in_post -= 1
 
     def _post_one(self, work: Work) -> None:
         start = time.perf_counter()
