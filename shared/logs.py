@@ -56,11 +56,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class PlainFormatter(logging.Formatter):
+    """Human-readable lines, with the same credential redaction as the JSON lines."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_url(super().format(record))
+
+
 def configure_logging(level: str = "INFO", *, json_format: bool = True) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if json_format else logging.Formatter("%(levelname)s %(name)s: %(message)s")
-    )
+    handler.setFormatter(JsonFormatter() if json_format else PlainFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -4,7 +4,13 @@ import json
 import logging
 import sys
 
-from shared.logs import JsonFormatter, redact_url, trace_id_from_traceparent, trace_id_var
+from shared.logs import (
+    JsonFormatter,
+    PlainFormatter,
+    redact_url,
+    trace_id_from_traceparent,
+    trace_id_var,
+)
 
 
 def test_traceparent_is_honoured_and_garbage_ignored():
@@ -47,3 +53,9 @@ def test_credentials_in_extras_and_exceptions_are_redacted_too():
     assert "s3cret" not in line
     entry = json.loads(line)
     assert entry["source"] == "rtsp://***@10.0.0.5/live" and "rtsp://***@" in entry["exc"]
+
+
+def test_plain_lines_redact_credentials_too():
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "open %s", ("rtsp://u:p@h/s",), None)
+    line = PlainFormatter().format(record)
+    assert "u:p" not in line and "rtsp://***@h/s" in line
