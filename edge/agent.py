@@ -25,7 +25,7 @@ from edge.settings import EdgeSettings, SourceSettings
 from edge.sources import VideoSource, make_source
 from edge.sources.capture import Capture
 from edge.telemetry import WindowStats, gpu_probe, host_usage
-from edge.updater import DesiredStateApplier
+from edge.updater import DesiredStateApplier, runtime_from_settings
 from edge.uplink import Uplink
 from edge.verdicts import MatchedVerdict, VerdictBook
 from shared.errors import EdgefleetError
@@ -256,7 +256,10 @@ class Agent:
         self._desired_pool = ThreadPoolExecutor(1, thread_name_prefix="desired")
         token = self.settings.device_token
         return DesiredStateApplier(
-            self, self.settings.state_dir, token=token.get_secret_value() if token else None
+            self,
+            self.settings.state_dir,
+            runtime_from_settings(self.settings.runtime, self.settings.state_dir),
+            token=token.get_secret_value() if token else None,
         )
 
     def recent_verdicts(self) -> list[dict[str, Any]]:

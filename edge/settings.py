@@ -144,6 +144,20 @@ class HealthSettings(_Closed):
     port: int = Field(8081, ge=0, le=65535, description="port (0 = any free port)")
 
 
+class RuntimeSettings(_Closed):
+    kind: Literal["none", "compose"] = Field(
+        "none",
+        description="who runs a new container image from a deployment: `none` records it "
+        "(agent on the host), `compose` rewrites compose_file and runs `docker compose "
+        "pull && up -d` (needs the docker CLI and socket)",
+    )
+    compose_file: Path | None = Field(
+        None, description="compose file `compose` writes; none = compose.yaml in state_dir"
+    )
+    service: str = Field("edge", description="compose service of the agent")
+    project: str = Field("edgefleet", description="compose project name")
+
+
 class EdgeSettings(EdgefleetSettings):
     """Settings of `edgefleet edge run`."""
 
@@ -175,6 +189,9 @@ class EdgeSettings(EdgefleetSettings):
     telemetry_interval_s: float = Field(10.0, gt=0, description="telemetry period")
     health: HealthSettings = Field(default_factory=HealthSettings, description="local HTTP")
     state_dir: Path = Field(Path("edgefleet-state"), description="updater state, downloads")
+    runtime: RuntimeSettings = Field(
+        default_factory=RuntimeSettings, description="container runtime for image changes"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EdgeSettings:

@@ -37,6 +37,7 @@ from shared.messages import DesiredState, ModelRef, ReportedState
 
 if TYPE_CHECKING:
     from edge.control import AgentControl
+    from edge.settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,17 @@ class ComposeRuntime:
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip()[-2000:]
             raise UpdateFailed(f"`{' '.join(cmd)}` exited {done.returncode}: {tail}")
+
+
+def runtime_from_settings(settings: RuntimeSettings, state_dir: Path) -> Runtime:
+    """The runtime a device's settings name (`runtime.kind`)."""
+    if settings.kind == "compose":
+        return ComposeRuntime(
+            settings.compose_file or state_dir / "compose.yaml",
+            service=settings.service,
+            project=settings.project,
+        )
+    return NullRuntime()
 
 
 class ProcessRuntime:

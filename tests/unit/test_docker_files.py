@@ -43,7 +43,12 @@ COMPOSE_FILES = [DOCKER / "x86" / "compose.yaml", DOCKER / "jetson" / "compose.y
 
 # Every Path-typed setting, classified. A new Path setting fails
 # test_every_path_setting_is_classified until it is added to one of these.
-EDGE_WRITES = {"outbox.path": "file", "state_dir": "dir", "model.execution.engine_cache_dir": "dir"}
+EDGE_WRITES = {
+    "outbox.path": "file",
+    "state_dir": "dir",
+    "model.execution.engine_cache_dir": "dir",
+    "runtime.compose_file": "file",
+}
 EDGE_READS = {
     "device_key_file",
     "mqtt.tls_ca",

@@ -60,3 +60,27 @@ def test_missing_docker_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UpdateFailed) as caught:
         runtime.apply("edge:1", {})
     assert "could not run" in str(caught.value)
+
+
+def test_the_agent_settings_choose_the_runtime(tmp_path: Path) -> None:
+    from edge.settings import EdgeSettings
+    from edge.updater import NullRuntime, runtime_from_settings
+    from shared.config import load_settings
+
+    # given: an edge.yaml that hands image changes to docker compose
+    config = tmp_path / "edge.yaml"
+    config.write_text(
+        "device_id: cam-01\ndevice_key: k\n"
+        f"runtime: {{kind: compose, compose_file: {tmp_path / 'c.yaml'}, project: site7}}\n"
+    )
+    settings = load_settings(EdgeSettings, config)
+    runtime = runtime_from_settings(settings.runtime, settings.state_dir)
+    # then: the agent's runtime is compose with those settings; by default it only records
+    assert isinstance(runtime, ComposeRuntime)
+    assert (runtime.compose_file, runtime.project) == (tmp_path / "c.yaml", "site7")
+    default = load_settings(EdgeSettings, None, device_id="cam-01", device_key="k")
+    assert isinstance(runtime_from_settings(default.runtime, tmp_path), NullRuntime)
+    # and without a compose_file the compose file lives in the state folder (a volume)
+    default.runtime.kind = "compose"
+    in_state = runtime_from_settings(default.runtime, tmp_path)
+    assert in_state.compose_file == tmp_path / "compose.yaml"
