@@ -93,3 +93,14 @@ def escalation_wire(
 ) -> WireMessage:
     topics = topics or Topics()
     return encode(case, key, topics.escalations(case.device_id), image)
+
+
+def publish_cases(client, device_id: str, key: bytes, count: int, image: bytes) -> list[str]:
+    """Publish `count` signed escalations of one device (QoS 1, waited for); their case ids."""
+    from shared.mqtt import publish
+
+    cases = [escalation_case(device_id, frame_index=i, edge=[("X", 0.9)]) for i in range(count)]
+    infos = [publish(client, escalation_wire(case, key, image), qos=1) for case in cases]
+    for info in infos:
+        info.wait_for_publish(60)
+    return [case.case_id for case in cases]

@@ -13,12 +13,12 @@ import numpy as np
 
 from cloud.services import CloudServices
 from cloud.settings import CloudSettings
-from cloud.testing import escalation_case, escalation_wire
+from cloud.testing import publish_cases
 from fleet.registry import DeviceRegistry
 from shared.db import Database
 from shared.imaging import encode_png
 from shared.messages import CloudVerdict
-from shared.mqtt import MqttSettings, connect, make_client, publish
+from shared.mqtt import MqttSettings, connect, make_client
 
 N_CASES = 1000
 
@@ -69,14 +69,7 @@ def test_two_replicas_split_a_thousand_cases_exactly_once(broker, tmp_path: Path
         assert subscribed.wait(30)
         time.sleep(0.5)  # let both SUBSCRIBEs settle at the broker (not an assertion)
         png = encode_png(np.full((8, 8, 3), 200, np.uint8))
-        case_ids = []
-        infos = []
-        for i in range(N_CASES):
-            case = escalation_case("cam-r1", frame_index=i, edge=[("X", 0.9)])
-            case_ids.append(case.case_id)
-            infos.append(publish(device, escalation_wire(case, cam.device_key, png), qos=1))
-        for info in infos:
-            info.wait_for_publish(60)
+        case_ids = publish_cases(device, "cam-r1", cam.device_key, N_CASES, png)
         # then every case gets exactly one verdict on the results topic
         assert done.wait(240), f"only {len(seen)} of {N_CASES} verdicts arrived"
         time.sleep(0.5)  # a late duplicate would show up here (not the assertion mechanism)

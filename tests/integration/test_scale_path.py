@@ -21,11 +21,11 @@ from cloud.app import create_app
 from cloud.auth import key_digest
 from cloud.services import CloudServices
 from cloud.settings import CloudSettings
-from cloud.testing import ServerThread, escalation_case, escalation_wire
+from cloud.testing import ServerThread, publish_cases
 from shared.db import Database
 from shared.imaging import encode_png
 from shared.messages import CloudVerdict
-from shared.mqtt import MqttSettings, connect, make_client, publish
+from shared.mqtt import MqttSettings, connect, make_client
 from tests.integration.test_db import pg_url  # noqa: F401 - the fixture, reused
 
 N_CASES = 300
@@ -97,14 +97,7 @@ def test_two_replicas_on_postgresql_split_the_load_exactly_once(
         time.sleep(0.5)  # let both SUBSCRIBEs settle at the broker (not an assertion)
         # when the device escalates N cases
         png = encode_png(np.full((8, 8, 3), 200, np.uint8))
-        case_ids = []
-        infos = []
-        for i in range(N_CASES):
-            case = escalation_case("cam-scale", frame_index=i, edge=[("X", 0.9)])
-            case_ids.append(case.case_id)
-            infos.append(publish(device, escalation_wire(case, cam.device_key, png), qos=1))
-        for info in infos:
-            info.wait_for_publish(60)
+        case_ids = publish_cases(device, "cam-scale", cam.device_key, N_CASES, png)
         # then every case gets exactly one verdict on the results topic
         assert done.wait(120), f"only {len(seen)} of {N_CASES} verdicts arrived"
         time.sleep(0.5)  # a late duplicate would show up here (not the assertion mechanism)
