@@ -33,7 +33,9 @@ def new_device_key() -> bytes:
 
 
 def new_password() -> str:
-    return secrets.token_urlsafe(32)
+    """A broker password; the `efp_` prefix keeps it from starting with "-", which
+    command-line clients (`mosquitto_pub -P ...`) would read as an option."""
+    return "efp_" + secrets.token_urlsafe(32)
 
 
 def new_token() -> str:

@@ -110,8 +110,8 @@ class DeviceProcesses:
                     enrollment.device_key.hex(),
                     "--port",
                     str(self.port),
-                    "--password",
-                    enrollment.broker_password,
+                    # `=`: a generated password may begin with "-"
+                    f"--password={enrollment.broker_password}",
                     "--state",
                     str(self.tmp_path / "devices" / device),
                 ],
