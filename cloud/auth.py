@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from cloud.directory import DeviceDirectory
 from cloud.settings import OperatorKey
 from shared.errors import AuthError, Forbidden
+from shared.hashing import same_hex
 
 SIGNATURE_HEADER = "X-EF-Signature"
 
@@ -72,12 +73,12 @@ class Authenticator:
         """Check `X-EF-Signature`; returns the hex signature (stored with the record)."""
         if not header:
             raise AuthError(f"missing {SIGNATURE_HEADER} header", code="signature_missing")
-        given = header.strip().removeprefix("sha256=").lower()
+        given = header.strip().removeprefix("sha256=")
         key = self.signing_key(principal)
         if key is None:
             raise AuthError("no signing key for this principal", code="signature_invalid")
         expected = hmac.new(key, body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(given, expected):
+        if not same_hex(given, expected):
             raise AuthError(
                 f"{SIGNATURE_HEADER} does not match the body",
                 code="signature_invalid",

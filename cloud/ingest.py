@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -64,7 +63,8 @@ class Ingest:
         receive_maximum: int,
         light_queue: int = 10_000,
         light_workers: int = 2,
-        client_id: str | None = None,
+        client_id: str,
+        session_expiry_s: int = 300,
         max_payload_bytes: int = 8 * 1024 * 1024,
         max_skew_s: float = 300.0,
         on_reported: Callable[[ReportedState], None] | None = None,
@@ -82,7 +82,8 @@ class Ingest:
             max_skew_s=max_skew_s,
         )
         self.on_reported = on_reported
-        self.client_id = client_id or f"edgefleet-cloud-{secrets.token_hex(4)}"
+        self.client_id = client_id
+        self.session_expiry_s = session_expiry_s
         self.client = make_client(mqtt_settings, self.client_id)
         self.client.manual_ack_set(True)
         self.client.on_connect = self._on_connect
@@ -104,7 +105,7 @@ class Ingest:
         for worker in self._light_workers:
             worker.start()
         props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = self.settings.session_expiry_s
+        props.SessionExpiryInterval = self.session_expiry_s
         props.ReceiveMaximum = self.receive_maximum
         self.client.connect_async(
             self.settings.host,

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
@@ -61,7 +62,13 @@ class Job:
     source: str = field(compare=False)
     enqueued: float = field(compare=False)
     rgb: np.ndarray | None = field(compare=False, default=None)
+    # MQTT: the message is acked only when the future resolves, so a case another worker
+    # (or a crashed replica) holds is checked again later instead of being answered None
+    hold: bool = field(compare=False, default=False)
     future: Future = field(compare=False, default_factory=Future)
+
+
+_LATER = object()  # process() result: the job was put back to be checked again
 
 
 class CaseProcessor:
@@ -77,6 +84,8 @@ class CaseProcessor:
         max_pending: int = 256,
         retry_after_s: float = 1.0,
         publish: Publisher | None = None,
+        recheck_s: float = 2.0,
+        sweep_s: float = 30.0,
     ):
         self.store = store
         self.router = router
@@ -86,6 +95,9 @@ class CaseProcessor:
         self.max_pending = max_pending
         self.retry_after_s = retry_after_s
         self.publish = publish
+        self.recheck_s = recheck_s
+        self.sweep_s = sweep_s
+        self.started = datetime.now(timezone.utc)
         self._queue: queue.PriorityQueue[Job] = queue.PriorityQueue()
         self._seq = itertools.count()
         self._stopping = threading.Event()
@@ -93,7 +105,9 @@ class CaseProcessor:
             threading.Thread(target=self._loop, name=f"case-worker-{i}", daemon=True)
             for i in range(workers)
         ]
+        self._workers.append(threading.Thread(target=self._sweep_loop, name="case-sweep"))
         for worker in self._workers:
+            worker.daemon = True
             worker.start()
 
     @property
@@ -121,8 +135,22 @@ class CaseProcessor:
                 raise Overloaded(
                     f"{depth} cases already wait for a worker", retry_after_s=self.retry_after_s
                 )
+        job = self._job(case, image, source=source, rgb=rgb, hold=flow_controlled)
+        self._queue.put(job)
+        QUEUE_DEPTH.set(self._queue.qsize())
+        return job.future
+
+    def _job(
+        self,
+        case: EscalationCase,
+        image: bytes,
+        *,
+        source: str,
+        rgb: np.ndarray | None = None,
+        hold: bool = False,
+    ) -> Job:
         route = self.router.route(case, len(image))
-        job = Job(
+        return Job(
             sort_key=(-route.priority, next(self._seq)),
             case=case,
             image=image,
@@ -131,10 +159,37 @@ class CaseProcessor:
             source=source,
             enqueued=time.monotonic(),
             rgb=rgb,
+            hold=hold,
         )
-        self._queue.put(job)
+
+    def sweep(self) -> int:
+        """Queue again the pending cases nobody works on (a crashed replica's, or this
+        one's from before a restart); their claims are taken over when they run."""
+        stale = self.store.stale_cases(
+            replica=self.replica,
+            replica_started=self.started,
+            stale_after_s=self.stale_after_s(),
+        )
+        for case, image in stale:
+            log.warning("re-running stale case %s", case.case_id, extra={"case_id": case.case_id})
+            CASES.labels("sweep", "requeued").inc()
+            self._queue.put(self._job(case, image, source="sweep"))
         QUEUE_DEPTH.set(self._queue.qsize())
-        return job.future
+        return len(stale)
+
+    def stale_after_s(self, route: Route | None = None) -> float:
+        """A claim older than this is abandoned: well past any model deadline."""
+        timeout_s = route.timeout_s if route is not None else self.router.default_timeout_s
+        return max(60.0, timeout_s * 3)
+
+    def _sweep_loop(self) -> None:
+        while True:
+            try:
+                self.sweep()
+            except Exception:  # a store outage: the next sweep tries again
+                log.exception("sweeping stale cases failed")
+            if self._stopping.wait(self.sweep_s):
+                return
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -146,7 +201,8 @@ class CaseProcessor:
             token = trace_id_var.set(job.case.trace_id)
             try:
                 verdict = self._process_with_retry(job)
-                job.future.set_result(verdict)
+                if verdict is not _LATER:
+                    job.future.set_result(verdict)
             except EdgefleetError as exc:  # a typed refusal (e.g. an image that will not decode)
                 log.warning("case %s refused: %s", job.case.case_id, exc)
                 CASES.labels(job.source, exc.code).inc()
@@ -158,7 +214,7 @@ class CaseProcessor:
             finally:
                 trace_id_var.reset(token)
 
-    def _process_with_retry(self, job: Job) -> CloudVerdict | None:
+    def _process_with_retry(self, job: Job) -> CloudVerdict | object | None:
         """A store outage is waited out (at-least-once); anything else fails the job."""
         for attempt in Retrying(
             retry=retry_if_exception_type(StoreUnavailable),
@@ -170,7 +226,7 @@ class CaseProcessor:
                 return self.process(job)
         return None
 
-    def process(self, job: Job) -> CloudVerdict | None:
+    def process(self, job: Job) -> CloudVerdict | object | None:
         case = job.case
         # Decode before claiming: an image that will not decode is refused, not stored.
         rgb = job.rgb if job.rgb is not None else self._decode_if_needed(job)
@@ -180,7 +236,8 @@ class CaseProcessor:
             image=job.image,
             source=job.source,
             replica=self.replica,
-            stale_after_s=max(60.0, job.route.timeout_s * 3),
+            stale_after_s=self.stale_after_s(job.route),
+            replica_started=self.started,
         )
         if claim.state is ClaimState.DONE:
             CASES.labels(job.source, "duplicate_answered").inc()
@@ -188,6 +245,12 @@ class CaseProcessor:
             return claim.verdict
         if claim.state is ClaimState.IN_PROGRESS:
             CASES.labels(job.source, "duplicate_in_progress").inc()
+            if job.hold and not self._stopping.is_set():
+                # not acked yet: look again until its owner answers or its claim goes stale
+                timer = threading.Timer(self.recheck_s, self._queue.put, (job,))
+                timer.daemon = True
+                timer.start()
+                return _LATER
             return None  # its owner stores and publishes the verdict
         self.store.mark_attempt(case.case_id)
         outcome = self.cascade.run(job.route, case, rgb, job.image_sha256)

@@ -158,7 +158,7 @@ class Router:
     ):
         self._builtin_default = default
         self._models = None if models is None else tuple(models)
-        self._default_timeout_s = default_timeout_s
+        self.default_timeout_s = default_timeout_s
         self.path = Path(path) if path else None
         self._poll_s = poll_s
         self._clock = clock
@@ -231,7 +231,7 @@ class Router:
         return Route(
             name=name,
             model=spec.model,
-            timeout_s=spec.timeout_s or file_default or self._default_timeout_s,
+            timeout_s=spec.timeout_s or file_default or self.default_timeout_s,
             priority=spec.priority,
             fallback=spec.fallback,
         )

@@ -8,7 +8,6 @@ cascade, queue, MQTT ingest, drift watch); tests and benchmarks pass their own
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from cloud.directory import DeviceDirectory
 from cloud.drift import DriftWatch
 from cloud.ingest import Ingest
 from cloud.processor import CaseProcessor
+from cloud.replica import ReplicaIdentity
 from cloud.router import Router, RouteSpec
 from cloud.settings import CloudSettings
 from cloud.store import FeedbackStore
@@ -58,6 +58,7 @@ class CloudServices:
     processor: CaseProcessor
     drift: DriftWatch
     replica: str
+    identity: ReplicaIdentity
     ingest: Ingest | None = None
     registry: Any = None  # fleet.registry.DeviceRegistry when the fleet is in this store
     rollouts: Any = None  # fleet.rollout.RolloutController
@@ -89,7 +90,12 @@ class CloudServices:
                 history_retention_s=settings.telemetry.retention_days * 86400,
             )
             directory = registry
-        replica = settings.ingest.client_id or f"cloud-{secrets.token_hex(4)}"
+        identity = (
+            ReplicaIdentity.fixed(settings.ingest.client_id)
+            if settings.ingest.client_id
+            else ReplicaIdentity.claim(settings.data_dir)
+        )
+        replica = identity.name
         cache = VerdictCache(settings.cache.size, settings.cache.min_score)
         pool = ModelPool(
             settings.models.served,
@@ -142,6 +148,7 @@ class CloudServices:
             processor=processor,
             drift=DriftWatch(store, settings.drift),
             replica=replica,
+            identity=identity,
             registry=registry,
         )
         if settings.ingest.enabled:
@@ -149,13 +156,14 @@ class CloudServices:
                 settings.mqtt,
                 directory,
                 processor,
-                share_group=settings.ingest.share_group,
+                share_group=settings.resolved_share_group(),
                 receive_maximum=settings.ingest.receive_maximum,
                 light_queue=settings.ingest.light_queue,
                 light_workers=settings.ingest.light_workers,
                 client_id=replica,
                 max_payload_bytes=settings.http.max_upload_bytes,
                 max_skew_s=settings.ingest.max_skew_s,
+                session_expiry_s=settings.ingest.session_expiry_s,
             )
             processor.publish = services.ingest.publish_verdict
         if registry is not None:
@@ -207,6 +215,7 @@ class CloudServices:
         self.processor.close()
         self.pool.close()
         self.db.close()
+        self.identity.release()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """What /readyz reports: each model, the broker, the store; reasons when not ready."""
@@ -232,7 +241,6 @@ class CloudServices:
         body = {
             "ready": not reasons,
             "reasons": reasons,
-            "replica": self.replica,
             "models": models,
             "broker": broker,
             "store": store,

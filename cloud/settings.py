@@ -6,6 +6,7 @@ prints it), so the config file never holds a usable secret.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -44,13 +45,24 @@ class OperatorKey(_Closed):
 
 class IngestSettings(_Closed):
     enabled: bool = Field(True, description="subscribe to the device topics on the broker")
-    share_group: str = Field(
-        "edgefleet-cloud",
+    share_group: str | None = Field(
+        None,
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
-        description="MQTT 5 shared-subscription group: replicas in one group split the load",
+        description="MQTT 5 shared-subscription group: replicas in one group split the load; "
+        "none = derived from the cloud's broker password, so it is no public constant",
     )
     client_id: str | None = Field(
-        None, description="MQTT client id (unique per replica); none = edgefleet-cloud-<random>"
+        None,
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="MQTT client id of this replica (unique per replica, stable across its "
+        "restarts); none = an id kept and locked under data_dir/replicas/",
+    )
+    session_expiry_s: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description="how long the broker keeps this replica's session (and queues its share "
+        "of the traffic) after it disconnects; a restart within it resumes the session",
     )
     receive_maximum: int = Field(
         64,
@@ -182,6 +194,14 @@ class CloudSettings(EdgefleetSettings):
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'cloud.db'}"
+
+    def resolved_share_group(self) -> str:
+        """The configured group, or one derived from the cloud's broker password: every
+        replica with the same credentials lands in the same group, nobody else can name it."""
+        if self.ingest.share_group:
+            return self.ingest.share_group
+        secret = self.mqtt.password or self.mqtt.username or "anonymous"
+        return "ef-" + hashlib.sha256(b"ef-share-group\n" + secret.encode()).hexdigest()[:16]
 
     def resolved_public_url(self) -> str:
         """`public_url`, or one made from where uvicorn binds (a wildcard becomes loopback)."""

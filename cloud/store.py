@@ -171,8 +171,14 @@ class FeedbackStore:
         source: str,
         replica: str,
         stale_after_s: float,
+        replica_started: datetime | None = None,
     ) -> Claim:
-        """Record the case (once) and say whether this replica should run it."""
+        """Record the case (once) and say whether this replica should run it.
+
+        A pending case is taken over when its claim is older than `stale_after_s`, or when
+        it is this replica's own claim from before `replica_started` (its previous life,
+        which a crash ended mid-case: the id is never held by two live processes).
+        """
         path = self.put_image(image_sha256, case.content_type, image)
         now = _utcnow()
         inserted = self.db.execute(
@@ -208,16 +214,54 @@ class FeedbackStore:
         verdict = self.verdict(case.case_id)
         if verdict is not None:
             return Claim(ClaimState.DONE, verdict)
+        own_before = replica_started or now - timedelta(seconds=stale_after_s)
         taken = self.db.execute(
             """UPDATE ef_cases SET claimed_by = ?, claimed_at = ?
-               WHERE case_id = ? AND status = 'pending' AND claimed_at < ?""",
-            (replica, now, case.case_id, now - timedelta(seconds=stale_after_s)),
+               WHERE case_id = ? AND status = 'pending'
+                 AND (claimed_at < ? OR (claimed_by = ? AND claimed_at < ?))""",
+            (
+                replica,
+                now,
+                case.case_id,
+                now - timedelta(seconds=stale_after_s),
+                replica,
+                own_before,
+            ),
         )
         if taken:
             log.warning("took over stale case %s", case.case_id, extra={"case_id": case.case_id})
             return Claim(ClaimState.CLAIMED)
         verdict = self.verdict(case.case_id)
         return Claim(ClaimState.DONE, verdict) if verdict else Claim(ClaimState.IN_PROGRESS)
+
+    def stale_cases(
+        self,
+        *,
+        replica: str,
+        replica_started: datetime,
+        stale_after_s: float,
+        limit: int = 100,
+    ) -> list[tuple[EscalationCase, bytes]]:
+        """Pending cases nobody is working on: claims older than `stale_after_s`, or this
+        replica's own from before it started. With their images, to be run again."""
+        rows = self.db.query(
+            """SELECT case_id, meta, image_path FROM ef_cases
+               WHERE status = 'pending'
+                 AND (claimed_at < ? OR (claimed_by = ? AND claimed_at < ?))
+               ORDER BY received_at LIMIT ?""",
+            (_utcnow() - timedelta(seconds=stale_after_s), replica, replica_started, limit),
+        )
+        found = []
+        for row in rows:
+            try:
+                image = Path(row["image_path"]).read_bytes()
+                found.append((EscalationCase.model_validate_json(row["meta"]), image))
+            except (OSError, ValueError) as exc:  # logged and set aside, never a crash
+                log.error("stale case %s cannot be re-run: %s", row["case_id"], exc)
+                self.db.execute(
+                    "UPDATE ef_cases SET status = 'failed' WHERE case_id = ?", (row["case_id"],)
+                )
+        return found
 
     def mark_attempt(self, case_id: str) -> None:
         """Count one run of the cascade for the case (each should run exactly once)."""

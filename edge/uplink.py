@@ -84,7 +84,7 @@ class Uplink:
         )
         will = self._status_wire("offline")
         self.client = ef_mqtt.make_client(
-            mqtt_settings, client_id=f"ef-edge-{device_id}", will=will
+            mqtt_settings, client_id=ef_mqtt.device_client_id(device_id), will=will
         )
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect

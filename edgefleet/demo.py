@@ -188,7 +188,6 @@ def _run(
         Interrupted,
         UplinkMeter,
         agent_env,
-        broker_config,
         edgefleet_argv,
         enroll_devices,
         free_port,
@@ -226,8 +225,7 @@ def _run(
     ]
 
     with console.status("starting Mosquitto…"):
-        conf = broker_config(root, broker_port, enrolled.password_file, enrolled.acl_file)
-        broker = stack.start("mosquitto", [mosquitto, "-c", str(conf)])
+        broker = stack.start("mosquitto", [mosquitto, "-c", str(enrolled.broker_config)])
         wait_until(lambda: port_open(broker_port), 30, "the broker", [broker], interrupted)
 
     base = f"http://127.0.0.1:{http_port}"

@@ -185,34 +185,6 @@ def edgefleet_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "edgefleet", *args]
 
 
-def broker_config(workdir: Path, port: int, password_file: Path, acl_file: Path) -> Path:
-    """A local Mosquitto config: the production settings that matter, on localhost."""
-    data = workdir / "broker"
-    data.mkdir(parents=True, exist_ok=True)
-    lines = [
-        f"listener {port} 127.0.0.1",
-        "allow_anonymous false",
-        f"password_file {password_file}",
-        f"acl_file {acl_file}",
-        "persistence true",
-        f"persistence_location {data}/",
-        "max_queued_messages 100000",
-        "max_inflight_messages 200",
-        "max_packet_size 8388608",
-        f"pid_file {data / 'mosquitto.pid'}",
-        "log_dest stdout",
-        "log_type error",
-        "log_type warning",
-        "log_type notice",
-    ]
-    if hasattr(os, "getuid") and os.getuid() == 0:
-        # Running as root, mosquitto would switch to its own user and could not write here.
-        lines.append("user root")
-    path = data / "mosquitto.conf"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def write_cloud_config(
     workdir: Path, http_port: int, broker_port: int, operator_key: str, service_password: str
 ) -> Path:
@@ -310,8 +282,7 @@ class UplinkMeter:
 @dataclass
 class Enrolled:
     bundles: dict[str, Path]
-    password_file: Path
-    acl_file: Path
+    broker_config: Path  # `mosquitto -c` this: written whole by `fleet broker-files`
     cloud_password: str
 
 
@@ -336,9 +307,9 @@ def run_fleet(args: list[str], env: dict[str, str] | None = None) -> str:
 
 
 def enroll_devices(root: Path, device_ids: list[str], broker_port: int, http_port: int) -> Enrolled:
-    """The real fleet path: `fleet broker-files` (the cloud's broker account), then
-    `fleet enroll` per device, each writing its bundle and regenerating the broker's
-    password and ACL files from the registry in the cloud's store."""
+    """The real fleet path: `fleet broker-files` (the broker's config and the cloud's
+    account), then `fleet enroll` per device, each writing its bundle and regenerating the
+    broker's state from the registry in the cloud's store."""
     fleet_yaml = root / "fleet.yaml"
     fleet_yaml.write_text(
         json.dumps(
@@ -348,6 +319,7 @@ def enroll_devices(root: Path, device_ids: list[str], broker_port: int, http_por
                 "broker_dir": str(root / "broker-auth"),
                 "broker_host": "127.0.0.1",
                 "broker_port": broker_port,
+                "broker_bind": "127.0.0.1",
                 "public_url": f"http://127.0.0.1:{http_port}",
             },
             indent=1,
@@ -371,5 +343,4 @@ def enroll_devices(root: Path, device_ids: list[str], broker_port: int, http_por
             env={"EDGEFLEET_FLEET_BUNDLE_MOUNT": str(bundle)},
         )
         bundles[device_id] = bundle
-    auth = root / "broker-auth"
-    return Enrolled(bundles, auth / "passwords", auth / "acl", cloud_password)
+    return Enrolled(bundles, root / "broker-auth" / "mosquitto.conf", cloud_password)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
 import re
@@ -33,6 +32,7 @@ from fleet.models import ModelStore, capability
 from fleet.registry import DeviceRegistry
 from fleet.rollout import RolloutController
 from shared.errors import AuthError, InvalidInput, NotFound
+from shared.hashing import same_hex
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +117,10 @@ def build_router(
         device: str | None = None,
         sig: str | None = None,
     ) -> Response:
+        _authorize_download(registry, request, name, version, device, sig)
         if model_store is None:
             raise NotFound("this server has no model store")
         stored = model_store.get(name, version)
-        _authorize_download(registry, request, name, version, device, sig)
         return _ranged_file(stored.path, stored.size, request.headers.get("range"))
 
     @router.get("/v1/events", dependencies=operator, tags=["fleet"])
@@ -143,7 +143,7 @@ def _authorize_download(
     """A device proves itself by its URL capability or its REST bearer token."""
     if device and sig:
         key = registry.device_key(device)
-        if key is not None and _same(sig, capability(key, name, version)):
+        if key is not None and same_hex(sig, capability(key, name, version)):
             return device
         raise AuthError("the download link is not valid for this device", code="bad_capability")
     scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
@@ -151,10 +151,6 @@ def _authorize_download(
     if device_id is None:
         raise AuthError("model downloads need the device's link or bearer token")
     return device_id
-
-
-def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.lower(), b)
 
 
 def _ranged_file(path: Path, size: int, range_header: str | None) -> Response:

@@ -74,13 +74,46 @@ class _Store:
         self.db = Database.connect(self.settings.resolved_database_url())
         self.registry = DeviceRegistry(self.db, master_key=self.settings.master_key())
 
-    def regenerate_broker_files(self) -> Path:
-        from fleet.acl import reload_mosquitto, write_mosquitto_files
+    @property
+    def broker_dir(self) -> Path:
+        return self.settings.resolved_broker_dir()
 
-        files = write_mosquitto_files(self.registry, self.settings.resolved_broker_dir())
-        if self.settings.broker_pid_file:
-            reload_mosquitto(self.settings.broker_pid_file)
-        return files.password_file.parent
+    def write_broker_files(self, *, readable_by_gid: int | None = None) -> Path:
+        from fleet.acl import BrokerListener, write_broker_files
+
+        s = self.settings
+        listener = BrokerListener(s.broker_port, s.broker_bind, s.broker_plugin, s.broker_user)
+        files = write_broker_files(
+            self.registry, self.broker_dir, listener, readable_by_gid=readable_by_gid
+        )
+        return files.folder
+
+    def broker_control(self):
+        """The running broker's control API as `ef-admin`; None before `broker-files` ran."""
+        from fleet.broker_control import BrokerControl
+
+        secret = self.broker_dir / "admin.secret"
+        if not secret.is_file():
+            return None
+        s = self.settings
+        return BrokerControl(s.broker_host, s.broker_port, secret.read_text().strip())
+
+    def apply_live(self, change) -> str:
+        """Apply `change(control)` to the running broker; what happened, in words.
+
+        No broker answering is fine (it loads the rewritten file when it starts); a broker
+        that answers and refuses raises BrokerRefused.
+        """
+        from fleet.broker_control import BrokerUnreachable
+
+        control = self.broker_control()
+        if control is None:
+            return "no ef-admin account yet (`fleet broker-files`): the broker file only"
+        try:
+            change(control)
+        except BrokerUnreachable as exc:
+            return f"{exc}: it reads the rewritten file when it starts"
+        return f"applied to the running broker at {control.host}:{control.port}"
 
     def close(self) -> None:
         self.db.close()
@@ -113,10 +146,21 @@ def enroll(
 
     Example: edgefleet fleet enroll cam-01 --group dock
     """
+    from fleet.broker_control import BrokerRefused
     from fleet.bundle import write_bundle
 
     with _open_store(config, db) as store:
         enrollment = store.registry.enroll(device, group=group)
+        try:
+            store.write_broker_files()
+            live = store.apply_live(
+                lambda control: control.add_device(device, enrollment.broker_password)
+            )
+        except (BrokerRefused, OSError) as exc:
+            # all or nothing: a device the broker does not know must not look enrolled
+            store.registry.revoke(device)
+            store.write_broker_files()
+            raise _fail(exc) from None
         s = store.settings
         out = write_bundle(
             enrollment,
@@ -126,10 +170,9 @@ def enroll(
             public_url=s.public_url,
             mount=s.bundle_mount,
         )
-        broker_dir = store.regenerate_broker_files()
     console.print(f"[green]enrolled[/] {device} in group [bold]{group}[/]")
     console.print(f"bundle: {out} (mount it at {s.bundle_mount} in the edge container)")
-    console.print(f"broker files: {broker_dir}")
+    console.print(f"broker: {live}")
 
 
 @app.command()
@@ -143,6 +186,7 @@ def revoke(
 
     Example: edgefleet fleet revoke cam-01
     """
+    from fleet.broker_control import BrokerRefused
     from fleet.bundle import remove_bundle
     from fleet.ca import DeviceCA
 
@@ -150,12 +194,23 @@ def revoke(
         store.registry.revoke(device)
         ca_dir = store.settings.ca_dir
         if ca_dir is not None and DeviceCA(ca_dir).exists:
-            # before the reload, so the broker reads the new CRL; no cert issued: nothing to do
+            # no cert issued: nothing to put on the CRL
             with contextlib.suppress(NotFound):
                 DeviceCA(ca_dir).revoke(device)
-        broker_dir = store.regenerate_broker_files()
+        broker_dir = store.write_broker_files()
         removed = remove_bundle(bundles or store.settings.bundles_dir, device)
+        try:
+            live = store.apply_live(lambda control: control.remove_device(device))
+        except BrokerRefused as exc:
+            typer.secho(
+                f"error: {device} is revoked in the registry and in {broker_dir}, but the "
+                f"running broker refused the change ({exc}); restart the broker now",
+                fg="red",
+                err=True,
+            )
+            raise typer.Exit(2) from None
     console.print(f"[yellow]revoked[/] {device}; broker files rewritten in {broker_dir}")
+    console.print(f"broker: {live}")
     if removed:
         console.print("its bundle was deleted")
 
@@ -164,43 +219,46 @@ def revoke(
 def broker_files(
     config: ConfigOpt = None,
     db: DbOpt = None,
-    out: Annotated[Path | None, typer.Option(help="directory (default: settings)")] = None,
     emqx: Annotated[bool, typer.Option(help="also write the EMQX export")] = False,
     readable_by_gid: Annotated[
         int | None,
         typer.Option(
-            help="make the files group GID, mode 0640, for a broker running as another user "
-            "(eclipse-mosquitto: 1883); later enroll/revoke keep it"
+            help="share the broker folder with group GID (0770, files 0660) for a broker "
+            "running as another user (eclipse-mosquitto: 1883); later enroll/revoke keep it"
         ),
     ] = None,
 ) -> None:
-    """Write the Mosquitto password + ACL files (and the `cloud` service account).
+    """Write everything the broker needs into the broker folder (settings: broker_dir).
 
-    Prints the lines mosquitto.conf needs; --emqx also writes the EMQX export.
+    mosquitto.conf (listener on broker_port, persistence, the dynamic-security plugin),
+    the plugin's state from the registry (devices, the `cloud` and `ef-admin` accounts,
+    per-device ACLs on publish *and* subscribe, client ids bound to their device), and
+    `cloud.secret` / `admin.secret` (0600) the first time. Start the broker with
+    `mosquitto -c <broker folder>/mosquitto.conf`; restart it after running this again.
 
     Example:
-      edgefleet fleet broker-files -c fleet.yaml --out /etc/mosquitto/conf.d
-      edgefleet fleet broker-files --out /srv/mosquitto/auth --readable-by-gid 1883
+      edgefleet fleet broker-files -c fleet.yaml
+      edgefleet fleet broker-files --readable-by-gid 1883 --emqx
     """
-    from fleet.acl import (
-        mosquitto_auth_config,
-        write_emqx_files,
-        write_mosquitto_files,
-        write_private,
-    )
+    from fleet.acl import ADMIN_ACCOUNT, CLOUD_ACCOUNT, write_emqx_files, write_private
 
     with _open_store(config, db) as store:
-        target = out or store.settings.resolved_broker_dir()
-        password = store.registry.ensure_service_account("cloud")
-        files = write_mosquitto_files(store.registry, target, readable_by_gid=readable_by_gid)
-        if password:
-            write_private(target / "cloud.secret", password + "\n")
+        target = store.broker_dir
+        target.mkdir(parents=True, exist_ok=True)
+        new = {}
+        for account in (CLOUD_ACCOUNT, ADMIN_ACCOUNT):
+            password = store.registry.ensure_service_account(account)
+            if password:
+                secret = target / f"{'admin' if account == ADMIN_ACCOUNT else account}.secret"
+                write_private(secret, password + "\n")
+                new[account] = secret
+        folder = store.write_broker_files(readable_by_gid=readable_by_gid)
         if emqx:
             write_emqx_files(store.registry, target)
-    console.print(f"wrote {files.password_file} and {files.acl_file}")
-    if password:
-        console.print(f"new `cloud` broker password in {target / 'cloud.secret'} (0600)")
-    console.print("mosquitto.conf needs:\n" + mosquitto_auth_config(files))
+    console.print(f"wrote {folder / 'mosquitto.conf'} and {folder / 'dynamic-security.json'}")
+    for account, secret in new.items():
+        console.print(f"new `{account}` broker password in {secret} (0600)")
+    console.print(f"start the broker with: mosquitto -c {folder / 'mosquitto.conf'}")
 
 
 @app.command("model-add")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.errors import InvalidInput
 from shared.messages import DEVICE_ID_PATTERN
 
-RESERVED_NAMES = frozenset({"cloud", "admin", "operator"})
+RESERVED_NAMES = frozenset({"cloud", "admin", "operator", "ef-admin"})
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 

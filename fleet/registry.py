@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar
@@ -132,12 +133,16 @@ class DeviceRegistry:
         master_key: str | bytes | None = None,
         history_bucket_s: int = 60,
         history_retention_s: int = 24 * 3600,
+        key_cache_s: float = 5.0,
     ):
         self.db = db
+        # Keys are cached for seconds, not forever: a revoke or re-enroll made by another
+        # process (the `fleet` CLI, another replica) must bite in every running replica.
+        self.key_cache_s = key_cache_s
         self.sealer = KeySealer(master_key)
         self.history_bucket_s = history_bucket_s
         self.history_retention_s = history_retention_s
-        self._key_cache: dict[str, bytes] = {}
+        self._key_cache: dict[str, tuple[bytes, float]] = {}
         self._lock = threading.Lock()
         self._writes = 0
         t = db.types
@@ -183,18 +188,19 @@ class DeviceRegistry:
                 ),
             )
         with self._lock:
-            self._key_cache[device_id] = key
+            self._key_cache[device_id] = (key, time.monotonic() + self.key_cache_s)
         ENROLLED.inc()
         DEVICES.set(self.count())
         log.info("enrolled device", extra={"device_id": device_id, "group": group})
         return Enrollment(device_id, group, key, password, token)
 
     def device_key(self, device_id: str) -> bytes | None:
-        """The HMAC key of an enrolled, unrevoked device; None otherwise (cached)."""
+        """The HMAC key of an enrolled, unrevoked device; None otherwise (cached briefly)."""
+        now = time.monotonic()
         with self._lock:
             cached = self._key_cache.get(device_id)
-        if cached is not None:
-            return cached
+        if cached is not None and cached[1] > now:
+            return cached[0]
         row = self.db.query_one(
             "SELECT key_sealed FROM fleet_devices WHERE device_id = ? AND revoked_at IS NULL",
             (device_id,),
@@ -203,7 +209,9 @@ class DeviceRegistry:
             return None
         key = self.sealer.unseal(row["key_sealed"])
         with self._lock:
-            self._key_cache[device_id] = key
+            if len(self._key_cache) >= 100_000:  # bounded: stale entries go first
+                self._key_cache = {d: e for d, e in self._key_cache.items() if e[1] > now}
+            self._key_cache[device_id] = (key, now + self.key_cache_s)
         return key
 
     def authenticate_token(self, token: str) -> str | None:

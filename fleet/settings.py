@@ -31,13 +31,30 @@ class FleetSettings(EdgefleetSettings):
         Path("./edgefleet-bundles"), description="where `enroll` writes device bundles"
     )
     broker_dir: Path | None = Field(
-        None, description="where Mosquitto password/acl files go; none = data_dir/broker"
+        None,
+        description="the broker's folder: mosquitto.conf, its dynamic-security state, its "
+        "persistence and the service account secrets; none = data_dir/broker",
     )
-    broker_pid_file: Path | None = Field(
-        None, description="Mosquitto pid file: enroll/revoke send SIGHUP so it reloads the files"
+    broker_host: str = Field(
+        "127.0.0.1",
+        description="broker host written into device bundles; enroll/revoke also reach the "
+        "running broker there to apply the change at once",
     )
-    broker_host: str = Field("127.0.0.1", description="broker host written into device bundles")
-    broker_port: int = Field(1883, ge=1, le=65535, description="broker port for device bundles")
+    broker_port: int = Field(
+        1883, ge=1, le=65535, description="broker port: the bundles' and the listener's"
+    )
+    broker_bind: str | None = Field(
+        None, description="address the generated listener binds; none = every interface"
+    )
+    broker_plugin: Path | None = Field(
+        None,
+        description="Mosquitto's mosquitto_dynamic_security.so; none = the usual install paths",
+    )
+    broker_user: str | None = Field(
+        None,
+        description="user Mosquitto drops to when started as root (it must read the broker "
+        "folder); none = the user running `fleet broker-files`",
+    )
     public_url: str = Field(
         "http://127.0.0.1:8080", description="the cloud's URL as devices reach it (downloads)"
     )
@@ -57,7 +74,7 @@ class FleetSettings(EdgefleetSettings):
         return self.database_url or f"sqlite:///{self.data_dir / 'cloud.db'}"
 
     def resolved_broker_dir(self) -> Path:
-        return self.broker_dir or self.data_dir / "broker"
+        return (self.broker_dir or self.data_dir / "broker").expanduser().resolve()
 
     def master_key(self) -> str | None:
         return self.device_master_key.get_secret_value() if self.device_master_key else None

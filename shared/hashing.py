@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 from pathlib import Path
 
 _BLOCK = 1 << 20
@@ -19,3 +20,12 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def same_hex(given: str, expected: str) -> bool:
+    """Constant-time check of a hex signature someone sent; any other text is a mismatch.
+
+    `hmac.compare_digest` raises on non-ASCII str, which would turn a forged header into
+    a crash instead of a refusal, so the comparison is made on bytes of ASCII text only.
+    """
+    return given.isascii() and hmac.compare_digest(given.lower().encode(), expected.encode())

@@ -36,6 +36,11 @@ class MqttSettings(BaseModel):
     topic_root: str = Field(DEFAULT_ROOT, description="topic root of the contract")
 
 
+def device_client_id(device_id: str) -> str:
+    """The one client id a device may connect with; the broker binds it to its username."""
+    return f"ef-edge-{device_id}"
+
+
 def make_client(
     settings: MqttSettings,
     client_id: str,

@@ -23,6 +23,7 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from shared.errors import PayloadRejected
+from shared.hashing import same_hex
 from shared.messages import MESSAGE_TYPES, DeviceTelemetry, EscalationCase, Message
 from shared.topics import CHANNEL_SCHEMA, Topics
 
@@ -158,7 +159,7 @@ class Verifier:
         meta = (meta_text or "").encode()
         if len(meta) > self.max_meta_bytes:
             raise PayloadRejected("oversize", f"ef-meta of {len(meta)} bytes is too large")
-        if not hmac.compare_digest(sig.lower(), signature(key, meta, wire.payload)):
+        if not same_hex(sig, signature(key, meta, wire.payload)):
             raise PayloadRejected("bad_signature", "ef-sig does not match the message")
         message = self._parse(model, meta if model is EscalationCase else wire.payload)
         if message.device_id != device_id:

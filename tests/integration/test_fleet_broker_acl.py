@@ -1,8 +1,9 @@
-"""A real Mosquitto configured from the generated password and ACL files enforces the rules."""
+"""A real Mosquitto run from the generated config enforces the rules, as an attacker holding
+one device's credentials would try them: publish, subscribe (shared ones too), reuse
+another client's id, stay connected through a revoke."""
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -13,22 +14,27 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from fleet.acl import mosquitto_auth_config, reload_mosquitto, write_mosquitto_files
+from fleet.broker_control import BrokerControl
 from fleet.registry import DeviceRegistry
 from shared.db import Database
-from tests.support.broker import MosquittoBroker
+from shared.mqtt import device_client_id
+from tests.support.fleet import fleet_broker
 
 NOT_AUTHORIZED = 135
+NO_SUBSCRIBERS = 16  # a success: nobody may read it
 
 
 class Client:
     """A synchronous wrapper over one paho MQTT 5 client, for asserting broker answers."""
 
-    def __init__(self, port: int, username: str, password: str):
+    def __init__(self, port: int, username: str | None, password: str | None, client_id: str):
         self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{username}", protocol=mqtt.MQTTv5
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
         )
-        self.client.username_pw_set(username, password)
+        if username is not None:
+            self.client.username_pw_set(username, password)
+        self.disconnected = threading.Event()
+        self.client.on_disconnect = lambda *args: self.disconnected.set()
         self.connack: queue.Queue[int] = queue.Queue()
         self.acks: dict[int, int] = {}
         self.subacks: dict[int, list[int]] = {}
@@ -55,8 +61,10 @@ class Client:
             self.subacks[mid] = [r.value for r in rcs]
             self._cond.notify_all()
 
-    def connect(self) -> int:
-        self.client.connect("127.0.0.1", self.port, clean_start=True)
+    def connect(self, clean_start: bool = True) -> int:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 0 if clean_start else 600
+        self.client.connect("127.0.0.1", self.port, clean_start=clean_start, properties=props)
         self.client.loop_start()
         try:
             return self.connack.get(timeout=20)
@@ -95,30 +103,25 @@ def wait_received(client: Client, topic: str, timeout_s: float = 20) -> bool:
     return False
 
 
-def run_as(pid_file: Path) -> str:
-    """As root, Mosquitto drops to user `mosquitto`, who cannot read our 0600 temp files."""
-    return f"pid_file {pid_file}\n" + ("user root\n" if os.geteuid() == 0 else "")
-
-
 @pytest.fixture
 def fleet(tmp_path: Path):
     db = Database.connect(f"sqlite:///{tmp_path}/fleet.db")
     registry = DeviceRegistry(db)
     enrollments = {d: registry.enroll(d, group="lab") for d in ("cam-01", "cam-02")}
     cloud_password = registry.ensure_service_account("cloud")
-    files = write_mosquitto_files(registry, tmp_path / "auth")
-    pid_file = tmp_path / "mosquitto.pid"
-    broker = MosquittoBroker(
-        tmp_path / "broker", extra_config=mosquitto_auth_config(files) + run_as(pid_file)
-    ).start()
+    admin_password = registry.ensure_service_account("ef-admin")
+    broker = fleet_broker(registry, tmp_path / "broker")
     clients: list[Client] = []
 
-    def client(user: str, password: str) -> Client:
-        c = Client(broker.port, user, password)
+    def client(user: str | None, password: str | None, client_id: str | None = None) -> Client:
+        if client_id is None:
+            client_id = device_client_id(user) if user and user.startswith("cam") else f"t-{user}"
+        c = Client(broker.port, user, password, client_id)
         clients.append(c)
         return c
 
-    yield registry, enrollments, cloud_password, files, broker, pid_file, client
+    control = BrokerControl("127.0.0.1", broker.port, admin_password)
+    yield registry, enrollments, cloud_password, control, broker, client
     for c in clients:
         c.close()
     broker.kill()
@@ -126,7 +129,7 @@ def fleet(tmp_path: Path):
 
 
 def test_device_publishes_only_under_its_own_id(fleet) -> None:
-    _, enrollments, cloud_password, _, _, _, client = fleet
+    _, enrollments, cloud_password, _, _, client = fleet
     # given the cloud service account subscribed to everything, and cam-01 connected
     cloud = client("cloud", cloud_password)
     assert cloud.connect() == 0
@@ -146,21 +149,23 @@ def test_device_publishes_only_under_its_own_id(fleet) -> None:
 
 
 def test_device_reads_only_its_own_results_and_desired(fleet) -> None:
-    _, enrollments, cloud_password, _, _, _, client = fleet
+    _, enrollments, cloud_password, _, _, client = fleet
     # given cam-01 subscribed to its own topics and (trying) to cam-02's and to everything
     cam = client("cam-01", enrollments["cam-01"].broker_password)
     assert cam.connect() == 0
-    cam.subscribe("ef/v1/cam-02/desired")
-    cam.subscribe("ef/v1/cam-02/results")
-    cam.subscribe("ef/v1/#")
+    assert cam.subscribe("ef/v1/cam-02/desired") == [NOT_AUTHORIZED]
+    assert cam.subscribe("ef/v1/cam-02/results") == [NOT_AUTHORIZED]
+    assert cam.subscribe("ef/v1/#") == [NOT_AUTHORIZED]
+    assert cam.subscribe("ef/v1/cam-01/results") == [1]
+    assert cam.subscribe("ef/v1/cam-01/desired") == [1]
     cloud = client("cloud", cloud_password)
     assert cloud.connect() == 0
     # when the cloud writes cam-02's desired and results, then cam-01's (a marker)
-    assert cloud.publish("ef/v1/cam-02/desired") == 0
-    assert cloud.publish("ef/v1/cam-02/results") == 0
+    assert cloud.publish("ef/v1/cam-02/desired") in (0, NO_SUBSCRIBERS)
+    assert cloud.publish("ef/v1/cam-02/results") in (0, NO_SUBSCRIBERS)
     assert cloud.publish("ef/v1/cam-01/results") == 0
     assert cloud.publish("ef/v1/cam-01/desired") == 0
-    # then cam-01 receives its own, and never cam-02's (Mosquitto filters at delivery)
+    # then cam-01 receives its own, and never cam-02's
     assert wait_received(cam, "ef/v1/cam-01/results")
     assert wait_received(cam, "ef/v1/cam-01/desired")
     assert not [t for t in cam.seen if "cam-02" in t]
@@ -169,7 +174,7 @@ def test_device_reads_only_its_own_results_and_desired(fleet) -> None:
 
 
 def test_cloud_uses_shared_subscriptions(fleet) -> None:
-    _, enrollments, cloud_password, _, _, _, client = fleet
+    _, enrollments, cloud_password, _, _, client = fleet
     cloud = client("cloud", cloud_password)
     assert cloud.connect() == 0
     assert cloud.subscribe("$share/ingest/ef/v1/+/telemetry") == [1]
@@ -179,21 +184,79 @@ def test_cloud_uses_shared_subscriptions(fleet) -> None:
     assert wait_received(cloud, "ef/v1/cam-02/telemetry")
 
 
-def test_wrong_password_and_revoked_device_cannot_connect(fleet) -> None:
-    registry, enrollments, _, files, _, pid_file, client = fleet
-    assert client("cam-02", "not-the-password").connect() not in (0, -1)
-    assert client("cam-02", enrollments["cam-02"].broker_password).connect() == 0
-    # when cam-02 is revoked and the broker reloads the regenerated files
-    registry.revoke("cam-02")
-    write_mosquitto_files(registry, files.password_file.parent)
-    reload_mosquitto(pid_file)
-    # then a new connection with its old password is refused (polling: reload is async)
+def test_device_cannot_join_the_clouds_share_group_or_read_wide(fleet) -> None:
+    _, enrollments, cloud_password, _, _, client = fleet
+    # given the cloud in its share group, and cam-01's stolen credentials
+    cloud = client("cloud", cloud_password)
+    assert cloud.connect() == 0
+    assert cloud.subscribe("$share/ef-secret/ef/v1/+/telemetry") == [1]
+    thief = client("cam-01", enrollments["cam-01"].broker_password)
+    assert thief.connect(clean_start=False) == 0
+    # when the thief subscribes to the share group (any name), or wide, it is refused
+    for topic in (
+        "$share/ef-secret/ef/v1/+/telemetry",
+        "$share/ef-secret/ef/v1/#",
+        "$share/guess/ef/v1/cam-01/results",
+        "ef/v1/+/telemetry",
+        "ef/v1/#",
+        "#",
+        "$CONTROL/dynamic-security/v1/response",
+        "ef/v1/cam-02/results",
+    ):
+        assert thief.subscribe(topic) == [NOT_AUTHORIZED], topic
+    # then not one of cam-02's messages is lost to the thief's would-be share
+    cam = client("cam-02", enrollments["cam-02"].broker_password)
+    assert cam.connect() == 0
+    for _ in range(40):
+        assert cam.publish("ef/v1/cam-02/telemetry") == 0
     deadline = time.monotonic() + 20
-    refused = False
-    while time.monotonic() < deadline and not refused:
-        attempt = client("cam-02", enrollments["cam-02"].broker_password)
-        refused = attempt.connect() not in (0, -1)
-        attempt.close()
-    assert refused
+    while time.monotonic() < deadline and len(cloud.seen) < 40:
+        time.sleep(0.05)
+    assert cloud.seen.count("ef/v1/cam-02/telemetry") == 40
+    # and its own topics still work
+    assert thief.subscribe("ef/v1/cam-01/results") == [1]
+
+
+def test_device_cannot_take_over_another_clients_session(fleet) -> None:
+    _, enrollments, cloud_password, _, _, client = fleet
+    owner = client("cam-01", enrollments["cam-01"].broker_password)
+    assert owner.connect(clean_start=False) == 0
+    cloud = client("cloud", cloud_password, client_id="cloud-0123abcd")
+    assert cloud.connect(clean_start=False) == 0
+    thief_password = enrollments["cam-02"].broker_password
+    # when cam-02 connects with cam-01's id, the cloud's id, or any id but its own
+    for victim in ("ef-edge-cam-01", "cloud-0123abcd", "anything-else"):
+        attempt = client("cam-02", thief_password, client_id=victim)
+        assert attempt.connect() not in (0, -1), victim
+    # then the owners were never kicked off
+    assert not owner.disconnected.is_set() and not cloud.disconnected.is_set()
+    assert owner.publish("ef/v1/cam-01/status") in (0, NO_SUBSCRIBERS)
+    # and anonymous clients are refused outright
+    assert client(None, None, client_id="anon").connect() not in (0, -1)
+
+
+def test_wrong_password_is_refused_and_revocation_bites_at_once(fleet) -> None:
+    registry, enrollments, _, control, _, client = fleet
+    assert client("cam-02", "not-the-password").connect() not in (0, -1)
+    online = client("cam-02", enrollments["cam-02"].broker_password)
+    assert online.connect() == 0
+    # when cam-02 is revoked through the running broker's control API
+    registry.revoke("cam-02")
+    control.remove_device("cam-02")
+    # then its live connection is dropped at once, and it cannot come back
+    assert online.disconnected.wait(20)
+    again = client("cam-02", enrollments["cam-02"].broker_password)
+    assert again.connect() not in (0, -1)
     # and cam-01 is unaffected
     assert client("cam-01", enrollments["cam-01"].broker_password).connect() == 0
+
+
+def test_a_device_enrolled_while_the_broker_runs_can_connect_at_once(fleet) -> None:
+    registry, _, _, control, _, client = fleet
+    new = registry.enroll("cam-03", group="lab")
+    assert client("cam-03", new.broker_password).connect() not in (0, -1)  # unknown yet
+    control.add_device("cam-03", new.broker_password)
+    cam = client("cam-03", new.broker_password)
+    assert cam.connect() == 0
+    assert cam.publish("ef/v1/cam-03/telemetry") in (0, NO_SUBSCRIBERS)
+    assert cam.publish("ef/v1/cam-01/telemetry") == NOT_AUTHORIZED

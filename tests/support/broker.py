@@ -31,7 +31,16 @@ def wait_for_port(port: int, timeout_s: float = 10.0, host: str = "127.0.0.1") -
 class MosquittoBroker:
     """One broker process; `stop`, `kill` and `start` again keep port and persistence."""
 
-    def __init__(self, workdir: Path, port: int | None = None, extra_config: str = ""):
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        extra_config: str = "",
+        *,
+        generated: Path | None = None,
+    ):
+        """A broker with our test config in `workdir`, or with `generated` (a complete
+        mosquitto.conf from `fleet broker-files`, whose listener is `port`) as it is."""
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(binary).exists():
             raise RuntimeError("mosquitto is not installed: apt-get install mosquitto")
@@ -40,7 +49,8 @@ class MosquittoBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.host = "127.0.0.1"
-        self.config_path = self.workdir / "mosquitto.conf"
+        self.generated = generated
+        self.config_path = generated or self.workdir / "mosquitto.conf"
         self.log_path = self.workdir / "mosquitto.log"
         self.extra_config = extra_config
         self._process: subprocess.Popen[bytes] | None = None
@@ -76,7 +86,8 @@ class MosquittoBroker:
     def start(self) -> MosquittoBroker:
         if self.running:
             return self
-        self.write_config()
+        if self.generated is None:
+            self.write_config()
         self._process = subprocess.Popen(
             [self.binary, "-c", str(self.config_path)],
             stdout=subprocess.DEVNULL,

@@ -15,9 +15,19 @@ from fleet.registry import DeviceRegistry
 from fleet.rollout import RolloutController
 from shared.db import Database
 from shared.wire import WireMessage
-from tests.support.broker import free_port, wait_for_port
+from tests.support.broker import MosquittoBroker, free_port, wait_for_port
 
 OPERATOR_KEY = "op-test-key-0123456789"
+
+
+def fleet_broker(registry: DeviceRegistry, folder: Path) -> MosquittoBroker:
+    """A real Mosquitto run exactly as `fleet broker-files` configures it (dynamic-security
+    plugin, per-device ACLs, bound client ids), on a free port of 127.0.0.1."""
+    from fleet.acl import BrokerListener, write_broker_files
+
+    port = free_port()
+    files = write_broker_files(registry, folder, BrokerListener(port, "127.0.0.1"))
+    return MosquittoBroker(folder, port, generated=files.config_file).start()
 
 
 class UvicornThread:

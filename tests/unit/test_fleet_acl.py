@@ -1,21 +1,25 @@
-"""Rendering of the broker auth files (the real broker enforces them in the integration tests)."""
+"""Rendering of the broker configuration (the real broker enforces it in the integration tests)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
 import stat
 from pathlib import Path
 
 import pytest
 
 from fleet.acl import (
+    BrokerListener,
     emqx_users,
+    render_dynsec,
     render_emqx_acl,
-    render_mosquitto_acl,
-    render_password_file,
+    render_mosquitto_conf,
+    write_broker_files,
     write_emqx_files,
-    write_mosquitto_files,
+    write_private,
 )
 from fleet.credentials import mosquitto_hash, parse_mosquitto_hash
 from fleet.registry import DeviceRegistry
@@ -23,87 +27,120 @@ from shared.db import Database
 from shared.errors import ConfigError
 
 
-def test_mosquitto_acl_grants_exactly_the_contract() -> None:
-    acl = render_mosquitto_acl(["cam-01"], ["cloud"])
-    device = acl[acl.index("user cam-01") :].strip().splitlines()
-    assert device == [
-        "user cam-01",
-        "topic write ef/v1/cam-01/status",
-        "topic write ef/v1/cam-01/telemetry",
-        "topic write ef/v1/cam-01/escalations",
-        "topic write ef/v1/cam-01/reported",
-        "topic read ef/v1/cam-01/results",
-        "topic read ef/v1/cam-01/desired",
+def _acls(state: dict, role: str) -> list[tuple[str, str]]:
+    [found] = [r for r in state["roles"] if r["rolename"] == role]
+    return [(a["acltype"], a["topic"]) for a in found["acls"]]
+
+
+def test_device_role_grants_exactly_the_contract_on_publish_and_subscribe() -> None:
+    state = render_dynsec([("cam-01", mosquitto_hash("pw"))], [("cloud", mosquitto_hash("c"))])
+    assert _acls(state, "ef-device-cam-01") == [
+        ("publishClientSend", "ef/v1/cam-01/status"),
+        ("publishClientSend", "ef/v1/cam-01/telemetry"),
+        ("publishClientSend", "ef/v1/cam-01/escalations"),
+        ("publishClientSend", "ef/v1/cam-01/reported"),
+        ("subscribeLiteral", "ef/v1/cam-01/results"),
+        ("publishClientReceive", "ef/v1/cam-01/results"),
+        ("subscribeLiteral", "ef/v1/cam-01/desired"),
+        ("publishClientReceive", "ef/v1/cam-01/desired"),
     ]
-    assert "topic write ef/v1/+/desired" in acl and "topic read ef/v1/#" in acl
-    assert "pattern" not in acl  # explicit per-user rules only
+    # everything else is denied by default, subscriptions included
+    assert state["defaultACLAccess"] == {
+        "publishClientSend": False,
+        "publishClientReceive": False,
+        "subscribe": False,
+        "unsubscribe": True,
+    }
+    # the cloud may join share groups and write results/desired, nothing else
+    assert ("subscribePattern", "$share/+/ef/v1/#") in _acls(state, "cloud")
+    assert ("publishClientSend", "ef/v1/+/results") in _acls(state, "cloud")
+    assert not [t for kind, t in _acls(state, "cloud") if kind == "publishClientSend" and "tele" in t]
 
 
-def test_password_file_refuses_bad_entries() -> None:
-    line = render_password_file([("cam-01", mosquitto_hash("pw"))])
-    assert line.startswith("cam-01:$7$101$") and line.endswith("\n")
-    with pytest.raises(ConfigError):
-        render_password_file([("a:b", mosquitto_hash("pw"))])
-    with pytest.raises(ValueError):
-        render_password_file([("cam-01", "plaintext")])
+def test_device_client_is_bound_to_its_client_id_with_the_same_pbkdf2_digest() -> None:
+    encoded = mosquitto_hash("pw")
+    state = render_dynsec([("cam-01", encoded)], [])
+    [client] = state["clients"]
+    assert client["username"] == "cam-01" and client["clientid"] == "ef-edge-cam-01"
+    _, salt, digest = parse_mosquitto_hash(encoded)
+    assert base64.b64decode(client["salt"]) == salt and len(salt) == 12
+    expected = hashlib.pbkdf2_hmac("sha512", b"pw", salt, client["iterations"], 64)
+    assert base64.b64decode(client["password"]) == expected == digest
 
 
-def test_emqx_export_carries_the_same_pbkdf2_digests() -> None:
+def test_unknown_service_account_is_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown service account"):
+        render_dynsec([], [("intruder", mosquitto_hash("x"))])
+
+
+def test_mosquitto_conf_is_complete(tmp_path: Path) -> None:
+    plugin = tmp_path / "dynsec.so"
+    plugin.write_bytes(b"\x7fELF")
+    conf = render_mosquitto_conf(tmp_path, BrokerListener(1999, "127.0.0.1", plugin, "edge"))
+    lines = conf.splitlines()
+    assert "listener 1999 127.0.0.1" in lines and "allow_anonymous false" in lines
+    assert f"plugin {plugin}" in lines and "user edge" in lines
+    assert f"plugin_opt_config_file {tmp_path / 'dynamic-security.json'}" in lines
+    assert not [line for line in lines if line.startswith(("acl_file", "password_file"))]
+    with pytest.raises(ConfigError, match="does not exist"):
+        render_mosquitto_conf(tmp_path, BrokerListener(plugin=tmp_path / "missing.so"))
+
+
+def test_emqx_export_carries_the_same_digests_and_binds_client_ids() -> None:
     encoded = mosquitto_hash("pw")
     [user] = emqx_users([("cam-01", encoded)])
     _, salt, digest = parse_mosquitto_hash(encoded)
     assert user["user_id"] == "cam-01" and user["is_superuser"] is False
-    assert user["salt"].encode() == salt
-    expected = hashlib.pbkdf2_hmac("sha512", b"pw", user["salt"].encode(), 101, 64)
-    assert user["password_hash"] == expected.hex() == digest.hex()
-    acl = render_emqx_acl(["cam-01"], ["cloud"])
-    assert '{allow, {username, "cam-01"}, subscribe, ["ef/v1/cam-01/results", ' in acl
-    assert acl.strip().endswith("{deny, all}.")
+    assert user["salt"].encode() == salt and user["password_hash"] == digest.hex()
+    acl = render_emqx_acl(["cam-01"], ["cloud", "ef-admin"])
+    assert (
+        "{allow, {'and', [{username, \"cam-01\"}, {clientid, \"ef-edge-cam-01\"}]}, subscribe, "
+        '[{eq, "ef/v1/cam-01/results"}, {eq, "ef/v1/cam-01/desired"}]}.'
+    ) in acl
+    assert "ef-admin" not in acl and acl.strip().endswith("{deny, all}.")
+
+
+def _registry(tmp_path: Path) -> DeviceRegistry:
+    registry = DeviceRegistry(Database.connect(f"sqlite:///{tmp_path}/f.db"))
+    registry.enroll("cam-01")
+    registry.ensure_service_account("cloud")
+    return registry
 
 
 def test_files_are_written_private_from_the_registry(tmp_path: Path) -> None:
-    db = Database.connect(f"sqlite:///{tmp_path}/f.db")
-    registry = DeviceRegistry(db)
-    registry.enroll("cam-01")
-    registry.ensure_service_account("cloud")
-    files = write_mosquitto_files(registry, tmp_path / "out")
+    registry = _registry(tmp_path)
+    files = write_broker_files(registry, tmp_path / "out")
     write_emqx_files(registry, tmp_path / "out")
-    for path in (files.password_file, files.acl_file, tmp_path / "out" / "emqx-users.json"):
+    assert stat.S_IMODE(files.folder.stat().st_mode) == 0o700
+    for path in (files.config_file, files.dynsec_file, tmp_path / "out" / "emqx-users.json"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    users = json.loads((tmp_path / "out" / "emqx-users.json").read_text())
-    assert [u["user_id"] for u in users] == ["cloud", "cam-01"]
-    assert files.password_file.read_text().count("\n") == 2
-    db.close()
+    state = json.loads(files.dynsec_file.read_text())
+    assert [c["username"] for c in state["clients"]] == ["cloud", "cam-01"]
+    registry.db.close()
 
 
-def test_files_can_be_made_readable_by_the_broker_group(tmp_path: Path) -> None:
-    import os
-
-    db = Database.connect(f"sqlite:///{tmp_path}/f.db")
-    registry = DeviceRegistry(db)
-    registry.enroll("cam-01")
+def test_folder_can_be_shared_with_the_broker_group(tmp_path: Path) -> None:
+    registry = _registry(tmp_path)
     gid = os.getgid()  # a group the writer may always give files to
     # when written for a broker that runs as another user in that group
-    files = write_mosquitto_files(registry, tmp_path / "out", readable_by_gid=gid)
-    for path in (files.password_file, files.acl_file):
-        assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.stat().st_gid == gid
-    # then a later rewrite (enroll, revoke) keeps the broker's read access
+    files = write_broker_files(registry, tmp_path / "out", readable_by_gid=gid)
+    # then the plugin, which writes its state back, may write the folder and the file
+    assert stat.S_IMODE(files.folder.stat().st_mode) == 0o770
+    assert stat.S_IMODE(files.dynsec_file.stat().st_mode) == 0o660
+    # and a later rewrite (enroll, revoke) keeps the broker's access
     registry.enroll("cam-02")
-    write_mosquitto_files(registry, tmp_path / "out")
-    assert "cam-02" in files.acl_file.read_text()
-    for path in (files.password_file, files.acl_file):
-        assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.stat().st_gid == gid
-    # and a fresh directory stays private by default
-    other = write_mosquitto_files(registry, tmp_path / "private")
-    assert stat.S_IMODE(other.password_file.stat().st_mode) == 0o600
-    db.close()
+    write_broker_files(registry, tmp_path / "out")
+    assert "cam-02" in files.dynsec_file.read_text()
+    assert stat.S_IMODE(files.dynsec_file.stat().st_mode) == 0o660
+    # and a fresh folder stays private by default
+    other = write_broker_files(registry, tmp_path / "private")
+    assert stat.S_IMODE(other.dynsec_file.stat().st_mode) == 0o600
+    registry.db.close()
 
 
 def test_secrets_are_never_written_world_readable(tmp_path: Path) -> None:
-    from fleet.acl import write_private
-
     with pytest.raises(ConfigError, match="others"):
         write_private(tmp_path / "passwords", "x\n", mode=0o644)
     with pytest.raises(ConfigError):
-        write_private(tmp_path / "passwords", "x\n", mode=0o660)
+        write_private(tmp_path / "passwords", "x\n", mode=0o606)
     assert list(tmp_path.iterdir()) == []
