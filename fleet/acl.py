@@ -28,6 +28,7 @@ import getpass
 import json
 import logging
 import os
+import signal
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -170,10 +171,22 @@ def render_dynsec(
     }
 
 
+def reload_broker(folder: Path) -> int | None:
+    """SIGHUP the broker of `folder` (its pid file), so TLS listeners re-read their CRL;
+    None when no broker runs from it."""
+    try:
+        pid = int((Path(folder) / "mosquitto.pid").read_text().strip())
+        os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError):
+        return None
+    log.info("reloaded mosquitto", extra={"pid": pid})
+    return pid
+
+
 def find_plugin(configured: Path | None = None) -> Path:
+    """The configured path as it is (the broker may run on another host or image), or the
+    first usual install path that exists here."""
     if configured is not None:
-        if not Path(configured).is_file():
-            raise ConfigError(f"the dynamic-security plugin {configured} does not exist")
         return Path(configured)
     for candidate in PLUGIN_PATHS:
         if Path(candidate).is_file():
@@ -214,6 +227,10 @@ def render_mosquitto_conf(folder: Path, listener: BrokerListener) -> str:
             "log_type error",
             "log_type warning",
             "log_type notice",
+            "# SIGHUP (after `fleet revoke` with a device CA) re-reads the CRL of TLS listeners.",
+            f"pid_file {folder / 'mosquitto.pid'}",
+            "# Extra listeners (e.g. the mutual-TLS block `fleet ca-broker` prints) go here.",
+            f"include_dir {folder / 'conf.d'}",
             "",
         ]
     )
@@ -237,9 +254,10 @@ def write_broker_files(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
+    (folder / "conf.d").mkdir(exist_ok=True)
     gid = readable_by_gid if readable_by_gid is not None else _group_access(folder)
     mode = 0o600 if gid is None else 0o660
-    for path in (folder, folder / "data"):
+    for path in (folder, folder / "data", folder / "conf.d"):
         if gid is not None:
             os.chown(path, -1, gid)
         os.chmod(path, 0o700 if gid is None else 0o770)

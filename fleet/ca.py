@@ -213,7 +213,8 @@ def mosquitto_tls_listener(
     bind: str = "0.0.0.0",
     require_certificate: bool = True,
 ) -> str:
-    """A mosquitto.conf listener block that requires device client certificates."""
+    """A mosquitto.conf listener block that requires device client certificates (put it in
+    the broker folder's conf.d/); devices still log in with their username and password."""
     return "\n".join(
         [
             f"listener {port} {bind}",
@@ -222,7 +223,9 @@ def mosquitto_tls_listener(
             f"keyfile {server_key}",
             f"crlfile {ca.crl_path}",
             f"require_certificate {'true' if require_certificate else 'false'}",
-            "use_identity_as_username true",
+            # Not use_identity_as_username: Mosquitto then skips the auth plugin, and with
+            # it the binding of client ids to accounts. A device shows its certificate *and*
+            # its username/password from the bundle.
             "tls_version tlsv1.2",
             "",
         ]

@@ -56,21 +56,22 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _settings(config: Path | None, db: str | None):
+def _settings(config: Path | None, db: str | None, **overrides: Any):
     from fleet.settings import FleetSettings
 
-    overrides = {"database_url": db} if db else {}
+    if db:
+        overrides["database_url"] = db
     return load_settings(FleetSettings, config, **overrides)
 
 
 class _Store:
     """The registry (and friends) on the store named by the settings."""
 
-    def __init__(self, config: Path | None, db: str | None):
+    def __init__(self, config: Path | None, db: str | None, **overrides: Any):
         from fleet.registry import DeviceRegistry
         from shared.db import Database
 
-        self.settings = _settings(config, db)
+        self.settings = _settings(config, db, **overrides)
         self.db = Database.connect(self.settings.resolved_database_url())
         self.registry = DeviceRegistry(self.db, master_key=self.settings.master_key())
 
@@ -96,7 +97,8 @@ class _Store:
         if not secret.is_file():
             return None
         s = self.settings
-        return BrokerControl(s.broker_host, s.broker_port, secret.read_text().strip())
+        host = s.broker_admin_host or s.broker_host
+        return BrokerControl(host, s.broker_port, secret.read_text().strip())
 
     def apply_live(self, change) -> str:
         """Apply `change(control)` to the running broker; what happened, in words.
@@ -120,10 +122,10 @@ class _Store:
 
 
 @contextlib.contextmanager
-def _open_store(config: Path | None, db: str | None) -> Iterator[_Store]:
+def _open_store(config: Path | None, db: str | None, **overrides: Any) -> Iterator[_Store]:
     """The store for one credential command, closed after it; its errors exit 2 (`_fail`)."""
     try:
-        store = _Store(config, db)
+        store = _Store(config, db, **overrides)
         try:
             yield store
         finally:
@@ -186,6 +188,7 @@ def revoke(
 
     Example: edgefleet fleet revoke cam-01
     """
+    from fleet.acl import reload_broker
     from fleet.broker_control import BrokerRefused
     from fleet.bundle import remove_bundle
     from fleet.ca import DeviceCA
@@ -193,11 +196,15 @@ def revoke(
     with _open_store(config, db) as store:
         store.registry.revoke(device)
         ca_dir = store.settings.ca_dir
+        crl_changed = False
         if ca_dir is not None and DeviceCA(ca_dir).exists:
             # no cert issued: nothing to put on the CRL
             with contextlib.suppress(NotFound):
                 DeviceCA(ca_dir).revoke(device)
+                crl_changed = True
         broker_dir = store.write_broker_files()
+        if crl_changed:
+            reload_broker(broker_dir)
         removed = remove_bundle(bundles or store.settings.bundles_dir, device)
         try:
             live = store.apply_live(lambda control: control.remove_device(device))
@@ -219,6 +226,7 @@ def revoke(
 def broker_files(
     config: ConfigOpt = None,
     db: DbOpt = None,
+    out: Annotated[Path | None, typer.Option(help="broker folder (default: settings)")] = None,
     emqx: Annotated[bool, typer.Option(help="also write the EMQX export")] = False,
     readable_by_gid: Annotated[
         int | None,
@@ -242,7 +250,7 @@ def broker_files(
     """
     from fleet.acl import ADMIN_ACCOUNT, CLOUD_ACCOUNT, write_emqx_files, write_private
 
-    with _open_store(config, db) as store:
+    with _open_store(config, db, **({"broker_dir": out} if out else {})) as store:
         target = store.broker_dir
         target.mkdir(parents=True, exist_ok=True)
         new = {}
@@ -556,7 +564,8 @@ def ca_broker(
 ) -> None:
     """Issue the broker's certificate for HOSTS and print the Mosquitto listener block.
 
-    Put the printed block in mosquitto.conf; devices then connect with mutual TLS.
+    Put the printed block in conf.d/ of the broker folder; devices then connect with mutual
+    TLS (certificate plus their username and password).
 
     Example:
       edgefleet fleet ca-broker broker.lan 10.0.0.5 --out /etc/mosquitto/tls

@@ -43,6 +43,11 @@ class FleetSettings(EdgefleetSettings):
     broker_port: int = Field(
         1883, ge=1, le=65535, description="broker port: the bundles' and the listener's"
     )
+    broker_admin_host: str | None = Field(
+        None,
+        description="where enroll/revoke reach the broker's control API when the fleet "
+        "commands see it at another address than devices do; none = broker_host",
+    )
     broker_bind: str | None = Field(
         None, description="address the generated listener binds; none = every interface"
     )

@@ -260,3 +260,55 @@ def test_a_device_enrolled_while_the_broker_runs_can_connect_at_once(fleet) -> N
     assert cam.connect() == 0
     assert cam.publish("ef/v1/cam-03/telemetry") in (0, NO_SUBSCRIBERS)
     assert cam.publish("ef/v1/cam-01/telemetry") == NOT_AUTHORIZED
+
+
+def test_cli_enroll_and_revoke_reach_the_running_broker(tmp_path: Path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from edgefleet.cli import app
+    from tests.support.broker import MosquittoBroker, free_port
+
+    def fleet_cli(*args: str):
+        return CliRunner().invoke(app, ["fleet", *args, "-c", str(cfg)], catch_exceptions=False)
+
+    port = free_port()
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "data_dir": str(tmp_path / "data"),
+                "bundles_dir": str(tmp_path / "bundles"),
+                "broker_port": port,
+                "broker_bind": "127.0.0.1",
+            }
+        )
+    )
+    # given the broker started from what `fleet broker-files` wrote, and nothing else
+    assert fleet_cli("broker-files").exit_code == 0
+    folder = tmp_path / "data" / "broker"
+    broker = MosquittoBroker(folder, port, generated=folder / "mosquitto.conf").start()
+    try:
+        # when a device is enrolled while it runs, it can connect at once
+        enrolled = fleet_cli("enroll", "cam-07")
+        assert enrolled.exit_code == 0 and "applied to the running broker" in enrolled.output
+        secrets = yaml.safe_load((tmp_path / "bundles" / "cam-07" / "secrets.yaml").read_text())
+        device = Client(port, "cam-07", secrets["broker_password"], "ef-edge-cam-07")
+        assert device.connect() == 0
+        # and when it is revoked, its connection is cut at once and stays cut
+        revoked = fleet_cli("revoke", "cam-07")
+        assert revoked.exit_code == 0, revoked.output
+        assert device.disconnected.wait(20)
+        device.close()
+        broker.restart()  # the file agrees with what was applied live
+        again = Client(port, "cam-07", secrets["broker_password"], "ef-edge-cam-07")
+        assert again.connect() not in (0, -1)
+        again.close()
+        # and an enrollment the broker refuses leaves nothing behind
+        (folder / "admin.secret").write_text("not-the-admin-password\n")
+        refused = fleet_cli("enroll", "cam-08")
+        assert refused.exit_code == 2 and "refused" in refused.output
+        assert not (tmp_path / "bundles" / "cam-08").exists()
+        assert "cam-08" not in (folder / "dynamic-security.json").read_text()
+    finally:
+        broker.kill()

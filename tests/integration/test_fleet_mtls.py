@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import queue
 import ssl
 from pathlib import Path
@@ -10,17 +9,29 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from fleet.acl import mosquitto_auth_config, reload_mosquitto, write_mosquitto_files
+from fleet.acl import reload_broker
 from fleet.ca import DeviceCA, mosquitto_tls_listener
 from fleet.registry import DeviceRegistry
 from shared.db import Database
-from tests.support.broker import MosquittoBroker, free_port
-from tests.support.fleet import wait_until
+from shared.mqtt import device_client_id
+from tests.support.broker import free_port, wait_for_port
+from tests.support.fleet import fleet_broker, wait_until
 
 
-def tls_connect(port: int, ca: Path, cert: Path | None, key: Path | None) -> int:
+def tls_connect(
+    port: int,
+    ca: Path,
+    cert: Path | None,
+    key: Path | None,
+    login: tuple[str, str] | None = None,
+    client_id: str = "tls",
+) -> int:
     """CONNACK reason code of a TLS connection, or -1 if TLS or the connection failed."""
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="tls", protocol=mqtt.MQTTv5)
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+    )
+    if login is not None:
+        client.username_pw_set(*login)
     client.tls_set(
         ca_certs=str(ca),
         certfile=str(cert) if cert else None,
@@ -49,39 +60,43 @@ def tls_connect(port: int, ca: Path, cert: Path | None, key: Path | None) -> int
 def tls_broker(tmp_path: Path):
     db = Database.connect(f"sqlite:///{tmp_path}/fleet.db")
     registry = DeviceRegistry(db)
-    registry.enroll("cam-01")
-    registry.enroll("cam-02")
-    files = write_mosquitto_files(registry, tmp_path / "auth")
+    enrollments = {d: registry.enroll(d) for d in ("cam-01", "cam-02")}
     ca = DeviceCA(tmp_path / "ca")
     ca.init()
     server_cert, server_key = ca.issue_server(["127.0.0.1", "localhost"], tmp_path / "server")
     tls_port = free_port()
-    pid_file = tmp_path / "broker.pid"
-    extra = (
-        mosquitto_auth_config(files)
-        + f"pid_file {pid_file}\n"
-        + ("user root\n" if os.geteuid() == 0 else "")
-        + mosquitto_tls_listener(tls_port, ca, server_cert, server_key, bind="127.0.0.1")
+    # the listener block `fleet ca-broker` prints, dropped into the broker folder's conf.d
+    (tmp_path / "broker" / "conf.d").mkdir(parents=True)
+    (tmp_path / "broker" / "conf.d" / "tls.conf").write_text(
+        mosquitto_tls_listener(tls_port, ca, server_cert, server_key, bind="127.0.0.1")
     )
-    broker = MosquittoBroker(tmp_path / "broker", extra_config=extra).start()
-    yield ca, tls_port, tmp_path, pid_file
+    broker = fleet_broker(registry, tmp_path / "broker")
+    wait_for_port(tls_port)
+    yield ca, tls_port, tmp_path, enrollments
     broker.kill()
     db.close()
 
 
-def test_device_certificate_required_and_revocable(tls_broker) -> None:
-    ca, port, tmp_path, pid_file = tls_broker
+def test_device_certificate_and_password_required_and_revocable(tls_broker) -> None:
+    ca, port, tmp_path, enrollments = tls_broker
     cert, key = ca.issue_device("cam-01", tmp_path / "devices")
-    # a device with its certificate connects (its CN becomes its username)
-    assert tls_connect(port, ca.cert_path, cert, key) == 0
+    login = ("cam-01", enrollments["cam-01"].broker_password)
+    own_id = device_client_id("cam-01")
+    # a device with its certificate and its login connects
+    assert tls_connect(port, ca.cert_path, cert, key, login, own_id) == 0
+    # the certificate alone is not enough, nor another client id (the plugin binds them)
+    assert tls_connect(port, ca.cert_path, cert, key, None, own_id) not in (0, -1)
+    assert tls_connect(port, ca.cert_path, cert, key, login, "ef-edge-cam-02") not in (0, -1)
     # without a client certificate the handshake is refused
-    assert tls_connect(port, ca.cert_path, None, None) != 0
+    assert tls_connect(port, ca.cert_path, None, None, login, own_id) != 0
     # a certificate from another CA is refused
     rogue = DeviceCA(tmp_path / "rogue")
     rogue.init()
     rcert, rkey = rogue.issue_device("cam-01", tmp_path / "rogue-devices")
-    assert tls_connect(port, ca.cert_path, rcert, rkey) != 0
+    assert tls_connect(port, ca.cert_path, rcert, rkey, login, own_id) != 0
     # after revocation (CRL rewritten, broker reloaded) the device's certificate is refused
     ca.revoke("cam-01")
-    reload_mosquitto(pid_file)
-    assert wait_until(lambda: tls_connect(port, ca.cert_path, cert, key) != 0, timeout_s=30)
+    assert reload_broker(tmp_path / "broker") is not None
+    assert wait_until(
+        lambda: tls_connect(port, ca.cert_path, cert, key, login, own_id) != 0, timeout_s=30
+    )

@@ -8,7 +8,6 @@ app served by uvicorn plus an MQTT client logged in as the `cloud` service accou
 from __future__ import annotations
 
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -17,14 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from fleet.acl import mosquitto_auth_config, write_mosquitto_files
 from shared.errors import EdgefleetError
 from shared.messages import DeviceStatus, ReportedState
 from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
 from shared.topics import Channel, Topics
 from shared.wire import Verifier, WireMessage
-from tests.support.broker import MosquittoBroker
-from tests.support.fleet import FleetServer, tiny_onnx, wait_until
+from tests.support.fleet import FleetServer, fleet_broker, tiny_onnx, wait_until
 
 DEVICES = [f"cam-{i:02d}" for i in range(5)]
 REPO = Path(__file__).resolve().parents[2]
@@ -142,9 +139,7 @@ def rig(tmp_path: Path):
     server.start()
     enrollments = {d: server.registry.enroll(d, group="line") for d in DEVICES}
     cloud_password = server.registry.ensure_service_account("cloud")
-    files = write_mosquitto_files(server.registry, tmp_path / "auth")
-    extra = mosquitto_auth_config(files) + ("user root\n" if os.geteuid() == 0 else "")
-    broker = MosquittoBroker(tmp_path / "broker", extra_config=extra).start()
+    broker = fleet_broker(server.registry, tmp_path / "broker")
     link = CloudLink(server, broker.port, cloud_password).start()
     devices = DeviceProcesses(tmp_path, broker.port, enrollments)
     for device in DEVICES:

@@ -22,7 +22,7 @@ from pathlib import Path
 from edge.updater import DesiredStateApplier, ProcessRuntime
 from shared.errors import PayloadRejected
 from shared.messages import DesiredState, DeviceStatus
-from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+from shared.mqtt import MqttSettings, connect, device_client_id, from_paho, make_client, publish
 from shared.topics import Topics
 from shared.wire import Verifier, encode
 from tests.support.fleet import OnnxControl
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         key,
         topics.status(args.device),
     )
-    client = make_client(settings, f"sim-{args.device}", will=will)
+    client = make_client(settings, device_client_id(args.device), will=will)
     verifier = Verifier(
         lambda d: key if d == args.device else None, max_skew_s=10 * 365 * 86400
     )  # a retained desired state may be old when a device comes back: the signature decides

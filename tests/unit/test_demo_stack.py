@@ -25,7 +25,6 @@ from edgefleet.demo_stack import (
     Stack,
     UplinkMeter,
     agent_env,
-    broker_config,
     enroll_devices,
     free_port,
     mosquitto_binary,
@@ -35,6 +34,7 @@ from edgefleet.demo_stack import (
 )
 from shared.config import load_settings
 from shared.errors import EdgefleetError
+from shared.mqtt import device_client_id
 from tests.unit.test_docker_files import EDGE, assert_env_sets_real_settings
 
 
@@ -100,8 +100,7 @@ def test_fleet_enrolled_devices_reach_the_demo_broker_and_are_metered(tmp_path: 
     assert bundle["device_key_file"] == str(enrolled.bundles["cam-01"] / "secrets.yaml")
     # and the demo's broker on the files `fleet` generated
     stack = Stack(tmp_path, Console())
-    conf = broker_config(tmp_path, port, enrolled.password_file, enrolled.acl_file)
-    broker = stack.start("mosquitto", [binary, "-c", str(conf)])
+    broker = stack.start("mosquitto", [binary, "-c", str(enrolled.broker_config)])
     try:
         wait_until(lambda: port_open(port), 30, "the broker", [broker])
         meter = UplinkMeter(port, "cloud", enrolled.cloud_password)
@@ -135,7 +134,11 @@ def _connected(port: int, username: str, password: str) -> mqtt.Client:
         codes.append(reason_code.value)
         done.set()
 
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=device_client_id(username),
+        protocol=mqtt.MQTTv5,
+    )
     client.username_pw_set(username, password)
     client.on_connect = on_connect
     client.connect("127.0.0.1", port)

@@ -66,7 +66,7 @@ CLOUD_READS = {
     "execution.calibration_dir",
 }
 FLEET_WRITES = {"data_dir": "dir", "bundles_dir": "dir", "broker_dir": "dir", "ca_dir": "dir"}
-FLEET_READS = {"broker_pid_file"}
+FLEET_READS = {"broker_plugin"}
 
 
 @dataclass(frozen=True)
@@ -560,8 +560,9 @@ def test_x86_compose_has_the_whole_stack_and_monitoring_is_optional() -> None:
     }
     assert "/mosquitto/config/auth" in mosquitto_mounts
     conf = (DOCKER / "mosquitto" / "mosquitto.conf").read_text()
-    assert "password_file /mosquitto/config/auth/passwords" in conf
-    assert "acl_file /mosquitto/config/auth/acl" in conf
+    assert "plugin /usr/lib/mosquitto_dynamic_security.so" in conf
+    assert "plugin_opt_config_file /mosquitto/config/auth/dynamic-security.json" in conf
+    assert "acl_file" not in conf  # it never checks SUBSCRIBE
     # the broker reads what `fleet` writes in the cloud container, via the one-shot copier
     cloud_mounts = {
         v if isinstance(v, str) else f"{v.get('source')}:{v['target']}"
@@ -626,7 +627,11 @@ def _connect(port: int, username: str | None, password: str | None) -> int:
         result.append(reason_code.value)
         done.set()
 
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=f"ef-edge-{username}",  # the id the broker binds to the device
+        protocol=mqtt.MQTTv5,
+    )
     if username:
         client.username_pw_set(username, password)
     client.on_connect = on_connect
@@ -645,8 +650,9 @@ def test_production_mosquitto_conf_runs_with_the_fleets_generated_files(tmp_path
     import os
     import signal
 
-    from fleet.acl import render_mosquitto_acl, render_password_file
-    from fleet.credentials import mosquitto_hash
+    from fleet.acl import find_plugin, write_broker_files
+    from fleet.registry import DeviceRegistry
+    from shared.db import Database
     from tests.support.broker import free_port, wait_for_port
 
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -656,10 +662,12 @@ def test_production_mosquitto_conf_runs_with_the_fleets_generated_files(tmp_path
     port = free_port()
     (tmp_path / "conf.d").mkdir()
     (tmp_path / "data").mkdir()
-    (tmp_path / "passwords").write_text(render_password_file([("cam-01", mosquitto_hash("pw-1"))]))
-    (tmp_path / "acl").write_text(render_mosquitto_acl(["cam-01"], []))
+    registry = DeviceRegistry(Database.connect(f"sqlite:///{tmp_path}/fleet.db"))
+    password = registry.enroll("cam-01").broker_password
+    write_broker_files(registry, tmp_path / "auth")  # the plugin's state, as the volume holds it
     conf = (DOCKER / "mosquitto" / "mosquitto.conf").read_text()
-    conf = conf.replace("/mosquitto/config/auth/", f"{tmp_path}/")
+    conf = conf.replace("/usr/lib/mosquitto_dynamic_security.so", str(find_plugin()))
+    conf = conf.replace("/mosquitto/config/auth/", f"{tmp_path}/auth/")
     conf = conf.replace("/mosquitto/config/", f"{tmp_path}/").replace(
         "/mosquitto/data/", f"{tmp_path}/data/"
     )
@@ -676,7 +684,7 @@ def test_production_mosquitto_conf_runs_with_the_fleets_generated_files(tmp_path
         # then anonymous clients and wrong passwords are refused, the device is let in
         assert _connect(port, None, None) != 0
         assert _connect(port, "cam-01", "wrong") != 0
-        assert _connect(port, "cam-01", "pw-1") == 0
+        assert _connect(port, "cam-01", password) == 0
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         output = proc.communicate(timeout=30)[0].decode(errors="replace")

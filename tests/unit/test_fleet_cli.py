@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
 import stat
 from pathlib import Path
@@ -11,7 +14,6 @@ from cryptography import x509
 from typer.testing import CliRunner
 
 from edgefleet.cli import app
-from fleet.credentials import verify_mosquitto_hash
 from tests.support.fleet import OPERATOR_KEY, FleetServer
 
 runner = CliRunner()
@@ -37,10 +39,10 @@ def test_enroll_writes_a_private_bundle_and_broker_files(tmp_path: Path) -> None
     secrets = yaml.safe_load((bundle / "secrets.yaml").read_text())
     assert config["device_id"] == "cam-01" and config["mqtt"]["host"] == "broker.lan"
     assert len(bytes.fromhex(secrets["device_key"])) == 32
-    # the broker file has the device with a hash of exactly the bundle's password
-    line = (tmp_path / "broker" / "passwords").read_text().strip()
-    user, encoded = line.split(":", 1)
-    assert user == "cam-01" and verify_mosquitto_hash(secrets["broker_password"], encoded)
+    # the broker state has the device with a hash of exactly the bundle's password
+    [client] = _broker_clients(tmp_path / "broker")
+    assert client["username"] == "cam-01" and client["clientid"] == "ef-edge-cam-01"
+    assert _hash_of(secrets["broker_password"], client) == client["password"]
     assert secrets["broker_password"] not in (tmp_path / "cloud.db").read_bytes().decode("latin-1")
     # enrolling again is refused with a clear error
     again = run("enroll", "cam-01", "-c", str(cfg), *env)
@@ -62,32 +64,44 @@ def test_enroll_writes_a_private_bundle_and_broker_files(tmp_path: Path) -> None
     cert = x509.load_pem_x509_certificate((tmp_path / "cam-01.crt").read_bytes())
     assert crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
     assert not bundle.exists()
-    assert "cam-01" not in (tmp_path / "broker" / "passwords").read_text()
-    assert "cam-01" not in (tmp_path / "broker" / "acl").read_text()
+    assert "cam-01" not in (tmp_path / "broker" / "dynamic-security.json").read_text()
     twice = run("revoke", "cam-01", "-c", str(cfg), *env)
     assert twice.exit_code == 2 and "not enrolled" in twice.output
 
 
-def test_broker_files_create_the_cloud_account_once(tmp_path: Path) -> None:
+def _broker_clients(folder: Path) -> list[dict]:
+    return json.loads((folder / "dynamic-security.json").read_text())["clients"]
+
+
+def _hash_of(password: str, client: dict) -> str:
+    salt = base64.b64decode(client["salt"])
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, client["iterations"], 64)
+    return base64.b64encode(digest).decode()
+
+
+def test_broker_files_create_the_service_accounts_once(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/cloud.db"
     out = tmp_path / "auth"
     first = run("broker-files", "--db", db, "--out", str(out), "--emqx")
     assert first.exit_code == 0, first.output
-    password = (out / "cloud.secret").read_text().strip()
-    user, encoded = (out / "passwords").read_text().strip().split(":", 1)
-    assert user == "cloud" and verify_mosquitto_hash(password, encoded)
+    clients = {c["username"]: c for c in _broker_clients(out)}
+    for account, secret in (("cloud", "cloud.secret"), ("ef-admin", "admin.secret")):
+        password = (out / secret).read_text().strip()
+        assert _hash_of(password, clients[account]) == clients[account]["password"]
+        assert stat.S_IMODE((out / secret).stat().st_mode) == 0o600
+    assert f"mosquitto-c{out / 'mosquitto.conf'}" in "".join(first.output.split())
     assert (out / "emqx-users.json").exists() and "{deny, all}." in (
         out / "emqx-acl.conf"
     ).read_text()
     (out / "cloud.secret").unlink()
     second = run("broker-files", "--db", db, "--out", str(out))
     assert second.exit_code == 0 and not (out / "cloud.secret").exists()
-    # for a broker in another container: group-readable by its gid
+    # for a broker in another container: the folder shared with its group
     gid = os.getgid()
     shared = run("broker-files", "--db", db, "--out", str(out), "--readable-by-gid", str(gid))
     assert shared.exit_code == 0, shared.output
-    for name in ("passwords", "acl"):
-        assert stat.S_IMODE((out / name).stat().st_mode) == 0o640
+    for name in ("mosquitto.conf", "dynamic-security.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o660
         assert (out / name).stat().st_gid == gid
 
 
