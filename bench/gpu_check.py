@@ -228,6 +228,49 @@ def _why(result: StepResult) -> str:
     return f": {result.reason[:300]}" if result.reason and result.status != "ok" else ""
 
 
+REPORT_SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "edgefleet GPU check report",
+    "type": "object",
+    "required": ["schema", "finished", "host", "gpu", "total_cap_s", "seconds", "steps"],
+    "properties": {
+        "schema": {"const": SCHEMA},
+        "finished": {"type": "string", "pattern": "^\\d{4}-\\d\\d-\\d\\dT[0-9:]{8}Z$"},
+        "host": {"type": "object"},
+        "gpu": {
+            "type": "object",
+            "required": ["present", "detail"],
+            "properties": {"present": {"type": "boolean"}, "detail": {"type": "string"}},
+        },
+        "total_cap_s": {"type": "integer", "minimum": 0},
+        "seconds": {"type": "number", "minimum": 0},
+        "steps": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "title", "status", "cap_s", "seconds", "reason", "figures"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "status": {"enum": list(STATUSES)},
+                    "cap_s": {"type": "integer", "minimum": 1},
+                    "seconds": {"type": "number", "minimum": 0},
+                    "reason": {"type": "string"},
+                    "figures": {"type": "object"},
+                    "goals": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "target", "met"],
+                            "properties": {"met": {"type": ["boolean", "null"]}},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
 def build_report(results: Sequence[StepResult], gpu: GpuInfo, seconds: float) -> dict:
     return {
         "schema": SCHEMA,

@@ -329,13 +329,18 @@ def step_batching(rec: Recorder, deadline: float) -> None:
 def step_nvml(rec: Recorder, deadline: float) -> None:
     """The NVML budget refuses a load above the watermark; the agent's telemetry is filled."""
     need("pynvml", "psutil", "pydantic")
+    import pynvml
+
     from edge.telemetry import NvmlProbe as TelemetryProbe
     from shared.errors import MemoryBudgetExceeded
     from shared.executor.memory import MemoryBudget, NvmlProbe
     from shared.executor.settings import MemorySettings
     from shared.messages import DeviceTelemetry, EscalationCounters
 
-    probe = NvmlProbe(0)
+    try:
+        probe = NvmlProbe(0)
+    except pynvml.NVMLError as exc:
+        raise MissingPackage(f"NVML not usable here: {exc}") from None
     snap = probe.snapshot()
     budget = MemoryBudget(probe, MemorySettings(watermark=0.85))
     rec.figure(total_mb=round(snap.total / MiB), used_mb=round(snap.used / MiB))
