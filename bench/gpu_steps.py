@@ -190,10 +190,11 @@ def step_setup(rec: Recorder, deadline: float) -> None:
             lambda: installed("rapidocr_onnxruntime"),
             lambda t: _pip(["--no-deps", "rapidocr-onnxruntime==1.4.4"], t),
         ),
+        # wheels first; pycuda last: it compiles from source (CUDA headers and a compiler)
         ("cuda-python", cuda_python_installed, lambda t: _pip(["cuda-python"], t)),
-        ("pycuda", lambda: installed("pycuda"), lambda t: _pip(["pycuda"], t)),
         ("tensorrt", lambda: installed("tensorrt"), lambda t: _pip(["tensorrt-cu12"], t)),
         ("onnxruntime-gpu", _ort_has_cuda, _ort_gpu),
+        ("pycuda", lambda: installed("pycuda"), lambda t: _pip(["pycuda"], t)),
     ]
     missing = []
     for label, present, install in wanted:
