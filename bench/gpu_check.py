@@ -320,9 +320,9 @@ def write_report(report: dict, out: Path) -> tuple[Path, Path]:
     return json_path, table_path
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None, prog: str = "gpu-check") -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="gpu-check",
+        prog=prog,
         description="Run every GPU path of edgefleet, each step under a time cap, and "
         "write one JSON report and a table. Example: python -m bench.gpu_check --dry-run",
     )
@@ -348,8 +348,10 @@ def scaled(steps: Sequence[Step], factor: float) -> list[Step]:
     return [Step(s.name, s.title, max(1, round(s.cap_s * factor)), s.argv) for s in steps]
 
 
-def main(argv: Sequence[str] | None = None, plan: Sequence[Step] = PLAN) -> int:
-    args = parse_args(argv)
+def main(
+    argv: Sequence[str] | None = None, plan: Sequence[Step] = PLAN, prog: str = "gpu-check"
+) -> int:
+    args = parse_args(argv, prog)
     try:
         steps = scaled(select_steps(plan, args.steps), args.cap_scale)
     except ValueError as exc:
@@ -375,7 +377,7 @@ def main(argv: Sequence[str] | None = None, plan: Sequence[Step] = PLAN) -> int:
 
 def app(args: Sequence[str] | None = None, prog_name: str | None = None) -> None:
     """Entry for `edgefleet bench gpu-check` (bench/cli.py calls each bench's `app`)."""
-    raise SystemExit(main(args))
+    raise SystemExit(main(args, prog=prog_name or "gpu-check"))
 
 
 if __name__ == "__main__":
