@@ -32,29 +32,20 @@ app = typer.Typer(add_completion=False)
 CALLERS = (1, 2, 4, 8)
 
 
-def scenes(count: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
+def scene_lines(i: int) -> list[str]:
+    """The two lines of text drawn on scene `i` (its ground truth)."""
+    return [f"GATE {i:02d} BAY {7 * i + 3}", f"SERIAL SN {5518 + 37 * i}-{i:04d}"]
+
+
+def scenes(count: int, start: int = 0) -> list[np.ndarray]:
+    """Scenes `start` .. `start + count - 1`: 960x540 RGB, the two lines of `scene_lines`."""
+    rng = np.random.default_rng(start)
     out = []
-    for i in range(count):
+    for i in range(start, start + count):
         img = np.full((540, 960, 3), int(rng.integers(200, 245)), np.uint8)
-        cv2.putText(
-            img,
-            f"GATE {i:02d} BAY {7 * i + 3}",
-            (60, 180),
-            cv2.FONT_HERSHEY_DUPLEX,
-            1.6,
-            (20, 20, 20),
-            3,
-        )
-        cv2.putText(
-            img,
-            f"SERIAL SN {5518 + 37 * i}-{i:04d}",
-            (60, 380),
-            cv2.FONT_HERSHEY_SIMPLEX,
-            1.4,
-            (40, 10, 10),
-            3,
-        )
+        first, second = scene_lines(i)
+        cv2.putText(img, first, (60, 180), cv2.FONT_HERSHEY_DUPLEX, 1.6, (20, 20, 20), 3)
+        cv2.putText(img, second, (60, 380), cv2.FONT_HERSHEY_SIMPLEX, 1.4, (40, 10, 10), 3)
         out.append(img)
     return out
 
