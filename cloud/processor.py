@@ -10,6 +10,7 @@ a message only after its verdict is stored, and the broker sends at most
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import logging
@@ -54,7 +55,7 @@ Decoder = Callable[[bytes], np.ndarray]
 
 @dataclass(order=True)
 class Job:
-    sort_key: tuple[int, int]
+    sort_key: tuple[int, int, int]  # (-priority, the device's fair-share slot, arrival)
     case: EscalationCase = field(compare=False)
     image: bytes = field(compare=False)
     image_sha256: str = field(compare=False)
@@ -82,6 +83,7 @@ class CaseProcessor:
         replica: str,
         workers: int = 4,
         max_pending: int = 256,
+        max_pending_per_device: int = 32,
         retry_after_s: float = 1.0,
         publish: Publisher | None = None,
         recheck_s: float = 2.0,
@@ -93,6 +95,7 @@ class CaseProcessor:
         self.decode = decode
         self.replica = replica
         self.max_pending = max_pending
+        self.max_pending_per_device = max_pending_per_device
         self.retry_after_s = retry_after_s
         self.publish = publish
         self.recheck_s = recheck_s
@@ -100,6 +103,13 @@ class CaseProcessor:
         self.started = datetime.now(timezone.utc)
         self._queue: queue.PriorityQueue[Job] = queue.PriorityQueue()
         self._seq = itertools.count()
+        # Fair queueing: each device's next job takes the slot after its previous one, and
+        # never one before the slot being served, so devices take turns (round robin)
+        # within a priority and one device's flood cannot push the others back.
+        self._fair_lock = threading.Lock()
+        self._slots: dict[str, int] = {}
+        self._waiting: collections.Counter[str] = collections.Counter()
+        self._served = 0
         self._stopping = threading.Event()
         self._workers = [
             threading.Thread(target=self._loop, name=f"case-worker-{i}", daemon=True)
@@ -135,6 +145,14 @@ class CaseProcessor:
                 raise Overloaded(
                     f"{depth} cases already wait for a worker", retry_after_s=self.retry_after_s
                 )
+        if not flow_controlled and self._waiting[case.device_id] >= self.max_pending_per_device:
+            BACKPRESSURE.labels(source).inc()
+            CASES.labels(source, "device_quota").inc()
+            raise Overloaded(
+                f"device {case.device_id} already has {self.max_pending_per_device} cases "
+                "waiting (its quota)",
+                retry_after_s=self.retry_after_s,
+            )
         job = self._job(case, image, source=source, rgb=rgb, hold=flow_controlled)
         self._queue.put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
@@ -151,7 +169,7 @@ class CaseProcessor:
     ) -> Job:
         route = self.router.route(case, len(image))
         return Job(
-            sort_key=(-route.priority, next(self._seq)),
+            sort_key=(-route.priority, self._slot(case.device_id), next(self._seq)),
             case=case,
             image=image,
             image_sha256=hashlib.sha256(image).hexdigest(),
@@ -161,6 +179,28 @@ class CaseProcessor:
             rgb=rgb,
             hold=hold,
         )
+
+    def _slot(self, device_id: str) -> int:
+        with self._fair_lock:
+            slot = max(self._slots.get(device_id, 0), self._served) + 1
+            self._slots[device_id] = slot
+            self._waiting[device_id] += 1
+            if len(self._slots) > 10_000:  # bounded: devices with nothing queued are forgotten
+                self._slots = {d: s for d, s in self._slots.items() if s > self._served}
+            return slot
+
+    def _taken(self, job: Job) -> None:
+        with self._fair_lock:
+            self._served = max(self._served, job.sort_key[1])
+            self._waiting[job.case.device_id] -= 1
+            if self._waiting[job.case.device_id] <= 0:
+                del self._waiting[job.case.device_id]
+
+    def _requeue(self, job: Job) -> None:
+        """Put a job back in its old place (its slot is kept: it had its turn already)."""
+        with self._fair_lock:
+            self._waiting[job.case.device_id] += 1
+        self._queue.put(job)
 
     def sweep(self) -> int:
         """Queue again the pending cases nobody works on (a crashed replica's, or this
@@ -198,6 +238,7 @@ class CaseProcessor:
             except queue.Empty:
                 continue
             QUEUE_DEPTH.set(self._queue.qsize())
+            self._taken(job)
             token = trace_id_var.set(job.case.trace_id)
             try:
                 verdict = self._process_with_retry(job)
@@ -247,7 +288,7 @@ class CaseProcessor:
             CASES.labels(job.source, "duplicate_in_progress").inc()
             if job.hold and not self._stopping.is_set():
                 # not acked yet: look again until its owner answers or its claim goes stale
-                timer = threading.Timer(self.recheck_s, self._queue.put, (job,))
+                timer = threading.Timer(self.recheck_s, self._requeue, (job,))
                 timer.daemon = True
                 timer.start()
                 return _LATER

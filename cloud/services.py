@@ -27,6 +27,7 @@ from cloud.settings import CloudSettings
 from cloud.store import FeedbackStore
 from shared.db import Database
 from shared.imaging import ImageLimits, decode_image
+from shared.private import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,14 @@ class CloudServices:
         loader: ModelLoader | None = None,
         db: Database | None = None,
     ) -> CloudServices:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.data_dir)
+        if settings.device_master_key is None:
+            log.warning(
+                "no device_master_key: device signing keys are stored unsealed in the store; "
+                "anyone who reads %s can sign as any device. Set EDGEFLEET_CLOUD_DEVICE_"
+                "MASTER_KEY (a Fernet key) before enrolling real devices",
+                settings.resolved_database_url().split("@")[-1],
+            )
         db = db or Database.connect(settings.resolved_database_url())
         store = FeedbackStore(db, settings.data_dir / "images")
         registry = rollouts = None
@@ -133,6 +141,7 @@ class CloudServices:
             replica=replica,
             workers=settings.queue.workers,
             max_pending=settings.queue.max_pending,
+            max_pending_per_device=settings.queue.max_pending_per_device,
             retry_after_s=settings.queue.retry_after_s,
         )
         services = cls(

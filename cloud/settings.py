@@ -89,6 +89,12 @@ class QueueSettings(_Closed):
     max_pending: int = Field(
         256, ge=1, description="REST escalations waiting for a worker; beyond this 429"
     )
+    max_pending_per_device: int = Field(
+        32,
+        ge=1,
+        description="REST escalations of one device waiting for a worker; beyond this 429 "
+        "(its quota: one device's flood never fills the queue for the others)",
+    )
     workers: int = Field(4, ge=1, le=64, description="threads processing cases")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent when full")
 

@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Counter
+
 from edge.model import Predictor, edge_execution, open_model
 from edge.outbox import Outbox
 from edge.pipeline import Pipeline, Work
@@ -42,9 +44,13 @@ from shared.messages import (
     StreamTelemetry,
 )
 from shared.topics import Channel
-from shared.wire import Verified
+from shared.wire import Verified, fit_meta
 
 log = logging.getLogger(__name__)
+
+META_TRIMMED = Counter(
+    "ef_edge_case_meta_trimmed_total", "Cases whose edge result was cut to fit in ef-meta"
+)
 
 ResultCallback = Callable[[str, int, list[Detection]], None]
 
@@ -223,8 +229,18 @@ class Agent:
             content_type="image/jpeg",
             crop=escalation.crop,
         )
+        fitted, meta = fit_meta(case)
+        if len(fitted.edge_result) < len(case.edge_result):
+            META_TRIMMED.inc()
+            log.warning(
+                "case %s: %d of %d edge lines kept so its metadata fits in MQTT",
+                case.case_id,
+                len(fitted.edge_result),
+                len(case.edge_result),
+            )
+            case = fitted
         topic = self.uplink.topics.escalations(self.settings.device_id) if self.uplink else ""
-        if self.outbox.put("escalation", topic, case.model_dump_json().encode(), escalation.jpeg):
+        if self.outbox.put("escalation", topic, meta, escalation.jpeg):
             self.escalations_created += 1
             self.verdicts.expect(
                 case.case_id, frame.stream_id, case.edge_result, frame_index=frame.index
@@ -260,6 +276,7 @@ class Agent:
             self.settings.state_dir,
             runtime_from_settings(self.settings.runtime, self.settings.state_dir),
             token=token.get_secret_value() if token else None,
+            api_url=self.settings.api_url,
         )
 
     def recent_verdicts(self) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge
 
 from shared.errors import ConfigError, EdgefleetError
+from shared.private import private_dir, private_file
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,11 @@ class Outbox:
         return db
 
     def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         if self.path.exists() and not self.path.is_file():
             raise ConfigError(f"outbox.path {self.path} is not a file (a directory?)")
-        fresh = not self.path.exists()
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        private_file(self.path)
         try:
             db = self._connect()
         except sqlite3.DatabaseError as exc:
@@ -136,6 +138,7 @@ class Outbox:
                 ) from None
             self.recovered_from = self._move_aside(exc)
             fresh = True
+            private_file(self.path)
             db = self._connect()
         if fresh:
             # Telemetry seq starts at the wall clock in ms, so a new (or recovered) outbox

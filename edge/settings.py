@@ -176,6 +176,12 @@ class EdgeSettings(EdgefleetSettings):
     device_token: SecretStr | None = Field(
         None, description="bearer token for fleet/cloud REST (model downloads), from enroll"
     )
+    api_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/?#]+/?$",
+        description="the cloud's REST base URL (from enroll): the device token is sent to this "
+        "origin only, never to another host a deployment names",
+    )
     agent_version: str = Field("0.1.0", max_length=64, description="reported in status")
     mqtt: MqttSettings = Field(default_factory=MqttSettings, description="broker connection")
     streams: list[SourceSettings] = Field(

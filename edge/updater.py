@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -218,6 +219,7 @@ class DesiredStateApplier:
         runtime: Runtime | None = None,
         *,
         token: str | None = None,
+        api_url: str | None = None,
         http: httpx.Client | None = None,
         max_model_bytes: int = 4 << 30,
     ):
@@ -225,6 +227,7 @@ class DesiredStateApplier:
         self.state_dir = Path(state_dir)
         self.runtime: Runtime = runtime or NullRuntime()
         self.token = token
+        self.api_origin = _origin(api_url) if api_url else None
         self.http = http or httpx.Client(timeout=httpx.Timeout(30.0, connect=10.0))
         self.max_model_bytes = max_model_bytes
         self._lock = threading.Lock()
@@ -362,10 +365,15 @@ class DesiredStateApplier:
             raise UpdateFailed(f"download of {ref.name}@{ref.version} failed: {exc}") from None
 
     def _download_once(self, ref: ModelRef, part: Path) -> str:
-        if not ref.url.startswith(("http://", "https://")):
+        origin = _origin(ref.url)
+        if origin is None:
             raise UpdateFailed(f"model url {ref.url!r} is not http(s)")
+        if origin[0] == "http" and origin[1] not in _LOOPBACK:
+            raise UpdateFailed(f"model url {ref.url!r}: plain http only to this host; use https")
         offset = part.stat().st_size if part.exists() else 0
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers = {}
+        if self.token and origin == self.api_origin:  # the token goes to the cloud only
+            headers["Authorization"] = f"Bearer {self.token}"
         if offset:
             headers["Range"] = f"bytes={offset}-"
         with self.http.stream("GET", ref.url, headers=headers) as resp:
@@ -422,6 +430,21 @@ def _trim(entry: dict[str, Any]) -> dict[str, Any]:
         **entry,
         "previous": {k: v for k, v in prev.items() if k != "previous"} if prev else None,
     }
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) URL; None for anything else."""
+    try:
+        parsed = urlsplit(url)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return None
+    return parsed.scheme, parsed.hostname.lower(), port
 
 
 def _filename(disposition: str | None, ref: ModelRef) -> str:

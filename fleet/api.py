@@ -105,6 +105,12 @@ def build_router(
     def deployment(deployment_id: str) -> dict[str, Any]:
         return rollouts.get(deployment_id).model_dump(mode="json")
 
+    @router.delete("/v1/deployments/{deployment_id}", dependencies=operator, tags=["fleet"])
+    async def cancel_deployment(deployment_id: str) -> dict[str, Any]:
+        """Roll an active deployment back (409 once it has ended)."""
+        view = await to_thread.run_sync(rollouts.cancel, deployment_id)
+        return view.model_dump(mode="json")
+
     @router.get("/v1/fleet/cases", dependencies=operator, tags=["fleet"])
     def cases(limit: int = Query(20, ge=1, le=200)) -> dict[str, Any]:
         return {"cases": recent_cases(limit) if recent_cases else []}

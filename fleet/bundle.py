@@ -48,6 +48,7 @@ def write_bundle(
             "password": enrollment.broker_password,
         },
         "state_dir": "/var/lib/edgefleet",
+        "api_url": public_url,
     }
     header = "# Written by `edgefleet fleet enroll`. Add your `streams:`; keep this file private.\n"
     write_private(device_dir / "secrets.yaml", yaml.safe_dump(secrets, sort_keys=False))

@@ -422,6 +422,28 @@ def deployment(
     console.print(table)
 
 
+@app.command()
+def rollback(
+    deployment_id: Annotated[
+        str, typer.Argument(help="deployment id, as printed by `edgefleet fleet deploy`")
+    ],
+    api: ApiOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Stop an active rollout: every device it reached gets its previous state back.
+
+    Needs the cloud API (--api/--api-key or EDGEFLEET_API_URL / EDGEFLEET_API_KEY).
+
+    Example: edgefleet fleet rollback dep-3f2a9c1b7e04
+    """
+    try:
+        with _client(api, api_key) as client:
+            dep = _check(client.delete(f"/v1/deployments/{deployment_id}"))
+    except (EdgefleetError, httpx.HTTPError) as exc:
+        raise _fail(exc) from None
+    console.print(f"[yellow]{dep['id']}[/] {dep['status']}: {dep['error']}")
+
+
 def _ago(value: str | None) -> str:
     if not value:
         return "never"

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shared.errors import InvalidInput
-from shared.messages import ModelRef
+from shared.messages import MODEL_PART_PATTERN, ModelRef
 
 # A docker image reference with an explicit tag or digest (no implicit `latest` in a rollout).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -32,8 +32,8 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=128, description="model name")
-    version: str = Field(min_length=1, max_length=64, description="model version")
+    name: str = Field(pattern=MODEL_PART_PATTERN, max_length=128, description="model name")
+    version: str = Field(pattern=MODEL_PART_PATTERN, max_length=64, description="model version")
     url: str | None = Field(None, max_length=2048, description="download URL (http/https)")
     sha256: str | None = Field(None, description="lowercase hex SHA-256 of the file")
 

@@ -20,9 +20,9 @@ from urllib.parse import urlencode
 
 from shared.errors import InvalidInput, ModelNotFound
 from shared.hashing import sha256_file
-from shared.messages import ModelRef
+from shared.messages import MODEL_PART_PATTERN, ModelRef
 
-_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_PART_RE = re.compile(MODEL_PART_PATTERN)
 
 
 @dataclass(frozen=True)

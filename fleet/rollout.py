@@ -120,8 +120,12 @@ class RolloutController:
         model_store: ModelStore | None = None,
         topics: Topics = Topics(),
         tick_interval_s: float | None = 1.0,
+        report_deadline_s: float = 900.0,
     ):
         self.registry = registry
+        # A phase whose devices have not all reported by then is over: a canary that never
+        # answers stops (and rolls back) the rollout instead of blocking its group forever.
+        self.report_deadline_s = report_deadline_s
         self.db = db
         self.publish = publish
         self.model_store = model_store
@@ -339,12 +343,20 @@ class RolloutController:
         now = now or _now()
         dep = self._row(dep_id)
         targets = self._targets(dep_id)
+        phase_age_s = (now - dep["updated_at"]).total_seconds()
         if dep["status"] == "canary":
             canaries = [t for t in targets if t["role"] == "canary"]
             if any(t["state"] == "failed" for t in canaries):
                 self._fail(dep_id, "a canary failed")
                 return
             if not all(t["state"] == "healthy" for t in canaries):
+                if phase_age_s > self.report_deadline_s + dep["soak_s"]:
+                    silent = [t["device_id"] for t in canaries if t["state"] != "healthy"]
+                    self._fail(
+                        dep_id,
+                        f"no healthy report from {', '.join(silent)} within "
+                        f"{self.report_deadline_s:g} s",
+                    )
                 return
             for t in canaries:
                 problem = self._out_of_bounds(dep, t)
@@ -364,6 +376,11 @@ class RolloutController:
             targets = self._targets(dep_id)
         if self._row(dep_id)["status"] == "rolling":
             rest = [t for t in targets if t["role"] == "rest"]
+            if phase_age_s > self.report_deadline_s:
+                for t in rest:
+                    if t["state"] not in ("healthy", "failed", "rolled_back"):
+                        self._set_target(dep_id, t["device_id"], state="failed", error="no report")
+                rest = [t for t in self._targets(dep_id) if t["role"] == "rest"]
             if all(t["state"] in ("healthy", "failed", "rolled_back") for t in rest):
                 failed = [t["device_id"] for t in rest if t["state"] != "healthy"]
                 outcome = "failed" if failed else "completed"
@@ -412,6 +429,27 @@ class RolloutController:
             for t in self._targets(dep_id):
                 if t["role"] == "canary" and t["state"] != "pending":
                     self._restore(dep_id, t["device_id"])
+
+    def cancel(self, dep_id: str) -> DeploymentView:
+        """Stop an active rollout now: every device it reached gets its previous state back.
+
+        Conflict when the deployment has already ended.
+        """
+        with self._lock:
+            dep = self._row(dep_id)
+            if dep["status"] not in ACTIVE or not self._set_status(
+                dep_id, "rolled_back", expect=dep["status"], error="cancelled by an operator"
+            ):
+                raise Conflict(
+                    f"deployment {dep_id} is {self._row(dep_id)['status']}, not active",
+                    hint="only a canary or rolling deployment can be rolled back",
+                )
+            ROLLOUTS.labels("cancelled").inc()
+            log.warning("rollout cancelled", extra={"deployment_id": dep_id})
+            for t in self._targets(dep_id):
+                if t["state"] not in ("pending", "rolled_back"):
+                    self._restore(dep_id, t["device_id"])
+        return self.get(dep_id)
 
     def _restore(self, dep_id: str, device: str) -> None:
         row = self.db.query_one(

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlparse
 
 from shared.errors import Conflict, EdgefleetError
+from shared.private import private_dir, private_file
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,8 @@ class SqliteDatabase(Database):
         self.memory = raw_path in ("/:memory:", ":memory:")
         self.path = None if self.memory else Path(raw_path)
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
+            private_file(self.path)
         self._busy_timeout_ms = busy_timeout_ms
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()

@@ -192,9 +192,14 @@ class CloudVerdict(Message):
     cached: bool = False
 
 
+# A model name or version is one path component on both sides (the cloud's store, the
+# device's state folder): never "..", never a separator.
+MODEL_PART_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
+
+
 class ModelRef(Contract):
-    name: str = Field(min_length=1, max_length=128)
-    version: str = Field(min_length=1, max_length=64)
+    name: str = Field(pattern=MODEL_PART_PATTERN, max_length=128)
+    version: str = Field(pattern=MODEL_PART_PATTERN, max_length=64)
     url: str = Field(max_length=2048)
     sha256: Sha256
 

@@ -56,6 +56,33 @@ class WireMessage:
         return next((v for k, v in self.user_properties if k == name), None)
 
 
+# An MQTT user property holds at most 65,535 bytes; the metadata of a case must fit in one.
+MAX_META_BYTES = 60_000
+
+
+def fit_meta(case: EscalationCase) -> tuple[EscalationCase, bytes]:
+    """The case and its `ef-meta` bytes, within MAX_META_BYTES.
+
+    A case whose edge result is too large to travel (hundreds of OCR lines) keeps the
+    lines the edge was least sure of, which are what the cloud is asked about; without
+    this it could never leave the outbox.
+    """
+    meta = case.model_dump_json().encode()
+    if len(meta) <= MAX_META_BYTES:
+        return case, meta
+    ranked = sorted(case.edge_result, key=lambda d: d.score)
+    keep_lo, keep_hi = 0, len(ranked)  # the largest count that fits is in [lo, hi)
+    while keep_hi - keep_lo > 1:
+        mid = (keep_lo + keep_hi) // 2
+        trial = case.model_copy(update={"edge_result": ranked[:mid]})
+        if len(trial.model_dump_json().encode()) <= MAX_META_BYTES:
+            keep_lo = mid
+        else:
+            keep_hi = mid
+    fitted = case.model_copy(update={"edge_result": ranked[:keep_lo]})
+    return fitted, fitted.model_dump_json().encode()
+
+
 def encode(message: Message, key: bytes, topic: str, image: bytes | None = None) -> WireMessage:
     """Sign and lay out one message for `topic` per wire format v1."""
     if isinstance(message, EscalationCase):
@@ -126,7 +153,7 @@ class Verifier:
     key_for_device: Callable[[str], bytes | None]
     topics: Topics = field(default_factory=Topics)
     max_payload_bytes: int = 8 * 1024 * 1024
-    max_meta_bytes: int = 64 * 1024
+    max_meta_bytes: int = MAX_META_BYTES
     max_skew_s: float = 300.0
     replay_guard: ReplayGuard = field(default_factory=ReplayGuard)
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from cloud.api.deps import error_responses, require_media_type, services
 from cloud.auth import Principal, require_device_or_operator
 from shared.errors import ImageRejected, ModelNotFound
+from shared.imaging.headers import MEDIA_TYPES
 from shared.messages import Detection
 
 router = APIRouter(prefix="/v1/infer", tags=["inference"])
@@ -31,14 +32,14 @@ class InferResult(BaseModel):
 
 @router.post(
     "/{model}",
-    summary="run one served model on one image (raw JPEG/PNG body)",
+    summary="run one served model on one image (raw JPEG, PNG, BMP, WebP or TIFF body)",
     response_model=InferResult,
     responses=error_responses(
         e400="an image that will not decode",
         e401="missing or unknown bearer token",
         e404="model not served",
         e413="image too large",
-        e415="not a JPEG/PNG body",
+        e415="not an image body the decoder reads (JPEG, PNG, BMP, WebP, TIFF)",
         e429="model queue full; retry after Retry-After",
         e503="model closed or store unavailable; retry after Retry-After",
         e504="inference timed out (this endpoint has no fallback)",
@@ -47,8 +48,7 @@ class InferResult(BaseModel):
         "requestBody": {
             "required": True,
             "content": {
-                "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
-                "image/png": {"schema": {"type": "string", "format": "binary"}},
+                kind: {"schema": {"type": "string", "format": "binary"}} for kind in MEDIA_TYPES
             },
         }
     },
@@ -62,7 +62,7 @@ async def infer(
     svc = services(request)
     if model not in svc.pool.names:
         raise ModelNotFound(f"model {model!r} is not served; served: {', '.join(svc.pool.names)}")
-    require_media_type(request, "image/jpeg", "image/png")
+    require_media_type(request, *MEDIA_TYPES)
     body = await request.body()
     if not body:
         raise ImageRejected("empty body: send the image bytes")

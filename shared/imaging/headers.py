@@ -14,6 +14,8 @@ from shared.errors import ImageRejected, UnsupportedMediaType
 from shared.imaging.tiff import ByteSource, parse_tiff
 
 FORMATS = ("jpeg", "png", "bmp", "webp", "tiff")
+# The media types of those formats: what an HTTP endpoint that decodes images accepts.
+MEDIA_TYPES = tuple(f"image/{fmt}" for fmt in FORMATS)
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _BMP_INFO_SIZES = frozenset({12, 16, 40, 52, 56, 64, 108, 124})

@@ -155,7 +155,7 @@ def test_a_model_added_with_the_fleet_cli_deploys_by_name_and_downloads(
     assert anonymous.status_code == 401, anonymous.text
     assert set(anonymous.json()["error"]) >= {"code", "message", "trace_id"}
     forged = httpx.get(sent.url.replace("/det/1.0", "/det/9.9"), timeout=30)
-    assert forged.status_code == 404  # no such version: nothing to authorize against
+    assert forged.status_code == 401  # refused before anything is looked up (no 404 probe)
     bad_sig = httpx.get(sent.url[:-4] + "0000", timeout=30)
     assert bad_sig.status_code == 401
     assert bad_sig.json()["error"]["code"] == "bad_capability"

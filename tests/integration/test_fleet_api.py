@@ -167,11 +167,25 @@ def test_model_download_supports_range_and_capabilities(tmp_path, server) -> Non
     assert_error(httpx.get(forged), 401, "bad_capability")
     server.registry.revoke("cam-0")
     assert_error(httpx.get(ref.url), 401, "bad_capability")
+    # nobody learns which models exist without credentials: auth comes before the lookup
     assert_error(
-        httpx.get(f"{server.url}/v1/models/det/9?device=cam-1&sig=00"), 404, "model_not_found"
+        httpx.get(f"{server.url}/v1/models/det/9?device=cam-1&sig=00"), 401, "bad_capability"
     )
-    assert_error(httpx.get(f"{server.url}/v1/models/.hidden/1"), 422, "invalid_input")
+    assert_error(httpx.get(f"{server.url}/v1/models/det/9"), 401, "unauthorized")
+    token = {"Authorization": f"Bearer {server.registry.enroll('cam-9').token}"}
+    assert_error(
+        httpx.get(f"{server.url}/v1/models/det/9", headers=token), 404, "model_not_found"
+    )
+    assert_error(
+        httpx.get(f"{server.url}/v1/models/.hidden/1", headers=token), 422, "invalid_input"
+    )
     assert_error(httpx.get(f"{server.url}/v1/models/..%2F..%2Fetc/1"), 404, "not_found")
+    # and a non-ASCII signature is a refusal, not a 500
+    assert_error(
+        httpx.get(f"{server.url}/v1/models/det/1?device=cam-1&sig=%C3%A9t%C3%A9"),
+        401,
+        "bad_capability",
+    )
 
 
 def test_events_stream_batches_device_changes(server) -> None:

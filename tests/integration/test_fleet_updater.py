@@ -109,10 +109,47 @@ def test_download_without_capability_or_token_is_refused(tmp_path, server) -> No
     app, _, reports = applier(tmp_path, server)
     app.handle(desired(bare))
     assert reports[-1].status == "failed" and "HTTP 401" in reports[-1].error
-    # with the device's REST token it works
-    app2, _, reports2 = applier(tmp_path / "b", server, token=server.enrollment.token)
+    # with the device's REST token, sent to the cloud it was enrolled with, it works
+    app2, _, reports2 = applier(
+        tmp_path / "b", server, token=server.enrollment.token, api_url=server.url
+    )
     app2.handle(desired(bare))
     assert reports2[-1].status == "healthy"
+
+
+def test_the_token_goes_to_the_clouds_origin_only_and_never_over_plain_http(
+    tmp_path, server
+) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str | None] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # another host a forged deployment might name
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        token = server.enrollment.token
+        app, _, reports = applier(tmp_path, server, token=token, api_url=server.url)
+        # when a deployment names a file on another origin, the request carries no token
+        url = f"http://127.0.0.1:{other.server_address[1]}/det.onnx"
+        app.handle(desired(ModelRef(name="det", version="9", url=url, sha256="a" * 64)))
+        assert seen and all(header is None for header in seen)
+        assert reports[-1].status == "failed"
+        # and plain http to anything but this host is refused before a connection is made
+        remote = ModelRef(name="det", version="8", url="http://models.invalid/det.onnx", sha256="a" * 64)
+        app.handle(desired(remote, dep="dep-2"))
+        assert reports[-1].status == "failed" and "https" in (reports[-1].error or "")
+    finally:
+        other.shutdown()
 
 
 def test_image_change_goes_to_the_process_runtime(tmp_path, server) -> None:

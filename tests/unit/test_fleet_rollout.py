@@ -193,6 +193,16 @@ def test_canary_below_fps_bound_rolls_back(fleet: Fleet) -> None:
         ({"image": "ghcr.io/acme/edge"}, InvalidInput, "image"),
         ({"canary_percent": 0}, InvalidInput, "canary_percent"),
         ({"models": [{"name": "det", "version": "1"}]}, InvalidInput, "url and sha256"),
+        (
+            {"models": [{"name": "det", "version": "../../x", "url": "http://x", "sha256": GOOD}]},
+            InvalidInput,
+            "version",
+        ),
+        (
+            {"models": [{"name": "../det", "version": "1", "url": "http://x", "sha256": GOOD}]},
+            InvalidInput,
+            "name",
+        ),
     ],
 )
 def test_bad_input_is_typed_and_changes_nothing(fleet: Fleet, over, error, needle) -> None:
@@ -263,3 +273,43 @@ def test_progress_marker_moves_exactly_when_a_rollout_does(fleet: Fleet) -> None
     fleet.report(dep.canaries[0], dep.id, "healthy")
     assert fleet.rollouts.get(dep.id).status == "rolling"
     assert fleet.rollouts.progress_marker() != applying
+
+
+def test_canaries_that_never_report_stop_the_rollout_at_the_deadline(fleet: Fleet) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    first = fleet.rollouts.create(request())
+    for d in fleet.devices:
+        fleet.report(d, first.id, "healthy")
+    # given a rollout whose canary stays silent
+    second = fleet.rollouts.create(request(image="ghcr.io/acme/edge:2", soak_s=30))
+    canary = second.canaries[0]
+    now = datetime.now(timezone.utc)
+    fleet.rollouts.tick(now + timedelta(seconds=fleet.rollouts.report_deadline_s - 60))
+    assert fleet.rollouts.get(second.id).status == "canary"
+    # when the report deadline (plus the soak) has passed
+    fleet.rollouts.tick(now + timedelta(seconds=fleet.rollouts.report_deadline_s + 60))
+    # then it is rolled back, says why, and the group is free for the next rollout
+    view = fleet.rollouts.get(second.id)
+    assert view.status == "rolled_back" and canary in view.error and "report" in view.error
+    assert fleet.desired_for(canary)[-1].deployment_id == first.id
+    assert fleet.rollouts.create(request(image="ghcr.io/acme/edge:3")).status == "canary"
+
+
+def test_an_operator_cancels_a_rollout_and_everyone_reached_goes_back(fleet: Fleet) -> None:
+    first = fleet.rollouts.create(request())
+    for d in fleet.devices:
+        fleet.report(d, first.id, "healthy")
+    second = fleet.rollouts.create(request(image="ghcr.io/acme/edge:2"))
+    canary = second.canaries[0]
+    fleet.report(canary, second.id, "healthy")  # rolling: everyone has been sent it
+    assert fleet.rollouts.get(second.id).status == "rolling"
+    # when an operator rolls it back
+    view = fleet.rollouts.cancel(second.id)
+    # then every device it reached has the first deployment again
+    assert view.status == "rolled_back" and "cancelled" in view.error
+    for d in fleet.devices:
+        assert fleet.desired_for(d)[-1].deployment_id == first.id
+    # and cancelling an ended rollout is a conflict
+    with pytest.raises(Conflict):
+        fleet.rollouts.cancel(second.id)
