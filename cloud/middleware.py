@@ -37,9 +37,7 @@ def error_body(status: int, code: str, message: str, hint: str = "") -> dict[str
 
 
 def error_headers(status: int, retry_after_s: float | None = None) -> dict[str, str]:
-    headers = {"content-type": "application/json"}
-    if trace_id_var.get():
-        headers["x-trace-id"] = trace_id_var.get() or ""
+    headers = {"content-type": "application/json"}  # x-trace-id: TraceMiddleware adds it
     if status in (429, 503):
         headers["retry-after"] = str(max(1, math.ceil(retry_after_s or 1)))
     return headers
@@ -82,9 +80,8 @@ class TraceMiddleware:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
                 status["sent"] = True
-                message.setdefault("headers", [])
                 message["headers"] = [
-                    *message["headers"],
+                    *(h for h in message.get("headers", []) if h[0].lower() != b"x-trace-id"),
                     (b"x-trace-id", trace_id.encode()),
                     (b"traceparent", f"00-{trace_id}-{new_trace_id()[:16]}-01".encode()),
                 ]

@@ -46,9 +46,14 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     lines: dict[tuple[str, ...], int] = {}
     if path is not None:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte {exc.start} cannot be decoded)",
+                hint="save the file as UTF-8",
+            ) from None
         try:
             loaded = yaml.safe_load(text)
             lines = _key_lines(yaml.compose(text))

@@ -260,6 +260,25 @@ def test_infer_endpoint_runs_the_named_model(env: Env) -> None:
     assert models["ppocr"]["qps"] > 0
 
 
+@pytest.mark.parametrize(("kind", "fmt"), [("webp", "WEBP"), ("bmp", "BMP"), ("tiff", "TIFF")])
+def test_infer_takes_every_format_the_decoder_reads(env: Env, kind: str, fmt: str) -> None:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    lossless = {"lossless": True} if fmt == "WEBP" else {}
+    Image.fromarray(text_image()).save(out, format=fmt, **lossless)
+    response = httpx.post(
+        f"{env.url}/v1/infer/ppocr",
+        content=out.getvalue(),
+        headers={**env.auth(OP_KEY), "Content-Type": f"image/{kind}"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    assert [d["text"] for d in response.json()["result"]] == [TEXT]
+
+
 def test_signed_feedback_and_export(env: Env, tmp_path: Path) -> None:
     case = escalation_case("cam-01", stream_id="cheap-fb", edge=[("AB-12", 0.9)])
     assert _post_case(env, case, encode_png(text_image("AB-12"))).status_code == 200
@@ -326,6 +345,8 @@ def _assert_error(response: httpx.Response, status: int, code: str | None = None
     error = response.json()["error"]
     assert set(error) >= {"code", "message", "trace_id"}
     assert len(error["trace_id"]) == 32
+    # one trace id header, the one in the body
+    assert response.headers.get_list("x-trace-id") == [error["trace_id"]]
     if code is not None:
         assert error["code"] == code, error
 
@@ -474,6 +495,15 @@ def test_bad_inputs_are_typed_4xx_and_the_server_keeps_serving(env: Env) -> None
         "signature_invalid",
     )
     _assert_error(httpx.post(f"{url}/v1/feedback", content=body, headers=headers), 401)
+    # a signature of odd bytes is a refusal too, never a 500
+    for odd in ("sha256=ééé".encode(), b"sha256=\xff\xfe", "sha256=٣٤".encode()):
+        _assert_error(
+            httpx.post(
+                f"{url}/v1/feedback", content=body, headers={**headers, "X-EF-Signature": odd}
+            ),
+            401,
+            "signature_invalid",
+        )
     # a replayed case over REST is a 409 that points at the stored verdict
     fresh = escalation_case("cam-01", stream_id="cheap-replay")
     assert _post_case(env, fresh, png).status_code == 200

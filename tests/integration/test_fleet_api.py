@@ -92,6 +92,22 @@ def test_deployment_created_and_read_back(server) -> None:
     assert_error(httpx.get(f"{server.url}/v1/deployments/dep-x", headers=AUTH), 404, "not_found")
 
 
+def test_an_operator_rolls_a_deployment_back_over_rest(server) -> None:
+    dep = httpx.post(f"{server.url}/v1/deployments", json=body(), headers=AUTH).json()
+    url = f"{server.url}/v1/deployments/{dep['id']}"
+    # a device (or nobody) may not cancel a rollout
+    device = {"Authorization": f"Bearer {server.registry.enroll('cam-x', group='lab').token}"}
+    assert httpx.delete(url, headers=device).status_code in (401, 403)
+    assert_error(httpx.delete(url), 401, "unauthorized")
+    # the operator may, once: the canaries got their previous state (none) back
+    cancelled = httpx.delete(url, headers=AUTH)
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "rolled_back"
+    assert_error(httpx.delete(url, headers=AUTH), 409, "conflict")
+    # and the group is free for the next rollout
+    assert httpx.post(f"{server.url}/v1/deployments", json=body(), headers=AUTH).status_code == 201
+
+
 @pytest.mark.parametrize(
     ("payload", "status", "code", "needle"),
     [

@@ -145,7 +145,8 @@ def test_the_token_goes_to_the_clouds_origin_only_and_never_over_plain_http(
         assert seen and all(header is None for header in seen)
         assert reports[-1].status == "failed"
         # and plain http to anything but this host is refused before a connection is made
-        remote = ModelRef(name="det", version="8", url="http://models.invalid/det.onnx", sha256="a" * 64)
+        off_host = "http://models.invalid/det.onnx"
+        remote = ModelRef(name="det", version="8", url=off_host, sha256="a" * 64)
         app.handle(desired(remote, dep="dep-2"))
         assert reports[-1].status == "failed" and "https" in (reports[-1].error or "")
     finally:

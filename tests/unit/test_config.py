@@ -58,3 +58,10 @@ def test_non_mapping_or_broken_yaml_is_a_config_error(tmp_path: Path, text: str)
 def test_missing_file_is_a_config_error(tmp_path: Path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(DemoSettings, tmp_path / "nope.yaml")
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error_not_a_traceback(tmp_path: Path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_settings(DemoSettings, path)

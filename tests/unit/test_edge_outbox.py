@@ -160,3 +160,33 @@ def test_an_outbox_locked_by_another_process_is_not_mistaken_for_a_corrupt_one(
         holder.close()
     # and once the other process is gone the message is still there
     assert [item.body for item in Outbox(path).read(0)] == [b"keep me"]
+
+
+def test_outbox_and_store_files_are_private(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from shared.db import Database
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    old = os.umask(0o022)  # a usual umask: it must not decide who reads the data
+    try:
+        box = Outbox(tmp_path / "edge" / "outbox.db")
+        box.put("telemetry", "t", b"{}")
+        db = Database.connect(f"sqlite:///{tmp_path / 'cloud' / 'cloud.db'}")
+        db.execute("CREATE TABLE t (x INTEGER)")
+        # an outbox created 0644 by an older version is tightened when opened
+        legacy = tmp_path / "legacy" / "outbox.db"
+        legacy.parent.mkdir()
+        legacy.touch(mode=0o644)
+        Outbox(legacy).close()
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "edge", tmp_path / "cloud"):
+        assert mode(folder) == 0o700, folder
+    for file in (*(tmp_path / "edge").iterdir(), *(tmp_path / "cloud").iterdir(), legacy):
+        assert mode(file) & 0o077 == 0, file
+    box.close()
+    db.close()

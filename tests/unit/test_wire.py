@@ -110,6 +110,8 @@ def _tamper(wire: WireMessage, **changes) -> WireMessage:
     [
         ("unsigned", lambda w: _tamper(w, drop=[SIG_PROP])),
         ("bad_signature", lambda w: _tamper(w, props={SIG_PROP: "0" * 64})),
+        ("bad_signature", lambda w: _tamper(w, props={SIG_PROP: "é" * 64})),
+        ("bad_signature", lambda w: _tamper(w, props={SIG_PROP: "\udcff" * 8})),
         ("bad_signature", lambda w: _tamper(w, payload=w.payload.replace(b'"seq":1', b'"seq":2'))),
         ("schema", lambda w: _tamper(w, props={SCHEMA_PROP: "ef.status/1"})),
         ("schema", lambda w: _tamper(w, drop=[SCHEMA_PROP])),
@@ -179,6 +181,27 @@ def test_oversize_payload_and_meta_are_rejected():
     with pytest.raises(PayloadRejected) as err:
         verifier(max_meta_bytes=10).verify(wire)
     assert err.value.reason == "oversize"
+
+
+def test_a_case_too_large_for_one_user_property_is_trimmed_to_its_least_sure_lines():
+    from shared.messages import Detection
+    from shared.wire import MAX_META_BYTES, fit_meta
+
+    lines = [
+        Detection(label=f"line {i:03d} " + "x" * 120, score=0.5 + (i % 50) / 100, box=(0, 0, 9, 9))
+        for i in range(600)
+    ]
+    big = case().model_copy(update={"edge_result": lines})
+    assert len(big.model_dump_json().encode()) > 65_535  # would never leave the outbox
+    fitted, meta = fit_meta(big)
+    assert len(meta) <= MAX_META_BYTES and 0 < len(fitted.edge_result) < 600
+    kept = max(d.score for d in fitted.edge_result)
+    assert all(d.score >= kept for d in lines if d not in fitted.edge_result)
+    # and the trimmed case is what gets signed and verified
+    wire = encode(fitted, KEY, TOPICS.escalations("cam-01"), image=JPEG)
+    assert verifier().verify(wire).message.case_id == big.case_id
+    small = case()
+    assert fit_meta(small) == (small, small.model_dump_json().encode())
 
 
 def test_image_that_lies_about_its_type_is_rejected():
