@@ -51,7 +51,7 @@ def _one(kind: str, name: str = "edgefleet-cloud") -> dict[str, Any]:
 
 
 def _container() -> dict[str, Any]:
-    return _one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return _one("StatefulSet")["spec"]["template"]["spec"]["containers"][0]
 
 
 @pytest.mark.parametrize(("name", "doc"), DOCS, ids=[n for n, _ in DOCS])
@@ -60,11 +60,11 @@ def test_manifest_is_valid_for_the_pinned_kubernetes(name: str, doc: dict[str, A
 
 
 def test_validation_rejects_a_broken_manifest() -> None:
-    broken = yaml.safe_load(yaml.safe_dump(_one("Deployment")))
+    broken = yaml.safe_load(yaml.safe_dump(_one("StatefulSet")))
     broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["pathh"] = "x"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
-    broken = yaml.safe_load(yaml.safe_dump(_one("Deployment")))
+    broken = yaml.safe_load(yaml.safe_dump(_one("StatefulSet")))
     broken["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
@@ -80,7 +80,7 @@ def test_kustomization_lists_every_manifest_of_the_namespace() -> None:
 
 
 def test_orchestrator_runs_replicas_with_health_probes_and_a_gpu() -> None:
-    deployment = _one("Deployment")
+    deployment = _one("StatefulSet")
     assert deployment["spec"]["replicas"] >= 2
     container = _container()
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -94,7 +94,7 @@ def test_orchestrator_runs_replicas_with_health_probes_and_a_gpu() -> None:
 
 
 def test_orchestrator_is_non_root_with_a_read_only_root_filesystem() -> None:
-    pod = _one("Deployment")["spec"]["template"]["spec"]
+    pod = _one("StatefulSet")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     security = _container()["securityContext"]
@@ -119,7 +119,8 @@ def test_configuration_is_accepted_by_the_real_settings(
     cloud_yaml.write_text(data["cloud.yaml"])
     monkeypatch.chdir(tmp_path)
     settings = load_settings(CloudSettings, cloud_yaml)
-    assert settings.ingest.share_group == "edgefleet-cloud"
+    assert settings.ingest.share_group is None  # derived from the broker password
+    assert settings.ingest.session_expiry_s <= 600
     env = {k: v for k, v in data.items() if k != "cloud.yaml"}
     env["EDGEFLEET_CLOUD_INGEST__CLIENT_ID"] = (
         "edgefleet-cloud-0"  # what the downward API gives each pod
@@ -161,15 +162,27 @@ def test_autoscaling_follows_queue_depth_exported_by_the_cloud() -> None:
 
 
 def test_service_and_pdb_select_the_orchestrator_pods() -> None:
-    labels = _one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    labels = _one("StatefulSet")["spec"]["template"]["metadata"]["labels"]
     service = _one("Service")
     assert service["spec"]["selector"].items() <= labels.items()
     assert service["spec"]["ports"][0]["targetPort"] == _container()["ports"][0]["name"]
     pdb = _one("PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     claims = {d["metadata"]["name"] for _, d in DOCS if d["kind"] == "PersistentVolumeClaim"}
-    volumes = _one("Deployment")["spec"]["template"]["spec"]["volumes"]
+    volumes = _one("StatefulSet")["spec"]["template"]["spec"]["volumes"]
     used = {
         v["persistentVolumeClaim"]["claimName"] for v in volumes if "persistentVolumeClaim" in v
     }
     assert used == claims
+
+
+def test_a_replica_keeps_its_mqtt_identity_across_a_restart() -> None:
+    # a StatefulSet pod is named edgefleet-cloud-<n> again after a crash: its client id
+    # (the pod name) resumes its session instead of leaving an orphan in the share group
+    stateful = _one("StatefulSet")
+    env = {e["name"]: e for e in _container()["env"]}
+    ref = env["EDGEFLEET_CLOUD_INGEST__CLIENT_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert ref == "metadata.name"
+    governing = _one("Service", stateful["spec"]["serviceName"])
+    assert governing["spec"]["clusterIP"] == "None"
+    assert _one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
