@@ -173,6 +173,13 @@ def enroll(
             mount=s.bundle_mount,
         )
     console.print(f"[green]enrolled[/] {device} in group [bold]{group}[/]")
+    if s.master_key() is None:
+        typer.secho(
+            "warning: no device_master_key: the device key is stored unsealed in the store; "
+            "whoever reads the store can sign as this device",
+            fg="yellow",
+            err=True,
+        )
     console.print(f"bundle: {out} (mount it at {s.bundle_mount} in the edge container)")
     console.print(f"broker: {live}")
 
