@@ -8,6 +8,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.edgefleet-installed
+TEST_STAMP := $(VENV)/.edgefleet-test-installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := mosquitto mosquitto-clients ffmpeg gcc g++ python3-dev python3-venv \
                 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user chromium
@@ -24,7 +25,7 @@ PYTEST_ARGS ?=
 demo: install
 	$(VENV)/bin/edgefleet demo
 
-test: install
+test: install $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -60,6 +61,12 @@ gpu-check:
 	@[ -x $(PY) ] || $(PYTHON) -m venv --system-site-packages $(VENV) \
 	  || echo "gpu-check: no venv could be made here; running with $(PYTHON)"
 	@py=$(PY); [ -x $$py ] || py=$(PYTHON); $$py -m bench.gpu_check $(GPU_CHECK_ARGS)
+
+# What only the tests need: torch for the PyTorch backend's tests (2.13.0 is a CPU build;
+# where pip finds no CPU build on disk it fetches PyPI's, which is larger but works).
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q 'torch==2.13.0'
+	touch $(TEST_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, runtime_checkable
 
 from shared.messages import DeviceStatus, DeviceTelemetry, ReportedState
@@ -32,6 +33,9 @@ class DeviceDirectory(Protocol):
 
     def record_reported(self, reported: ReportedState) -> None:
         """Remember the deployment state the device reports."""
+
+    def batch(self) -> AbstractContextManager[object]:
+        """Records made inside the block are committed together (one transaction)."""
 
 
 class StaticDirectory:
@@ -75,3 +79,6 @@ class StaticDirectory:
     def record_reported(self, reported: ReportedState) -> None:
         with self._lock:
             self.last_reported[reported.device_id] = reported
+
+    def batch(self) -> AbstractContextManager[object]:
+        return nullcontext()

@@ -11,16 +11,18 @@ A replayed case (same case_id) is answered again from the store, never re-run.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from cloud.directory import DeviceDirectory
 from cloud.processor import BACKPRESSURE, CaseProcessor
@@ -45,9 +47,20 @@ INGESTED = Counter(
 )
 BROKER_CONNECTED = Gauge("ef_cloud_broker_connected", "1 while the ingest client is connected")
 LIGHT_QUEUE_DEPTH = Gauge("ef_cloud_light_queue_depth", "Telemetry/status waiting to be stored")
+BATCH_SIZE = Histogram(
+    "ef_cloud_light_batch_size",
+    "Telemetry/status/reported messages stored per transaction",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
+)
 UNACKED = Gauge(
     "ef_cloud_mqtt_unacked", "QoS 1 messages taken but not yet acknowledged (<= receive_maximum)"
 )
+
+@functools.cache
+def _ingested(channel: str, outcome: str) -> Any:
+    """The counter child of one (channel, outcome): looked up once, not per message."""
+    return INGESTED.labels(channel, outcome)
+
 
 CHANNELS = (Channel.ESCALATIONS, Channel.TELEMETRY, Channel.STATUS, Channel.REPORTED)
 
@@ -63,6 +76,7 @@ class Ingest:
         receive_maximum: int,
         light_queue: int = 10_000,
         light_workers: int = 2,
+        batch_max: int = 500,
         client_id: str,
         session_expiry_s: int = 300,
         max_payload_bytes: int = 8 * 1024 * 1024,
@@ -93,6 +107,7 @@ class Ingest:
         self._unacked = 0
         self._unacked_lock = threading.Lock()
         self._light_max = light_queue
+        self._batch_max = batch_max
         self._light: queue.Queue[tuple[Verified, int, int] | None] = queue.Queue()
         self._light_workers = [
             threading.Thread(target=self._light_loop, name=f"ingest-light-{i}", daemon=True)
@@ -180,18 +195,18 @@ class Ingest:
         except ReplayedMessage as exc:
             verified = exc.verified
             if not isinstance(verified.message, EscalationCase):
-                INGESTED.labels(_channel(wire), "replayed").inc()
+                _ingested(_channel(wire), "replayed").inc()
                 self._ack(mid, qos)
                 return
             # Answered again from the store by the processor (claim says DONE).
-            INGESTED.labels("escalations", "replayed").inc()
+            _ingested("escalations", "replayed").inc()
         except PayloadRejected as exc:
-            INGESTED.labels(_channel(wire), f"rejected_{exc.reason}").inc()
+            _ingested(_channel(wire), f"rejected_{exc.reason}").inc()
             log.warning("rejected message on %s: %s", wire.topic, exc.message)
             self._ack(mid, qos)
             return
         except Exception:  # a verifier crash must not kill the network thread
-            INGESTED.labels(_channel(wire), "error").inc()
+            _ingested(_channel(wire), "error").inc()
             log.exception("verifying a message on %s failed", wire.topic)
             self._ack(mid, qos)
             return
@@ -200,7 +215,7 @@ class Ingest:
             return
         if qos == 0 and self._light.qsize() >= self._light_max:
             BACKPRESSURE.labels("mqtt_light").inc()
-            INGESTED.labels(_channel(wire), "dropped_full").inc()
+            _ingested(_channel(wire), "dropped_full").inc()
             return
         self._light.put((verified, mid, qos))
         LIGHT_QUEUE_DEPTH.set(self._light.qsize())
@@ -212,14 +227,14 @@ class Ingest:
                 verified.message, verified.image or b"", source="mqtt", flow_controlled=True
             )
         except EdgefleetError as exc:
-            INGESTED.labels("escalations", exc.code).inc()
+            _ingested("escalations", exc.code).inc()
             self._ack(mid, qos)
             return
 
         def done(f: Future) -> None:
             exc = f.exception()
             outcome = "stored" if exc is None else getattr(exc, "code", "failed")
-            INGESTED.labels("escalations", outcome).inc()
+            _ingested("escalations", outcome).inc()
             self._ack(mid, qos)
 
         future.add_done_callback(done)
@@ -243,32 +258,72 @@ class Ingest:
     # --- telemetry, status, reported ------------------------------------------------
 
     def _light_loop(self) -> None:
+        """Store telemetry, status and reported messages in batches: whatever waits when a
+        worker comes back is written in one transaction (no added wait when idle), and
+        acknowledged to the broker only after that transaction commits."""
         while True:
             item = self._light.get()
-            LIGHT_QUEUE_DEPTH.set(self._light.qsize())
             if item is None:
                 return
-            verified, mid, qos = item
+            batch = [item]
+            stop = False
+            while len(batch) < self._batch_max:
+                try:
+                    more = self._light.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            LIGHT_QUEUE_DEPTH.set(self._light.qsize())
+            self._store_batch(batch)
+            if stop:
+                return
+
+    def _store_batch(self, batch: list[tuple[Verified, int, int]]) -> None:
+        try:
+            with self.directory.batch():
+                for verified, _, _ in batch:
+                    self._record(verified.message)
+            outcomes = ["stored"] * len(batch)
+        except Exception:  # one bad message must not fail the rest: store them one by one
+            outcomes = [self._record_alone(verified) for verified, _, _ in batch]
+        for (verified, mid, qos), outcome in zip(batch, outcomes, strict=True):
             message = verified.message
-            channel = message.schema_id.split("/")[0].removeprefix("ef.")
-            try:
-                if isinstance(message, DeviceTelemetry):
-                    self.directory.record_telemetry(message)
-                elif isinstance(message, DeviceStatus):
-                    self.directory.record_status(message)
-                elif isinstance(message, ReportedState):
-                    self.directory.record_reported(message)
-                    if self.on_reported is not None:
-                        self.on_reported(message)
-                INGESTED.labels(channel, "stored").inc()
-            except EdgefleetError as exc:
-                INGESTED.labels(channel, exc.code).inc()
-                log.warning("storing %s from %s failed: %s", channel, verified.device_id, exc)
-            except Exception:  # keep the worker alive; the message is counted and logged
-                INGESTED.labels(channel, "error").inc()
-                log.exception("storing %s from %s failed", channel, verified.device_id)
-            finally:
-                self._ack(mid, qos)
+            _ingested(_channel_of(message), outcome).inc()
+            if outcome == "stored" and isinstance(message, ReportedState) and self.on_reported:
+                try:
+                    self.on_reported(message)
+                except Exception:  # the rollout controller logs its own; keep storing
+                    log.exception("rollout update for %s failed", verified.device_id)
+            self._ack(mid, qos)
+        BATCH_SIZE.observe(len(batch))
+
+    def _record(self, message: object) -> None:
+        if isinstance(message, DeviceTelemetry):
+            self.directory.record_telemetry(message)
+        elif isinstance(message, DeviceStatus):
+            self.directory.record_status(message)
+        elif isinstance(message, ReportedState):
+            self.directory.record_reported(message)
+
+    def _record_alone(self, verified: Verified) -> str:
+        channel = _channel_of(verified.message)
+        try:
+            self._record(verified.message)
+            return "stored"
+        except EdgefleetError as exc:
+            log.warning("storing %s from %s failed: %s", channel, verified.device_id, exc)
+            return exc.code
+        except Exception:  # keep the worker alive; the message is counted and logged
+            log.exception("storing %s from %s failed", channel, verified.device_id)
+            return "error"
+
+
+def _channel_of(message: object) -> str:
+    schema = getattr(message, "schema_id", "")
+    return schema.split("/")[0].removeprefix("ef.")
 
 
 _KNOWN = {c.value for c in CHANNELS}

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar
 
@@ -331,6 +332,10 @@ class DeviceRegistry:
             prune = self._writes % 1000 == 0
         if prune:
             self.prune_history()
+
+    def batch(self) -> AbstractContextManager[object]:
+        """One transaction for several records (the cloud stores telemetry in batches)."""
+        return self.db.transaction()
 
     def record_reported(self, reported: ReportedState) -> None:
         self._update(
