@@ -237,9 +237,12 @@ class NaiveIngest:
             from cloud.processor import Job
 
             verified = verifier.verify(from_paho(message))
-            case, image = verified.message, verified.image or b""
+            if verified.image is None:  # telemetry: stored inline, one transaction each
+                services.directory.record_telemetry(verified.message)
+                return
+            case, image = verified.message, verified.image
             job = Job(
-                sort_key=(0, 0),
+                sort_key=(0, 0, 0),
                 case=case,
                 image=image,
                 image_sha256=hashlib.sha256(image).hexdigest(),
@@ -251,6 +254,7 @@ class NaiveIngest:
 
         def on_connect(client, *args) -> None:
             client.subscribe(topics.all_devices(Channel.ESCALATIONS), qos=1)
+            client.subscribe(topics.all_devices(Channel.TELEMETRY), qos=1)
             self.connected.set()
 
         self.client.on_message = on_message
@@ -305,12 +309,15 @@ def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_devic
     naive_api = create_app(naive_settings)
     naive_services = naive_api.state.services
     naive_dev = naive_services.registry.enroll("bench-naive")
+    naive_fleet = [naive_services.registry.enroll(f"bench-{i:04d}") for i in range(devices)]
     naive = NaiveIngest(naive_services, broker)
     naive.connected.wait(30)
     time.sleep(0.5)
     naive_rate, naive_lat = client.submit(
         _publish_cases, broker.host, broker.port, naive_dev.device_id, naive_dev.device_key, cases
     ).result()
+    total = devices * per_device
+    naive_tel = _telemetry_rate(client, broker, naive_fleet, per_device, total)
     naive.stop()
     naive_services.close()
 
@@ -334,23 +341,30 @@ def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_devic
         ):
             print(f"| {name} | {r:.0f} | {statistics.median(ms):.0f} | {_pct(ms, 99):.0f} |")
         print(f"edgefleet / naive: {rate / naive_rate:.2f}x")
-        total = devices * per_device
-        before = _stored_telemetry()
-        job = client.submit(
-            _publish_telemetry,
-            broker.host,
-            broker.port,
-            [(e.device_id, e.device_key) for e in enrolled],
-            per_device,
-        )
-        deadline = time.monotonic() + 600
-        while _stored_telemetry() - before < total and time.monotonic() < deadline:
-            time.sleep(0.01)
-        finished = time.time()
-        elapsed = finished - job.result()
-        stored = _stored_telemetry() - before
-        print(f"\n## Telemetry ingest: {devices} devices x {per_device} messages, QoS 1")
-        print(f"{stored:.0f}/{total} stored, {stored / elapsed:.0f} msgs/s")
+        ours_tel = _telemetry_rate(client, broker, enrolled, per_device, total)
+        print(f"\n## Telemetry ingest: {devices} devices x {per_device} signed messages, QoS 1")
+        print("| ingest | stored msgs/s |")
+        print("| --- | --- |")
+        print(f"| naive inline consumer (auto-ack, a transaction each) | {naive_tel:.0f} |")
+        print(f"| edgefleet (batched transactions, ack after commit) | {ours_tel:.0f} |")
+        print(f"edgefleet / naive: {ours_tel / naive_tel:.2f}x")
+
+
+def _telemetry_rate(client, broker, enrolled, per_device: int, total: int) -> float:
+    """Messages stored per second, from the first publish until the registry holds all."""
+    before = _stored_telemetry()
+    job = client.submit(
+        _publish_telemetry,
+        broker.host,
+        broker.port,
+        [(e.device_id, e.device_key) for e in enrolled],
+        per_device,
+    )
+    deadline = time.monotonic() + 600
+    while _stored_telemetry() - before < total and time.monotonic() < deadline:
+        time.sleep(0.01)
+    finished = time.time()
+    return (_stored_telemetry() - before) / (finished - job.result())
 
 
 @app.command()
@@ -428,10 +442,8 @@ class Broker:
 def _stored_telemetry() -> float:
     from prometheus_client import REGISTRY
 
-    value = REGISTRY.get_sample_value(
-        "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"}
-    )
-    return value or 0.0
+    # the registry's own count: the same for the naive consumer and for ours
+    return REGISTRY.get_sample_value("ef_fleet_telemetry_recorded_total") or 0.0
 
 
 if __name__ == "__main__":

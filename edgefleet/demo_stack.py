@@ -248,6 +248,7 @@ class UplinkMeter:
         self.messages: dict[str, int] = {}
         self._lock = threading.Lock()
         self._topics = topics
+        self.subscribed = threading.Event()  # set once the broker granted the subscriptions
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=f"edgefleet-demo-meter-{secrets.token_hex(3)}",
@@ -255,13 +256,13 @@ class UplinkMeter:
         )
         self.client.username_pw_set(username, password)
         self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda *args: self.subscribed.set()
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        for channel in UPLINK_CHANNELS:
-            client.subscribe(self._topics.all_devices(channel), qos=0)
+        client.subscribe([(self._topics.all_devices(c), 0) for c in UPLINK_CHANNELS])
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         device, _ = self._topics.parse(message.topic)

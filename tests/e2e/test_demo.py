@@ -81,7 +81,7 @@ def test_demo_runs_end_to_end_and_prints_the_final_report(tmp_path: Path) -> Non
     assert logs == ["cloud.log", "demo-cam-01.log", "demo-cam-02.log", "mosquitto.log"]
     # and nothing is left running: the HTTP and broker ports are closed again
     http_port = int(re.search(r"dashboard: http://127\.0\.0\.1:(\d+)/", output).group(1))
-    conf = (tmp_path / "broker" / "mosquitto.conf").read_text()
+    conf = (tmp_path / "broker-auth" / "mosquitto.conf").read_text()
     broker_port = int(re.search(r"^listener (\d+)", conf, re.M).group(1))
     for port in (http_port, broker_port):
         with socket.socket() as s, pytest.raises(OSError):
