@@ -1,4 +1,4 @@
-"""The seam between the orchestrator and the device registry (fleet.registry.DeviceRegistry).
+"""The seam between the orchestrator and the device registry (edgefleet.fleet.registry.DeviceRegistry).
 
 The cloud needs only these calls of a registry: the HMAC key of a device (wire signatures),
 the device a REST token belongs to, and hooks for status/telemetry/reported messages.
@@ -12,7 +12,7 @@ import threading
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, runtime_checkable
 
-from shared.messages import DeviceStatus, DeviceTelemetry, ReportedState
+from edgefleet.shared.messages import DeviceStatus, DeviceTelemetry, ReportedState
 
 
 @runtime_checkable
