@@ -1,6 +1,7 @@
 """Models and dynamic batching against the way users call a model, side by side.
 
-Run: `.venv/bin/python -m edgefleet.bench.bench_executor --rounds 3` (16 images, interleaved rounds).
+Run: `.venv/bin/python -m edgefleet.bench.bench_executor --rounds 3` (16 images, interleaved
+rounds).
 
 For each default model (`ppocr`, `ppocr-heavy`) on each backend available here:
 - latency of one image at a time (batch 1, no queue), p50/p95;

@@ -108,7 +108,8 @@ def main(
 
     Example: edgefleet bench imaging --rounds 5
     """
-    logging.getLogger("edgefleet.shared.imaging").setLevel(logging.ERROR)  # refusals are expected here
+    # refusals are expected here
+    logging.getLogger("edgefleet.shared.imaging").setLevel(logging.ERROR)
     limits = ImageLimits(max_bytes=128 * MB, max_pixels=SIDE * SIDE, max_side=SIDE)
     Image.MAX_IMAGE_PIXELS = None  # the naive Pillow path as users run big scans
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,8 +16,14 @@ app = typer.Typer(
 
 # name -> (module under bench/ whose `app` is the benchmark's typer app, what it measures)
 BENCHMARKS = {
-    "kernels": ("edgefleet.bench.bench_kernels", "fused NV12 pre-processing and NMS vs OpenCV/numpy"),
-    "imaging": ("edgefleet.bench.bench_imaging", "safe decoding: memory and speed vs Pillow/OpenCV"),
+    "kernels": (
+        "edgefleet.bench.bench_kernels",
+        "fused NV12 pre-processing and NMS vs OpenCV/numpy",
+    ),
+    "imaging": (
+        "edgefleet.bench.bench_imaging",
+        "safe decoding: memory and speed vs Pillow/OpenCV",
+    ),
     "executor": ("edgefleet.bench.bench_executor", "model latency, batch 1 vs dynamic batching"),
     "edge": ("edgefleet.bench.bench_edge", "agent pipeline vs the naive loop; outbox throughput"),
     "cloud": ("edgefleet.bench.bench_cloud", "REST and MQTT ingest under concurrent load"),

@@ -1,4 +1,5 @@
-"""The seam between the orchestrator and the device registry (edgefleet.fleet.registry.DeviceRegistry).
+"""The seam between the orchestrator and the device registry
+(edgefleet.fleet.registry.DeviceRegistry).
 
 The cloud needs only these calls of a registry: the HMAC key of a device (wire signatures),
 the device a REST token belongs to, and hooks for status/telemetry/reported messages.

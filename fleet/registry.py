@@ -42,7 +42,8 @@ from edgefleet.shared.db import Database
 from edgefleet.shared.errors import Conflict, NotFound
 from edgefleet.shared.messages import DesiredState, DeviceStatus, DeviceTelemetry, ReportedState
 
-# The device models and id/group rules live in edgefleet.fleet.devices; they stay importable from here.
+# The device models and id/group rules live in edgefleet.fleet.devices; they stay importable
+# from here.
 __all__ = [
     "DEVICES",
     "ENROLLED",
