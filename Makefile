@@ -20,7 +20,7 @@ PY_PROBE := import ensurepip, os, sysconfig; \
             assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint system-deps install clean gpu-check
+.PHONY: demo test lint requirements system-deps install clean gpu-check
 
 demo: install
 	$(VENV)/bin/edgefleet demo
@@ -32,6 +32,11 @@ test: install $(TEST_STAMP)
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+# requirements-edge.txt, requirements-cloud.txt, docker/jetson/requirements-jetson.txt from
+# pyproject.toml's extras (the unit tests fail while they are stale).
+requirements:
+	$(PYTHON) docker/requirements.py
 
 install: system-deps $(STAMP)
 

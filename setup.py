@@ -1,4 +1,10 @@
-"""Build glue for the native kernels; all metadata lives in pyproject.toml.
+"""Build glue: the import names of the parts, and the native kernels; metadata is in pyproject.toml.
+
+The repository keeps its top-level folders (shared/, edge/, cloud/, fleet/, bench/), but they
+install as `edgefleet.<part>`: a user's environment never gains top-level packages with
+those common names. `package_dir` maps each import name to its folder; the editable finder
+(`pip install -e .`) and the wheel both honour it. The package list is computed from the
+folders so that a new subpackage needs no edit here.
 
 `edgefleet.shared.kernels._native` is plain C (buffer protocol, no numpy headers needed). x86
 builds stay portable: hot loops carry gcc `target_clones("avx2", "default")`, picked at
@@ -8,7 +14,16 @@ load time, so no -march=native. NEON intrinsics compile under __ARM_NEON on aarc
 
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
+
+PARTS = ("shared", "edge", "cloud", "fleet", "bench")
+
+package_dir = {"edgefleet": "edgefleet"}
+packages = ["edgefleet"]
+for part in PARTS:
+    package_dir[f"edgefleet.{part}"] = part
+    packages.append(f"edgefleet.{part}")
+    packages += [f"edgefleet.{part}.{sub}" for sub in find_packages(where=part)]
 
 extra = ["-O3", "-std=c99", "-D_GNU_SOURCE", "-ffp-contract=off", "-fno-math-errno"]
 if sys.platform == "win32":  # pragma: no cover - not a target, but keep the build sane
@@ -29,4 +44,4 @@ native = Extension(
     optional=False,
 )
 
-setup(ext_modules=[native])
+setup(packages=packages, package_dir=package_dir, ext_modules=[native])
