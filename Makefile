@@ -29,9 +29,10 @@ test: install $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The layer contracts of pyproject.toml, checked on the parts under their import names.
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/lint-imports
+	$(PY) -m tests.support.layers
 
 # requirements-edge.txt, requirements-cloud.txt, docker/jetson/requirements-jetson.txt from
 # pyproject.toml's extras (the unit tests fail while they are stale).

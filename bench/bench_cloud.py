@@ -407,7 +407,7 @@ class Broker:
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Broker:
-        from edgefleet.demo_stack import mosquitto_binary
+        from edgefleet.shared.mosquitto import mosquitto_binary
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "mosquitto.conf"

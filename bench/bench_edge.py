@@ -185,7 +185,7 @@ def bench_outbox(workdir: Path, count: int) -> dict[str, float]:
 
 
 def _broker(workdir: Path):
-    from tests.support.broker import MosquittoBroker
+    from edgefleet.shared.mosquitto import MosquittoBroker
 
     return MosquittoBroker(workdir, extra_config="user root" if os.geteuid() == 0 else "")
 

@@ -29,7 +29,7 @@ from edgefleet.cloud.middleware import (
 )
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.fleet.api import build_router
+from edgefleet.fleet.service import build_router
 from edgefleet.shared.errors import EdgefleetError
 
 log = logging.getLogger(__name__)

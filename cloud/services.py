@@ -88,7 +88,7 @@ class CloudServices:
         store = FeedbackStore(db, settings.data_dir / "images")
         registry = rollouts = None
         if directory is None:
-            from edgefleet.fleet.registry import DeviceRegistry
+            from edgefleet.fleet.service import DeviceRegistry
 
             master = settings.device_master_key
             registry = DeviceRegistry(
@@ -176,8 +176,7 @@ class CloudServices:
             )
             processor.publish = services.ingest.publish_verdict
         if registry is not None:
-            from edgefleet.fleet.models import ModelStore
-            from edgefleet.fleet.rollout import RolloutController
+            from edgefleet.fleet.service import ModelStore, RolloutController
 
             # the directory `edgefleet fleet model-add` writes to (FleetSettings.data_dir
             # defaults to the cloud's), so NAME@VER deployments resolve to its files

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +25,8 @@ from typing import Any
 from rich.console import Console
 
 from edgefleet.demo_video import GroundTruth
-from edgefleet.shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared import mosquitto
+from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.topics import Channel, Topics
 
 MOSQUITTO_MISSING = (
@@ -36,8 +36,6 @@ MOSQUITTO_MISSING = (
     "  macOS:          brew install mosquitto\n"
     "or run `make demo`, which installs it. Then run `edgefleet demo` again."
 )
-# Where distributions install the broker when sbin is not on PATH (a plain user's shell).
-MOSQUITTO_LOCATIONS = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 # Channels a device publishes on: what counts as uplink.
 UPLINK_CHANNELS = (Channel.STATUS, Channel.TELEMETRY, Channel.ESCALATIONS, Channel.REPORTED)
 
@@ -127,14 +125,8 @@ def free_port() -> int:
 
 
 def mosquitto_binary() -> str:
-    """Path of the broker binary; ConfigError with install instructions when missing."""
-    found = shutil.which("mosquitto") or next(
-        (p for p in MOSQUITTO_LOCATIONS if Path(p).is_file()),
-        None,
-    )
-    if found is None:
-        raise ConfigError("mosquitto is not installed", hint=MOSQUITTO_MISSING)
-    return found
+    """Path of the broker binary; ConfigError with the demo's install instructions when missing."""
+    return mosquitto.mosquitto_binary(hint=MOSQUITTO_MISSING)
 
 
 class Interrupted(EdgefleetError):

@@ -174,7 +174,7 @@ def letterbox_loader(
     def load(path: Path) -> np.ndarray:
         from edgefleet.shared.imaging.decode import decode_file
         from edgefleet.shared.imaging.letterbox import LetterboxTransform
-        from edgefleet.shared.models.preprocess import letterbox_into, pad_norm_value
+        from edgefleet.shared.imaging.normalise import letterbox_into, pad_norm_value
 
         rgb = decode_file(path)
         plan = LetterboxTransform.plan(rgb.shape[:2], hw)

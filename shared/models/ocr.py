@@ -18,12 +18,13 @@ from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.imaging.normalise import normalise
 from edgefleet.shared.messages import Detection
 from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.db import DBParams, db_boxes, order_quad
-from edgefleet.shared.models.preprocess import det_plan, normalise, stack_canvases
+from edgefleet.shared.models.preprocess import det_plan, stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
 from edgefleet.shared.models.session import Session, open_session
 

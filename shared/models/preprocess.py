@@ -1,17 +1,19 @@
 """Input adaptation for the built-in models: letterbox, normalise, lay out as NCHW.
 
-The LetterboxTransform plans where the image lands; these helpers only fill tensors.
+The LetterboxTransform plans where the image lands; these helpers only fill tensors (the
+per-pixel normalisation lives in `edgefleet.shared.imaging.normalise`, below the executor,
+which calibrates TensorRT with the same numbers).
 """
 
 from __future__ import annotations
 
 import math
 
-import cv2
 import numpy as np
 
 from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.imaging.normalise import letterbox_into
 
 MAX_SIDE = 16384
 
@@ -28,42 +30,6 @@ def check_image(image: object) -> np.ndarray:
     if min(h, w) < 1 or max(h, w) > MAX_SIDE:
         raise InvalidInput(f"image size {w}x{h} is outside 1..{MAX_SIDE} pixels")
     return image
-
-
-def normalise(
-    image: np.ndarray, mean: list[float], std: list[float], scale: float, bgr: bool
-) -> np.ndarray:
-    """HxWx3 uint8 (RGB) -> 3xHxW float32 ((x * scale - mean) / std), in the model's order."""
-    px = image[..., ::-1] if bgr else image
-    m = np.asarray(mean, np.float32).reshape(1, 1, 3)
-    s = np.asarray(std, np.float32).reshape(1, 1, 3)
-    # x * (scale / s) - m / s in one pass is the same as ((x * scale) - m) / s
-    out = px.astype(np.float32) * (np.float32(scale) / s) - (m / s)
-    return np.ascontiguousarray(out.transpose(2, 0, 1))
-
-
-def pad_norm_value(pad: int, mean: list[float], std: list[float], scale: float, bgr: bool):
-    """The normalised value (per channel, model order) of a padding pixel."""
-    pixel = np.full((1, 1, 3), pad, np.uint8)
-    return normalise(pixel, mean, std, scale, bgr).reshape(3)
-
-
-def letterbox_into(
-    canvas: np.ndarray,
-    image: np.ndarray,
-    transform: LetterboxTransform,
-    mean: list[float],
-    std: list[float],
-    scale: float,
-    bgr: bool,
-) -> None:
-    """Resize `image` per `transform` and write it, normalised, into canvas (3, H, W)."""
-    interp = cv2.INTER_AREA if transform.new_w < transform.src_w else cv2.INTER_LINEAR
-    resized = cv2.resize(image, (transform.new_w, transform.new_h), interpolation=interp)
-    t, left = transform.pad_top, transform.pad_left
-    canvas[:, t : t + transform.new_h, left : left + transform.new_w] = normalise(
-        resized, mean, std, scale, bgr
-    )
 
 
 def ceil_to(value: float, multiple: int) -> int:

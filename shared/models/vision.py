@@ -13,11 +13,12 @@ from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.imaging.normalise import normalise, pad_norm_value
 from edgefleet.shared.messages import Detection
 from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.decoders.classification import top_k
 from edgefleet.shared.models.decoders.yolo import decode_yolo
-from edgefleet.shared.models.preprocess import normalise, pad_norm_value, stack_canvases
+from edgefleet.shared.models.preprocess import stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
 from edgefleet.shared.models.session import Session, open_session, warmup_guard
 

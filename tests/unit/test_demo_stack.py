@@ -156,12 +156,12 @@ def test_a_missing_mosquitto_says_how_to_install_it(
 ) -> None:
     from typer.testing import CliRunner
 
-    from edgefleet import demo_stack
     from edgefleet.cli import app
+    from edgefleet.shared import mosquitto
 
     # given a machine without the broker: nothing on PATH, nothing in sbin
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    monkeypatch.setattr(demo_stack, "MOSQUITTO_LOCATIONS", (str(tmp_path / "sbin/mosquitto"),))
+    monkeypatch.setattr(mosquitto, "MOSQUITTO_LOCATIONS", (str(tmp_path / "sbin/mosquitto"),))
     with pytest.raises(EdgefleetError, match="mosquitto is not installed"):
         mosquitto_binary()
     # when the demo starts

@@ -1,22 +1,35 @@
-"""The layer contract: shared imports no part; edge and cloud never import each other."""
+"""The layer contracts of pyproject.toml hold: CLI > bench > cloud > fleet | edge > shared,
+inside shared models > executor > kernels > imaging, edge and cloud independent, the cloud
+reaching the fleet through one public module, no web stack under the edge, no `tests` import
+from product code."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import tomllib
+
+from tests.support.layers import ROOT, lint_imports
 
 
 def test_import_linter_contracts_hold():
-    lint_imports = Path(sys.executable).with_name("lint-imports")
-    result = subprocess.run(
-        [str(lint_imports), "--config", str(ROOT / "pyproject.toml")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = lint_imports()
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    count = len(contracts["contracts"])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 kept, 0 broken" in result.stdout
+    assert f"{count} kept, 0 broken" in result.stdout, result.stdout
+    assert count >= 6
+
+
+def test_the_edge_agent_imports_no_web_stack():
+    """On a Jetson, `edgefleet[edge]` has no FastAPI: the agent and the CLI must not need it."""
+    cloud_only = "{'fastapi', 'starlette', 'uvicorn', 'sse_starlette', 'psycopg', 'cryptography'}"
+    code = (
+        "import sys, edgefleet.cli, edgefleet.edge.agent, edgefleet.edge.cli; "
+        f"loaded = {cloud_only} & set(sys.modules); assert not loaded, loaded"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert result.returncode == 0, result.stderr
