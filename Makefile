@@ -66,7 +66,11 @@ GPU_CHECK_ARGS ?=
 gpu-check:
 	@[ -x $(PY) ] || $(PYTHON) -m venv --system-site-packages $(VENV) \
 	  || echo "gpu-check: no venv could be made here; running with $(PYTHON)"
-	@py=$(PY); [ -x $$py ] || py=$(PYTHON); $$py -m edgefleet.bench.gpu_check $(GPU_CHECK_ARGS)
+	@py=$(PY); [ -x $$py ] || py=$(PYTHON); \
+	  $$py -c 'import edgefleet.bench' 2>/dev/null \
+	  || $$py -m pip install -q --no-deps --no-build-isolation -e . \
+	  || echo "gpu-check: the package did not install (edgefleet.<part> needs it)"; \
+	  $$py -m edgefleet.bench.gpu_check $(GPU_CHECK_ARGS)
 
 # What only the tests need: torch for the PyTorch backend's tests (2.13.0 is a CPU build;
 # where pip finds no CPU build on disk it fetches PyPI's, which is larger but works).

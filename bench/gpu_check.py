@@ -1,11 +1,11 @@
 """`make gpu-check`: every GPU path of edgefleet run and measured in one go, within 8 minutes.
 
-Run: `python -m edgefleet.bench.gpu_check` (or `edgefleet bench gpu-check`); `--dry-run` prints the
-plan, `--steps kernels,nvml` picks steps, `--out DIR` (default `$OUT`, else
+Run: `python -m edgefleet.bench.gpu_check` (or `edgefleet bench gpu-check`); `--dry-run`
+prints the plan, `--steps kernels,nvml` picks steps, `--out DIR` (default `$OUT`, else
 build/gpu-check) receives `gpu_check.json` and `gpu_check.md`.
 
-Each step is a subprocess (`python -m edgefleet.bench.gpu_steps NAME --result FILE`) with its own cap:
-a step that hangs is killed with its whole process group at the cap, recorded as `timeout`
+Each step is a subprocess (`python -m edgefleet.bench.gpu_steps NAME --result FILE`) with its
+own cap: a step that hangs is killed with its whole process group at the cap, recorded as `timeout`
 with whatever figures it had written, and the next step runs. The exit status is 0 when
 every step ran, whatever the figures say; it is non-zero only when this script itself
 fails. Without an NVIDIA GPU every step is `skipped` with the reason, and nothing is

@@ -1,4 +1,6 @@
-"""The steps of the GPU check, one per subprocess: `python -m edgefleet.bench.gpu_steps NAME --result F`.
+"""The steps of the GPU check, one per subprocess.
+
+Run as `python -m edgefleet.bench.gpu_steps NAME --result F`.
 
 Each step writes its outcome (status, reason, figures, goals) to the result file as it
 goes, so figures measured before a timeout survive it. A package the step needs that is
