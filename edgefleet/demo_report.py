@@ -14,8 +14,8 @@ from typing import Any
 
 from rich.table import Table
 
+from edgefleet.bench.scoring import best_match_accuracy, normalise_text
 from edgefleet.demo_stack import Device
-from edgefleet.demo_video import best_match_accuracy, normalise_text
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
+from edgefleet.bench.scoring import best_match_accuracy, char_accuracy, edit_distance
 from edgefleet.demo_report import (
     DeviceScore,
     is_correction,
@@ -20,10 +21,7 @@ from edgefleet.demo_stack import Device
 from edgefleet.demo_video import (
     GroundTruth,
     VideoSpec,
-    best_match_accuracy,
-    char_accuracy,
     container_check_digit,
-    edit_distance,
     render_video,
     truth_path,
 )
