@@ -189,3 +189,19 @@ def test_readyz_gives_no_client_id_away(tmp_path: Path) -> None:
         assert svc.replica not in str(body)
     finally:
         svc.close()
+
+
+def test_without_a_master_key_the_cloud_says_loudly_what_that_means(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import stat
+
+    svc = _services(tmp_path)
+    try:
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any("device_master_key" in m and "sign as any device" in m for m in warned)
+        # and its data folder and store are private, whatever the umask
+        assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o700
+        assert stat.S_IMODE((tmp_path / "data" / "cloud.db").stat().st_mode) == 0o600
+    finally:
+        svc.close()

@@ -139,6 +139,13 @@ def test_deploy_and_status_through_the_api(tmp_path: Path) -> None:
         assert table.exit_code == 0 and "cam-3" in table.output and "4 devices" in table.output
         no_key = run("deploy", "--group", "yard", "--image", "edge:1", "--api", server.url)
         assert no_key.exit_code == 2 and "--api-key" in no_key.output
+        # the operator rolls the active rollout back, once; the group is free again
+        [active] = server.rollouts.list()
+        back = run("rollback", active.id, *api)
+        assert back.exit_code == 0 and "rolled_back" in back.output, back.output
+        again = run("rollback", active.id, *api)
+        assert again.exit_code == 2 and "409" in again.output
+        assert server.rollouts.get(active.id).status == "rolled_back"
     finally:
         server.stop()
 

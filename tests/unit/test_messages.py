@@ -149,3 +149,18 @@ def test_json_schemas_cover_every_message_and_use_wire_names():
         assert "schema" in schema["properties"], schema_id
         assert "schema_id" not in schema["properties"]
         assert schema["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("part", ["../../x", "..", "a/b", "a\\b", ".hidden", ""])
+def test_a_desired_model_name_or_version_is_one_path_component(part: str) -> None:
+    from edgefleet.shared.messages import DesiredState, ModelRef
+
+    good = {"name": "det", "version": "1", "url": "https://m/det", "sha256": "a" * 64}
+    for field in ("name", "version"):
+        with pytest.raises(ValidationError):
+            ModelRef.model_validate({**good, field: part})
+    state = DesiredState(device_id="cam-01", deployment_id="d", image="e:1", models=[])
+    raw = state.model_dump(mode="json", by_alias=True)
+    raw["models"] = [{**good, "version": part}]
+    with pytest.raises(ValidationError):  # what a device parses off its desired topic
+        DesiredState.model_validate_json(json.dumps(raw))
