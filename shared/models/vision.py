@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from edgefleet.shared import kernels
 from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
@@ -21,15 +22,6 @@ from edgefleet.shared.models.decoders.yolo import decode_yolo
 from edgefleet.shared.models.preprocess import stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
 from edgefleet.shared.models.session import Session, open_session, warmup_guard
-
-
-def _fused_kernel():
-    """`edgefleet.shared.kernels.native.frame_to_tensor` when the native extension is built."""
-    try:
-        from edgefleet.shared.kernels.native import frame_to_tensor
-    except ImportError:
-        return None
-    return frame_to_tensor
 
 
 def _input_hw(spec: ModelSpec, session: Session | None, default: int) -> tuple[int, int]:
@@ -107,24 +99,19 @@ class YoloModel(_SingleSessionModel):
         self._fill = pad_norm_value(spec.input.pad_value, *self._norm)
 
     def pre_process(self, images: list[np.ndarray]) -> _Prepared:
-        kernel = _fused_kernel() if self.spec.input.scale == 1 / 255 else None
-        if kernel is None:
+        mean, std, scale, bgr = self._norm
+        if scale != 1 / 255:  # the kernels normalise x / 255 only
             plans = [LetterboxTransform.plan(img.shape[:2], self.hw) for img in images]
             return _Prepared(stack_canvases(images, plans, self._fill, *self._norm), plans)
-        # the fused kernel: resize + pad + normalise + NCHW in one pass, into the batch
-        mean, std, _, bgr = self._norm
+        # resize + pad + normalise + NCHW in one pass, through the one dispatcher (CUDA,
+        # native C/NEON or the reference); an RGB image read as BGR comes out channel-
+        # swapped, which is the order a BGR model wants
+        convert = kernels.bgr_to_tensor if bgr else kernels.rgb_to_tensor
         batch = np.empty((len(images), 3, *self.hw), np.float32)
         plans = []
         for i, img in enumerate(images):
-            # an RGB image read as "bgr" comes out channel-swapped: the BGR order it wants
-            _, plan = kernel(
-                img,
-                "bgr" if bgr else "rgb",
-                self.hw,
-                mean,
-                std,
-                self.spec.input.pad_value,
-                out=batch[i : i + 1],
+            _, plan = convert(
+                img, self.hw, mean, std, self.spec.input.pad_value, out=batch[i : i + 1]
             )
             plans.append(plan)
         return _Prepared(batch, plans)

@@ -6,11 +6,11 @@ v8/v11: (4 + C, N) columns of cx, cy, w, h, class scores (no objectness), transp
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
+
+from edgefleet.shared import kernels
 
 
 @dataclass(frozen=True)
@@ -34,39 +34,6 @@ def detect_layout(output: np.ndarray, num_classes: int | None) -> str:
             return "v8-rows"
         raise ValueError(f"output {output.shape} fits neither v5 nor v8 with {num_classes} classes")
     return "v8" if rows < cols else "v5"
-
-
-def _kernel_nms():
-    """The project's NMS kernel (`edgefleet.shared.kernels.nms`) when it is built, else None."""
-    for module_name in (
-        "edgefleet.shared.kernels.nms",
-        "edgefleet.shared.kernels",
-        "edgefleet.shared.kernels.native",
-    ):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        fn = getattr(module, "nms", None)
-        if fn is not None and not callable(fn):
-            fn = getattr(fn, "nms", None)
-        if callable(fn):
-            return fn
-    return None
-
-
-def _nms(boxes: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, iou: float, max_det: int):
-    kernel_nms = _kernel_nms()
-    if kernel_nms is not None:
-        keep = kernel_nms(boxes, scores, iou, 0.0, class_ids=class_ids, max_det=max_det)
-        return np.asarray(keep, dtype=np.int64)
-    xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
-    keep = cv2.dnn.NMSBoxesBatched(
-        xywh.tolist(), scores.tolist(), class_ids.astype(int).tolist(), 0.0, iou
-    )
-    keep = np.asarray(keep, dtype=np.int64).reshape(-1)
-    keep = keep[np.argsort(-scores[keep], kind="stable")]
-    return keep[:max_det]
 
 
 def decode_yolo(
@@ -101,5 +68,12 @@ def decode_yolo(
         return YoloDetections(np.zeros((0, 4), np.float32), scores, class_ids.astype(np.int64))
     half = cxcywh[:, 2:4] / 2
     boxes = np.concatenate([cxcywh[:, :2] - half, cxcywh[:, :2] + half], axis=1)
-    keep = _nms(boxes, scores, class_ids, iou_threshold, max_det)
+    keep = kernels.nms(
+        np.ascontiguousarray(boxes, np.float32),
+        np.ascontiguousarray(scores, np.float32),
+        iou_threshold,
+        0.0,
+        class_ids=class_ids,
+        max_det=max_det,
+    )
     return YoloDetections(boxes[keep], scores[keep], class_ids[keep].astype(np.int64))
