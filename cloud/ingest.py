@@ -109,6 +109,9 @@ class Ingest:
         self._light_max = light_queue
         self._batch_max = batch_max
         self._light: queue.Queue[tuple[Verified, int, int] | None] = queue.Queue()
+        # read when scraped, not set per message (a gauge update costs more than the count)
+        LIGHT_QUEUE_DEPTH.set_function(self._light.qsize)
+        UNACKED.set_function(lambda: self._unacked)
         self._light_workers = [
             threading.Thread(target=self._light_loop, name=f"ingest-light-{i}", daemon=True)
             for i in range(light_workers)
@@ -218,7 +221,6 @@ class Ingest:
             _ingested(_channel(wire), "dropped_full").inc()
             return
         self._light.put((verified, mid, qos))
-        LIGHT_QUEUE_DEPTH.set(self._light.qsize())
 
     def _take_case(self, verified: Verified, mid: int, qos: int) -> None:
         assert isinstance(verified.message, EscalationCase)
@@ -244,7 +246,6 @@ class Ingest:
         which is our backpressure on MQTT: counted like a full REST queue."""
         with self._unacked_lock:
             self._unacked += 1
-            UNACKED.set(self._unacked)
             if self._unacked >= self.receive_maximum:
                 BACKPRESSURE.labels("mqtt").inc()
 
@@ -252,7 +253,6 @@ class Ingest:
         if qos > 0:
             with self._unacked_lock:
                 self._unacked = max(0, self._unacked - 1)
-                UNACKED.set(self._unacked)
             self.client.ack(mid, qos)
 
     # --- telemetry, status, reported ------------------------------------------------
@@ -276,7 +276,6 @@ class Ingest:
                     stop = True
                     break
                 batch.append(more)
-            LIGHT_QUEUE_DEPTH.set(self._light.qsize())
             self._store_batch(batch)
             if stop:
                 return
