@@ -121,6 +121,7 @@ class OnnxRuntimeExecutor:
             raise ModelLoadError(
                 f"{self.name} cannot load {blob.name}: {runtime_message(exc)}"
             ) from None
+        check_providers(self.name, providers, self._session.get_providers())
         self._model = blob.name
         self._inputs = [
             TensorSpec(i.name, _dims(i.shape), _NUMPY_DTYPES.get(i.type, "float32"))
@@ -177,3 +178,14 @@ class OnnxRuntimeExecutor:
     @property
     def outputs(self) -> list[TensorSpec]:
         return list(self._outputs)
+
+
+def check_providers(backend: str, requested: list[str], got: list[str]) -> None:
+    """ONNX Runtime falls back to the CPU, silently, when a GPU provider fails to start
+    (a missing CUDA or TensorRT library): refuse that, so the backend chain moves on to an
+    explicit choice and says why, instead of a "cuda" model quietly running on the CPU."""
+    if requested and requested[0] not in got:
+        raise ModelLoadError(
+            f"{backend}: ONNX Runtime did not start {requested[0]} (it has {', '.join(got)})",
+            hint="check the CUDA/TensorRT libraries ONNX Runtime's log names",
+        )

@@ -190,3 +190,13 @@ def test_onnxruntime_session_options_come_from_the_settings(config, level):
     assert used.intra_op_num_threads == settings.intra_op_threads
     assert used.inter_op_num_threads == settings.inter_op_threads
     executor.close()
+
+
+def test_a_gpu_provider_that_did_not_start_is_a_load_error_not_a_silent_cpu_run() -> None:
+    from edgefleet.shared.executor.base import ModelLoadError
+    from edgefleet.shared.executor.onnxruntime_backend import check_providers
+
+    requested = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    check_providers("onnxruntime-cuda", requested, requested)  # started as asked
+    with pytest.raises(ModelLoadError, match="did not start CUDAExecutionProvider"):
+        check_providers("onnxruntime-cuda", requested, ["CPUExecutionProvider"])
