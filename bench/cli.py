@@ -28,6 +28,10 @@ BENCHMARKS = {
     "edge": ("edgefleet.bench.bench_edge", "agent pipeline vs the naive loop; outbox throughput"),
     "cloud": ("edgefleet.bench.bench_cloud", "REST and MQTT ingest under concurrent load"),
     "fleet": ("edgefleet.bench.bench_fleet", "dashboard and registry with a large fleet"),
+    "fleet-load": (
+        "edgefleet.bench.bench_fleet_load",
+        "N enrolled devices against R cloud replicas: stored/s, CPU, latency, loss, RSS",
+    ),
     "gpu-check": ("edgefleet.bench.gpu_check", "every GPU path run and measured, each step capped"),
 }
 

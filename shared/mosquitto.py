@@ -125,6 +125,12 @@ class MosquittoBroker:
         return self
 
     @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("the broker is not running")
+        return self._process.pid
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
