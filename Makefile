@@ -11,9 +11,10 @@ STAMP  := $(VENV)/.edgefleet-installed
 TEST_STAMP := $(VENV)/.edgefleet-test-installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := mosquitto mosquitto-clients ffmpeg gcc g++ python3-dev python3-venv \
-                gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user chromium
+                gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user chromium postgresql
 # The binaries that show the packages above are present (checked before calling apt).
-APT_PROBES := mosquitto mosquitto_pub ffmpeg gcc aarch64-linux-gnu-gcc qemu-aarch64 chromium
+APT_PROBES := mosquitto mosquitto_pub ffmpeg gcc aarch64-linux-gnu-gcc qemu-aarch64 chromium \
+              pg_ctlcluster
 # python3-venv and python3-dev ship no binary to probe: ask the interpreter for ensurepip and
 # Python.h (Debian's python3 has neither until they are installed).
 PY_PROBE := import ensurepip, os, sysconfig; \

@@ -55,3 +55,29 @@ def own_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
     instance = MosquittoBroker(tmp_path / "mosquitto").start()
     yield instance
     instance.kill()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """PostgreSQL for the session: the machine's own, else a disposable one (never a skip)."""
+    from tests.support.postgres import postgres_server
+
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh schema on the session's PostgreSQL for this test, dropped afterwards."""
+    import secrets
+
+    import psycopg
+
+    schema = f"ef_test_{secrets.token_hex(6)}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{pg_server}?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -12,7 +12,6 @@ from edgefleet.cloud.store import ClaimState, FeedbackStore
 from edgefleet.cloud.testing import escalation_case
 from edgefleet.shared.db import Database
 from edgefleet.shared.messages import CloudVerdict, Detection, Feedback
-from tests.integration.test_db import pg_url  # noqa: F401 - the fixture, reused
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"fake pixels"
 
@@ -140,7 +139,7 @@ def test_stale_claim_is_taken_over(store: FeedbackStore) -> None:
     assert store.claim(case, replica="alive", stale_after_s=60, **kw).state is ClaimState.CLAIMED
 
 
-def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
+def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     from edgefleet.cloud.services import CloudServices
     from edgefleet.cloud.settings import CloudSettings
 

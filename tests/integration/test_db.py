@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -12,36 +11,6 @@ import pytest
 
 from edgefleet.shared.db import Database, StoreUnavailable, to_pg_placeholders
 from edgefleet.shared.errors import Conflict
-
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def _pg_reachable() -> str | None:
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
-            return None
-    except Exception as exc:  # any failure to connect means: skip with the reason
-        return f"PostgreSQL at 127.0.0.1:5432/test unreachable: {exc}"
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh schema on the real server for this test, dropped afterwards."""
-    reason = _pg_reachable()
-    if reason:
-        pytest.skip(reason)
-    import psycopg
-
-    schema = f"ef_test_{secrets.token_hex(6)}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -26,7 +26,6 @@ from edgefleet.shared.db import Database
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import CloudVerdict
 from edgefleet.shared.mqtt import MqttSettings, connect, make_client
-from tests.integration.test_db import pg_url  # noqa: F401 - the fixture, reused
 
 N_CASES = 300
 
@@ -49,7 +48,7 @@ def _replica(data: Path, pg: str, broker, group: str, name: str, rules: Path) ->
 
 def test_two_replicas_on_postgresql_split_the_load_exactly_once(
     broker,
-    pg_url: str,  # noqa: F811
+    pg_url: str,
     tmp_path: Path,
 ) -> None:
     # given two replicas on one broker, one PostgreSQL and one shared data folder
