@@ -28,7 +28,7 @@ demo: install
 
 test: install $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --cov --cov-report=term $(PYTEST_ARGS)
 
 # The layer contracts of pyproject.toml, checked on the parts under their import names.
 lint: install
