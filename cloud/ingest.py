@@ -101,6 +101,7 @@ class Ingest:
         self.client = make_client(mqtt_settings, self.client_id)
         self.client.manual_ack_set(True)
         self.client.on_connect = self._on_connect
+        self.client.on_subscribe = self._on_subscribe
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self._connected = threading.Event()
@@ -135,6 +136,7 @@ class Ingest:
         self.client.loop_start()
 
     def wait_connected(self, timeout_s: float) -> bool:
+        """True once connected *and* subscribed: from then on the broker hands us our share."""
         return self._connected.wait(timeout_s)
 
     @property
@@ -179,6 +181,12 @@ class Ingest:
             log.error("broker refused the connection: %s", reason_code)
             return
         client.subscribe([(t, mqtt.SubscribeOptions(qos=1)) for t in self._subscriptions()])
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        refused = [str(rc) for rc in reason_codes if rc.is_failure]
+        if refused:  # e.g. broker rules without the cloud's shared subscription: not ready
+            log.error("the broker refused the ingest subscriptions: %s", ", ".join(refused))
+            return
         self._connected.set()
         BROKER_CONNECTED.set(1)
         log.info("ingest connected", extra={"client_id": self.client_id, "group": self.share_group})

@@ -312,3 +312,32 @@ def test_cli_enroll_and_revoke_reach_the_running_broker(tmp_path: Path) -> None:
         assert "cam-08" not in (folder / "dynamic-security.json").read_text()
     finally:
         broker.kill()
+
+
+def test_a_cloud_whose_subscriptions_are_refused_is_not_ready(tmp_path: Path, caplog) -> None:
+    from edgefleet.cloud.services import CloudServices
+    from edgefleet.cloud.settings import CloudSettings
+    from tests.support.fleet import wait_until
+
+    db = Database.connect(f"sqlite:///{tmp_path}/fleet.db")
+    registry = DeviceRegistry(db)
+    cam = registry.enroll("cam-01")
+    broker = fleet_broker(registry, tmp_path / "broker")
+    # given a cloud misconfigured with a device's account (it may not join the share group)
+    settings = CloudSettings(
+        data_dir=tmp_path / "cloud",
+        mqtt={"port": broker.port, "username": "cam-01", "password": cam.broker_password},
+        ingest={"client_id": device_client_id("cam-01")},
+        models={"preload": False},
+    )
+    services = CloudServices.build(settings)
+    try:
+        services.start()
+        # then it says why and stays not ready, instead of serving while ingesting nothing
+        assert wait_until(lambda: "refused the ingest subscriptions" in caplog.text, 30)
+        ready, body = services.readiness()
+        assert not ready and "broker not connected" in body["reasons"]
+    finally:
+        services.close()
+        broker.kill()
+        db.close()

@@ -93,7 +93,6 @@ def test_two_replicas_on_postgresql_split_the_load_exactly_once(
             assert ready.status_code == 200, ready.text
             assert ready.json()["store"] == {"dialect": "postgresql", "writable": True}
         assert subscribed.wait(30)
-        time.sleep(0.5)  # let both SUBSCRIBEs settle at the broker (not an assertion)
         # when the device escalates N cases
         png = encode_png(np.full((8, 8, 3), 200, np.uint8))
         case_ids = publish_cases(device, "cam-scale", cam.device_key, N_CASES, png)
