@@ -30,8 +30,9 @@ from typing import Literal
 
 import yaml
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.messages import EscalationCase
 
@@ -45,11 +46,7 @@ RULES = "rules"  # model name of the rule-based level
 BUSY = "busy"
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Match(_Closed):
+class Match(Closed):
     """Conditions on case metadata; all given ones must hold (none given = always)."""
 
     device: str | list[str] | None = Field(None, description="device id glob(s)")
@@ -62,20 +59,20 @@ class Match(_Closed):
     size_max: int | None = Field(None, ge=0, description="image bytes at most")
 
 
-class RouteSpec(_Closed):
+class RouteSpec(Closed):
     model: str = Field(description="cloud model name, or `rules` for the rule-based answer")
     timeout_s: float | None = Field(None, gt=0, le=600, description="none = models.timeout_s")
     priority: int = Field(0, ge=-100, le=100, description="higher runs first when queued")
     fallback: bool = Field(True, description="fall back to lighter model / rules / busy")
 
 
-class Rule(_Closed):
+class Rule(Closed):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     when: Match = Field(default_factory=Match)
     route: RouteSpec
 
 
-class RuleFile(_Closed):
+class RuleFile(Closed):
     default: RouteSpec | None = None
     rules: list[Rule] = Field(default_factory=list, max_length=1000)
 

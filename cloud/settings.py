@@ -9,20 +9,16 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
-from edgefleet.shared.config import EdgefleetSettings
+from edgefleet.shared.config import Closed, EdgefleetSettings
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.mqtt import MqttSettings
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class HttpSettings(_Closed):
+class HttpSettings(Closed):
     host: str = Field("127.0.0.1", description="address uvicorn binds")
     port: int = Field(8080, ge=0, le=65535, description="HTTP port (0 = any free port)")
     max_upload_bytes: int = Field(
@@ -35,7 +31,7 @@ class HttpSettings(_Closed):
     )
 
 
-class OperatorKey(_Closed):
+class OperatorKey(Closed):
     name: str = Field(min_length=1, max_length=64, description="who holds the key (for logs)")
     sha256: str = Field(
         pattern=r"^[0-9a-f]{64}$",
@@ -43,7 +39,7 @@ class OperatorKey(_Closed):
     )
 
 
-class IngestSettings(_Closed):
+class IngestSettings(Closed):
     enabled: bool = Field(True, description="subscribe to the device topics on the broker")
     share_group: str | None = Field(
         None,
@@ -85,7 +81,7 @@ class IngestSettings(_Closed):
     )
 
 
-class QueueSettings(_Closed):
+class QueueSettings(Closed):
     max_pending: int = Field(
         256, ge=1, description="REST escalations waiting for a worker; beyond this 429"
     )
@@ -99,7 +95,7 @@ class QueueSettings(_Closed):
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent when full")
 
 
-class ModelsSettings(_Closed):
+class ModelsSettings(Closed):
     primary: str = Field("ppocr-heavy", description="cloud model for escalations by default")
     lighter: str = Field("ppocr", description="first fallback when the primary fails or times out")
     served: list[str] = Field(
@@ -114,14 +110,14 @@ class ModelsSettings(_Closed):
     manifest: Path | None = Field(None, description="extra model manifest merged over the default")
 
 
-class CacheSettings(_Closed):
+class CacheSettings(Closed):
     size: int = Field(10_000, ge=0, description="verdicts kept in memory (0 = off)")
     min_score: float = Field(
         0.9, ge=0, le=1, description="cache only results whose every line scores at least this"
     )
 
 
-class RulesSettings(_Closed):
+class RulesSettings(Closed):
     file: Path | None = Field(None, description="routing rules YAML; none = default route only")
     poll_s: float = Field(1.0, gt=0, description="how often the file's mtime is checked")
     accept_edge_min_score: float = Field(
@@ -129,12 +125,12 @@ class RulesSettings(_Closed):
     )
 
 
-class TelemetrySettings(_Closed):
+class TelemetrySettings(Closed):
     bucket_s: int = Field(60, ge=1, description="telemetry history keeps one sample per bucket")
     retention_days: int = Field(30, ge=1, description="older telemetry samples are pruned")
 
 
-class DriftSettings(_Closed):
+class DriftSettings(Closed):
     window_days: float = Field(7.0, gt=0, description="current window: the last N days")
     reference_days: float = Field(
         28.0, gt=0, description="reference window: the N days before the current one"
@@ -143,7 +139,7 @@ class DriftSettings(_Closed):
     interval_s: float = Field(300.0, gt=0, description="how often drift metrics are recomputed")
 
 
-class ImageLimitSettings(_Closed):
+class ImageLimitSettings(Closed):
     max_pixels: int = Field(40_000_000, ge=1, description="width x height above this is refused")
     max_side: int = Field(16_384, ge=1, description="longest side above this is refused")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from edgefleet.shared.db import Database
 from edgefleet.shared.errors import NotFound
-from edgefleet.shared.messages import CloudVerdict, EscalationCase, Feedback
+from edgefleet.shared.messages import CloudVerdict, EscalationCase, Feedback, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +119,6 @@ class ExportRecord:
         return json.dumps(self.__dict__, ensure_ascii=False)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
 
 def _iso_z(value: datetime) -> str:
     return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
@@ -180,7 +177,7 @@ class FeedbackStore:
         which a crash ended mid-case: the id is never held by two live processes).
         """
         path = self.put_image(image_sha256, case.content_type, image)
-        now = _utcnow()
+        now = utcnow()
         inserted = self.db.execute(
             """INSERT INTO ef_cases (case_id, device_id, stream_id, frame_index, reason,
                 trace_id, edge_model, edge_model_version, edge_score, meta, image_sha256,
@@ -249,7 +246,7 @@ class FeedbackStore:
                WHERE status = 'pending'
                  AND (claimed_at < ? OR (claimed_by = ? AND claimed_at < ?))
                ORDER BY received_at LIMIT ?""",
-            (_utcnow() - timedelta(seconds=stale_after_s), replica, replica_started, limit),
+            (utcnow() - timedelta(seconds=stale_after_s), replica, replica_started, limit),
         )
         found = []
         for row in rows:
@@ -283,7 +280,7 @@ class FeedbackStore:
                     verdict.latency_ms,
                     verdict.cached,
                     replica,
-                    _utcnow(),
+                    utcnow(),
                 ),
             )
             self.db.execute(
@@ -381,7 +378,7 @@ class FeedbackStore:
                 feedback.author,
                 principal,
                 signature,
-                _utcnow(),
+                utcnow(),
             ),
         )
 
@@ -406,7 +403,7 @@ class FeedbackStore:
         self.db.execute(
             """INSERT INTO ef_health (id, checked_at) VALUES (1, ?)
                ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at""",
-            (_utcnow(),),
+            (utcnow(),),
         )
 
     def count_exportable(self) -> int:

@@ -21,10 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from edgefleet.fleet.acl import write_private
 from edgefleet.fleet.devices import validate_device_id
 from edgefleet.shared.errors import ConfigError, NotFound
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+from edgefleet.shared.messages import utcnow
 
 
 def _name(common_name: str) -> x509.Name:
@@ -63,7 +60,7 @@ class DeviceCA:
             raise ConfigError(f"a CA exists in {self.dir}; refusing to overwrite it")
         self.dir.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
-        now = _now()
+        now = utcnow()
         cert = (
             x509.CertificateBuilder()
             .subject_name(_name(common_name))
@@ -118,7 +115,7 @@ class DeviceCA:
     ) -> tuple[Path, Path, int]:
         ca_cert, ca_key = self._load()
         key = ec.generate_private_key(ec.SECP256R1())
-        now = _now()
+        now = utcnow()
         serial = x509.random_serial_number()
         builder = (
             x509.CertificateBuilder()
@@ -186,7 +183,7 @@ class DeviceCA:
 
     def _write_crl(self, serials: list[int]) -> None:
         ca_cert, ca_key = self._load()
-        now = _now()
+        now = utcnow()
         builder = (
             x509.CertificateRevocationListBuilder()
             .issuer_name(ca_cert.subject)

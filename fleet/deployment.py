@@ -27,7 +27,7 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 Status = Literal["canary", "rolling", "completed", "failed", "rolled_back", "halted"]
 
 
-class ModelSpec(BaseModel):
+class DeploymentModel(BaseModel):
     """A model of a deployment: `url` and `sha256` may be left out to take them from the store."""
 
     model_config = ConfigDict(extra="forbid")
@@ -59,7 +59,7 @@ class DeploymentRequest(BaseModel):
 
     group: str = Field(description="device group to roll out to")
     image: str = Field(max_length=256, description="container image with an explicit tag")
-    models: list[ModelSpec] = Field(default_factory=list, max_length=16)
+    models: list[DeploymentModel] = Field(default_factory=list, max_length=16)
     config: dict[str, Any] = Field(default_factory=dict, description="pipeline settings")
     canary_percent: float = Field(10.0, gt=0, le=100, description="share of the group first")
     auto_rollback: bool = Field(True, description="give canaries their previous state on failure")

@@ -40,7 +40,13 @@ from edgefleet.fleet.devices import (
 )
 from edgefleet.shared.db import Database
 from edgefleet.shared.errors import Conflict, NotFound
-from edgefleet.shared.messages import DesiredState, DeviceStatus, DeviceTelemetry, ReportedState
+from edgefleet.shared.messages import (
+    DesiredState,
+    DeviceStatus,
+    DeviceTelemetry,
+    ReportedState,
+    utcnow,
+)
 
 # The device models and id/group rules live in edgefleet.fleet.devices; they stay importable
 # from here.
@@ -121,9 +127,6 @@ SUMMARY_COLUMNS = (
 )
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
 
 class DeviceRegistry:
     """Enrollment, credentials and last known state of every device, in the cloud's store."""
@@ -163,7 +166,7 @@ class DeviceRegistry:
         validate_device_id(device_id)
         validate_group(group)
         key, password, token = new_device_key(), new_password(), new_token()
-        now = _now()
+        now = utcnow()
         with self.db.transaction():
             row = self.db.query_one(
                 "SELECT revoked_at FROM fleet_devices WHERE device_id = ?", (device_id,)
@@ -228,7 +231,7 @@ class DeviceRegistry:
 
     def revoke(self, device_id: str) -> None:
         """Drop every credential of the device; NotFound if it is not enrolled."""
-        now = _now()
+        now = utcnow()
         changed = self.db.execute(
             "UPDATE fleet_devices SET revoked_at = ?, key_sealed = NULL, broker_hash = NULL, "
             "token_digest = NULL, online = ?, updated_at = ? "
@@ -260,7 +263,7 @@ class DeviceRegistry:
             self.db.execute(
                 "INSERT INTO fleet_service_accounts (username, broker_hash, created_at) "
                 "VALUES (?, ?, ?)",
-                (username, encoded, _now()),
+                (username, encoded, utcnow()),
             )
 
     def ensure_service_account(self, username: str = "cloud") -> str | None:
@@ -340,7 +343,9 @@ class DeviceRegistry:
 
     def record_reported(self, reported: ReportedState) -> None:
         self._update(
-            reported.device_id, "reported = ?, last_seen = ?", (reported.model_dump_json(), _now())
+            reported.device_id,
+            "reported = ?, last_seen = ?",
+            (reported.model_dump_json(), utcnow()),
         )
 
     def set_desired(self, desired: DesiredState | None, device_id: str) -> None:
@@ -354,7 +359,7 @@ class DeviceRegistry:
         return self._stored(device_id, "reported", ReportedState)
 
     def prune_history(self) -> int:
-        cutoff = int(_now().timestamp()) - self.history_retention_s
+        cutoff = int(utcnow().timestamp()) - self.history_retention_s
         return self.db.execute("DELETE FROM fleet_telemetry_history WHERE bucket < ?", (cutoff,))
 
     # --- views ------------------------------------------------------------------------
@@ -391,7 +396,7 @@ class DeviceRegistry:
 
     def history(self, device_id: str, *, hours: float = 6.0) -> list[HistoryPoint]:
         self.get_device(device_id)
-        since = int(_now().timestamp() - hours * 3600)
+        since = int(utcnow().timestamp() - hours * 3600)
         rows = self.db.query(
             f"SELECT bucket, {', '.join(SUMMARY_COLUMNS)} FROM fleet_telemetry_history "
             "WHERE device_id = ? AND bucket >= ? ORDER BY bucket",
@@ -440,7 +445,7 @@ class DeviceRegistry:
         changed = self.db.execute(
             f"UPDATE fleet_devices SET {assignments}, updated_at = ? "
             "WHERE device_id = ? AND revoked_at IS NULL",
-            (*params, _now(), device_id),
+            (*params, utcnow(), device_id),
         )
         if not changed:
             raise NotFound(f"device {device_id!r} is not enrolled")

@@ -22,7 +22,7 @@ import math
 import secrets
 import threading
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import Counter
@@ -30,9 +30,9 @@ from prometheus_client import Counter
 from edgefleet.fleet.deployment import (
     IMAGE_RE,
     SHA256_RE,
+    DeploymentModel,
     DeploymentRequest,
     DeploymentView,
-    ModelSpec,
     Status,
     TargetView,
     parse_request,
@@ -42,7 +42,7 @@ from edgefleet.fleet.models import ModelStore
 from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.shared.db import Database
 from edgefleet.shared.errors import Conflict, InvalidInput, NotFound
-from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState
+from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState, utcnow
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import WireMessage, encode
 
@@ -53,9 +53,9 @@ __all__ = [
     "IMAGE_RE",
     "ROLLOUTS",
     "SHA256_RE",
+    "DeploymentModel",
     "DeploymentRequest",
     "DeploymentView",
-    "ModelSpec",
     "Publish",
     "RolloutController",
     "Status",
@@ -103,9 +103,6 @@ _SCHEMA_V1 = [
     "CREATE INDEX IF NOT EXISTS fleet_targets_device ON fleet_deployment_targets (device_id)",
 ]
 
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class RolloutController:
@@ -166,7 +163,7 @@ class RolloutController:
             "models": [m.model_dump() for m in models],
             "config": req.config,
         }
-        now = _now()
+        now = utcnow()
         with self._lock, self.db.transaction():
             self._refuse_if_active(req.group)
             try:
@@ -215,7 +212,7 @@ class RolloutController:
             self.start(self.tick_interval_s)  # soak times need a clock, not only reports
         return self.get(dep_id)
 
-    def _resolve(self, spec: ModelSpec) -> ModelRef:
+    def _resolve(self, spec: DeploymentModel) -> ModelRef:
         if spec.url and spec.sha256:
             return ModelRef(name=spec.name, version=spec.version, url=spec.url, sha256=spec.sha256)
         if self.model_store is None:
@@ -296,7 +293,7 @@ class RolloutController:
             dep_id, device = reported.deployment_id, reported.device_id
             if reported.status == "healthy":
                 if row["state"] != "healthy":
-                    self._set_target(dep_id, device, state="healthy", healthy_at=_now())
+                    self._set_target(dep_id, device, state="healthy", healthy_at=utcnow())
             elif reported.status in ("failed", "rolled_back"):
                 self._set_target(dep_id, device, state="failed", error=reported.error)
                 if row["role"] == "canary" and row["status"] == "canary":
@@ -315,7 +312,7 @@ class RolloutController:
         )
         for row in rows:
             with self._lock:
-                self._advance(row["id"], now or _now())
+                self._advance(row["id"], now or utcnow())
 
     def start(self, interval_s: float = 1.0) -> None:
         """Call `tick` every `interval_s` on a daemon thread (until `stop`)."""
@@ -340,7 +337,7 @@ class RolloutController:
             self._timer = None
 
     def _advance(self, dep_id: str, now: datetime | None = None) -> None:
-        now = now or _now()
+        now = now or utcnow()
         dep = self._row(dep_id)
         targets = self._targets(dep_id)
         phase_age_s = (now - dep["updated_at"]).total_seconds()
@@ -459,7 +456,7 @@ class RolloutController:
         )
         previous = DesiredState.model_validate_json(row["previous"]) if row["previous"] else None
         if previous is not None:  # re-signed with a fresh timestamp
-            previous = previous.model_copy(update={"ts": _now()})
+            previous = previous.model_copy(update={"ts": utcnow()})
         self._publish_desired(device, previous, kind="rollback")
         self._set_target(dep_id, device, state="rolled_back")
 
@@ -552,7 +549,7 @@ class RolloutController:
             self.db.execute(
                 "UPDATE fleet_deployments SET status = ?, error = COALESCE(?, error), "
                 "updated_at = ? WHERE id = ? AND status = ?",
-                (status, error, _now(), dep_id, expect),
+                (status, error, utcnow(), dep_id, expect),
             )
             == 1
         )
@@ -569,5 +566,5 @@ class RolloutController:
         self.db.execute(
             "UPDATE fleet_deployment_targets SET state = ?, healthy_at = COALESCE(?, healthy_at), "
             "error = COALESCE(?, error), updated_at = ? WHERE deployment_id = ? AND device_id = ?",
-            (state, healthy_at, error, _now(), dep_id, device),
+            (state, healthy_at, error, utcnow(), dep_id, device),
         )

@@ -10,12 +10,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from edgefleet.shared.errors import ConfigError
 
 S = TypeVar("S", bound="EdgefleetSettings")
+
+
+class Closed(BaseModel):
+    """Base of every settings section and config document: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class EdgefleetSettings(BaseSettings):

@@ -114,12 +114,12 @@ def is_jetson() -> bool:
     return Path("/etc/nv_tegra_release").exists()
 
 
-def detect_probe(gpu: bool, device_id: int = 0) -> MemoryProbe:
+def detect_probe(gpu: bool, gpu_index: int = 0) -> MemoryProbe:
     """The probe for where models will run: Jetson, a dGPU via NVML, or host RAM."""
     if is_jetson():
         return JetsonProbe()
     if gpu:
-        return NvmlProbe(device_id)
+        return NvmlProbe(gpu_index)
     return HostProbe()
 
 

@@ -5,44 +5,44 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 MODEL_LOAD_SECONDS = Histogram(
-    "edgefleet_model_load_seconds",
+    "ef_model_load_seconds",
     "Time to parse a model and build its session",
     ["model", "backend"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 MODEL_WARMUP_SECONDS = Histogram(
-    "edgefleet_model_warmup_seconds",
+    "ef_model_warmup_seconds",
     "Time of the first (warm-up) inference inside load",
     ["model", "backend"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 INFER_SECONDS = Histogram(
-    "edgefleet_infer_seconds",
+    "ef_infer_seconds",
     "Forward-pass time per batch",
     ["model", "backend"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
 BATCH_SIZE = Histogram(
-    "edgefleet_batch_size",
+    "ef_batch_size",
     "Requests per batch run by the dynamic batcher",
     ["batcher"],
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
 )
-QUEUE_DEPTH = Gauge("edgefleet_batcher_queue_depth", "Requests waiting", ["batcher"])
+QUEUE_DEPTH = Gauge("ef_batcher_queue_depth", "Requests waiting", ["batcher"])
 REJECTED = Counter(
-    "edgefleet_batcher_rejected_total",
+    "ef_batcher_rejected_total",
     "Requests refused or failed by the batcher, by reason",
     ["batcher", "reason"],
 )
 MEMORY_RESERVED = Gauge(
-    "edgefleet_memory_reserved_bytes", "Bytes admitted by the memory budget", ["device"]
+    "ef_memory_reserved_bytes", "Bytes admitted by the memory budget", ["device"]
 )
 MEMORY_REFUSED = Counter(
-    "edgefleet_memory_refused_total", "Loads or requests refused by the memory budget", ["reason"]
+    "ef_memory_refused_total", "Loads or requests refused by the memory budget", ["reason"]
 )
-PREDICTIONS = Counter("edgefleet_model_predictions_total", "Images run through a model", ["model"])
+PREDICTIONS = Counter("ef_model_predictions_total", "Images run through a model", ["model"])
 PREDICT_SECONDS = Histogram(
-    "edgefleet_model_predict_seconds",
+    "ef_model_predict_seconds",
     "Pre-process + forward + post-process time per batch of images",
     ["model"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),

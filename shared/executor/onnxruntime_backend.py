@@ -83,7 +83,7 @@ class OnnxRuntimeExecutor:
                 cache = s.engine_cache_dir / "ort-trt"
                 out.append(
                     {
-                        "device_id": s.device_id,
+                        "device_id": s.gpu_index,
                         "trt_fp16_enable": s.precision == "fp16",
                         "trt_engine_cache_enable": True,
                         "trt_engine_cache_path": str(cache),
@@ -92,7 +92,7 @@ class OnnxRuntimeExecutor:
                     }
                 )
             elif provider == "CUDAExecutionProvider":
-                out.append({"device_id": s.device_id})
+                out.append({"device_id": s.gpu_index})
             else:
                 out.append({})
         return out
@@ -163,7 +163,7 @@ class OnnxRuntimeExecutor:
         first = self._inputs[0].shape if self._inputs else ()
         return Capabilities(
             backend=self.name,
-            device="cpu" if self.device == "cpu" else f"cuda:{self.settings.device_id}",
+            device="cpu" if self.device == "cpu" else f"cuda:{self.settings.gpu_index}",
             dtypes=("float32", "float16") if self.device != "cpu" else ("float32",),
             dynamic_shapes=any(d is None for d in first),
             max_batch_size=first[0] if first and first[0] is not None else None,

@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from edgefleet.shared.config import Closed
 
 DEFAULT_BACKENDS = [
     "tensorrt",
@@ -21,11 +23,7 @@ DEFAULT_BACKENDS = [
 ]
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class BatcherSettings(_Closed):
+class BatcherSettings(Closed):
     """Triton-style dynamic batching in front of a model."""
 
     enabled: bool = Field(True, description="queue requests and run them in batches")
@@ -52,7 +50,7 @@ class BatcherSettings(_Closed):
     )
 
 
-class MemorySettings(_Closed):
+class MemorySettings(Closed):
     """The memory budget of the device the models run on."""
 
     watermark: float = Field(
@@ -74,7 +72,7 @@ class MemorySettings(_Closed):
     )
 
 
-class TensorRTSettings(_Closed):
+class TensorRTSettings(Closed):
     """Engine building: optimisation profile for dynamic height/width, builder effort."""
 
     min_hw: tuple[int, int] = Field((32, 32), description="smallest H, W of dynamic inputs")
@@ -90,7 +88,7 @@ class TensorRTSettings(_Closed):
     )
 
 
-class ExecutionSettings(_Closed):
+class ExecutionSettings(Closed):
     """How models are executed on this host."""
 
     backends: list[str] = Field(
@@ -100,7 +98,7 @@ class ExecutionSettings(_Closed):
     precision: Literal["fp32", "fp16", "int8"] = Field(
         "fp32", description="numeric precision; fp16/int8 need a GPU backend"
     )
-    device_id: int = Field(0, ge=0, description="GPU index for CUDA/TensorRT backends")
+    gpu_index: int = Field(0, ge=0, description="GPU index for CUDA/TensorRT backends")
     intra_op_threads: int = Field(
         0, ge=0, le=256, description="ONNX Runtime intra-op threads (0 = runtime default)"
     )

@@ -68,21 +68,21 @@ def _check(result):
     return rest[0] if len(rest) == 1 else rest
 
 
-def gpu_identity(device_id: int = 0) -> tuple[str, str]:
+def gpu_identity(gpu_index: int = 0) -> tuple[str, str]:
     """(GPU name, compute capability 'M.m'): NVML on dGPUs, the CUDA runtime on Jetson."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(device_id)
+            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
             name = pynvml.nvmlDeviceGetName(handle)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
         finally:
             pynvml.nvmlShutdown()
         return (name.decode() if isinstance(name, bytes) else str(name)), f"{major}.{minor}"
     except Exception:  # NVML is absent on Jetson: ask CUDA itself
-        props = _check(_cudart().cudaGetDeviceProperties(device_id))
+        props = _check(_cudart().cudaGetDeviceProperties(gpu_index))
         name = props.name.decode(errors="replace").rstrip("\x00")
         return name, f"{props.major}.{props.minor}"
 
@@ -138,7 +138,7 @@ def build_or_load_engine(
         opt_hw=hw,
         max_hw=(max(ts.max_hw[0], hw[0]), max(ts.max_hw[1], hw[1])),
     )
-    gpu_name, cc = gpu_identity(settings.device_id)
+    gpu_name, cc = gpu_identity(settings.gpu_index)
     key = EngineKey(
         blob.sha256, trt.__version__, gpu_name, cc, settings.precision, tuple(profile_plan)
     )
@@ -290,7 +290,7 @@ class TensorRTExecutor:
         else:
             raise EdgefleetError(f"tensorrt runs ONNX or engine files, not {blob.format}")
         cudart = _cudart()
-        _check(cudart.cudaSetDevice(self.settings.device_id))
+        _check(cudart.cudaSetDevice(self.settings.gpu_index))
         # the logger and runtime must outlive the engine: keep references
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
@@ -385,7 +385,7 @@ class TensorRTExecutor:
     def capabilities(self) -> Capabilities:
         return Capabilities(
             backend=self.name,
-            device=f"cuda:{self.settings.device_id}",
+            device=f"cuda:{self.settings.gpu_index}",
             dtypes=("float32", "float16", "int8"),
             dynamic_shapes=True,
             max_batch_size=self.settings.batching.max_batch_size,

@@ -57,7 +57,7 @@ class TorchExecutor:
         self._outputs: list[TensorSpec] = []
 
     def _torch_device(self) -> str:
-        return "cpu" if self.device == "cpu" else f"cuda:{self.settings.device_id}"
+        return "cpu" if self.device == "cpu" else f"cuda:{self.settings.gpu_index}"
 
     def load(self, blob: ModelBlob) -> None:
         import torch

@@ -23,7 +23,7 @@ from edgefleet.shared.messages import Detection
 from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
-from edgefleet.shared.models.decoders.db import DBParams, db_boxes, order_quad
+from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
 from edgefleet.shared.models.preprocess import det_plan, stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
 from edgefleet.shared.models.session import Session, open_session

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
 from edgefleet.shared.executor.base import ModelBlob
 from edgefleet.shared.hashing import sha256_bytes
@@ -36,11 +37,7 @@ _SUFFIX_FORMATS = {
 _PICKLE_SUFFIXES = {".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy"}
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class InputSpec(_Closed):
+class InputSpec(Closed):
     """How a model wants its input tensor."""
 
     name: str | None = Field(None, description="input tensor name; none = the first input")
@@ -53,7 +50,7 @@ class InputSpec(_Closed):
     pad_value: int = Field(114, ge=0, le=255, description="letterbox padding colour")
 
 
-class OcrOptions(_Closed):
+class OcrOptions(Closed):
     """An OCR pipeline over detection, recognition and (optional) angle models."""
 
     det: str = Field(description="text detection model name")
@@ -73,7 +70,7 @@ class OcrOptions(_Closed):
     tta: bool = Field(False, description="also read each line from a padded crop; keep the surer")
 
 
-class YoloOptions(_Closed):
+class YoloOptions(Closed):
     layout: Literal["auto", "v5", "v8"] = Field(
         "auto", description="output layout: v5 (N,5+C) with objectness, v8/v11 (4+C,N)"
     )
@@ -82,7 +79,7 @@ class YoloOptions(_Closed):
     max_det: int = Field(300, ge=1, description="boxes kept per image")
 
 
-class ModelSpec(_Closed):
+class ModelSpec(Closed):
     """One manifest entry."""
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -110,7 +107,7 @@ class ModelSpec(_Closed):
         return _SUFFIX_FORMATS.get(suffix, "unknown")
 
 
-class Manifest(_Closed):
+class Manifest(Closed):
     models: list[ModelSpec]
 
 

@@ -25,9 +25,9 @@ _BUDGETS: dict[tuple, MemoryBudget] = {}
 
 def default_budget(settings: ExecutionSettings, gpu: bool) -> MemoryBudget:
     """One budget per device and policy in this process, shared by every model on it."""
-    key = (gpu, settings.device_id, settings.memory.model_dump_json())
+    key = (gpu, settings.gpu_index, settings.memory.model_dump_json())
     if key not in _BUDGETS:
-        _BUDGETS[key] = MemoryBudget(detect_probe(gpu, settings.device_id), settings.memory)
+        _BUDGETS[key] = MemoryBudget(detect_probe(gpu, settings.gpu_index), settings.memory)
     return _BUDGETS[key]
 
 

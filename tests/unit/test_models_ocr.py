@@ -14,7 +14,7 @@ from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSetting
 from edgefleet.shared.models import load_model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
-from edgefleet.shared.models.decoders.db import DBParams, db_boxes, order_quad
+from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
 from edgefleet.shared.models.ocr import crop_quad, pad_quad
 
 CHARSET = ppocr_charset(list("ABC"))  # ["", "A", "B", "C", " "]
@@ -91,8 +91,8 @@ def test_info_memory_and_backends(ppocr):
 
     for part in ppocr.backends:  # each component was timed loading and warming up in load
         labels = {"model": part, "backend": "onnxruntime-cpu"}
-        assert REGISTRY.get_sample_value("edgefleet_model_load_seconds_count", labels) >= 1
-        assert REGISTRY.get_sample_value("edgefleet_model_warmup_seconds_count", labels) >= 1
+        assert REGISTRY.get_sample_value("ef_model_load_seconds_count", labels) >= 1
+        assert REGISTRY.get_sample_value("ef_model_warmup_seconds_count", labels) >= 1
 
 
 def test_batched_equals_one_by_one_for_different_sizes(ppocr):

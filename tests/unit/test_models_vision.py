@@ -247,12 +247,12 @@ def test_load_warms_up_records_load_and_warmup_times_and_logs_the_backend_choice
         caplog.at_level("INFO", logger="edgefleet.shared"),
         load_model("tiny-warm", settings=SETTINGS, registry=registry),
     ):
-        assert count("edgefleet_model_load_seconds", "tiny-warm") == 1
-        assert count("edgefleet_model_warmup_seconds", "tiny-warm") == 1
-        assert count("edgefleet_infer_seconds", "tiny-warm") == 1  # the warm-up run
+        assert count("ef_model_load_seconds", "tiny-warm") == 1
+        assert count("ef_model_warmup_seconds", "tiny-warm") == 1
+        assert count("ef_infer_seconds", "tiny-warm") == 1  # the warm-up run
     choice = [r.getMessage() for r in caplog.records if r.getMessage().startswith("backend ")]
     assert choice and choice[0].startswith("backend onnxruntime-cpu; not chosen: tensorrt (")
     cold = SETTINGS.model_copy(update={"warmup": False})
     with load_model("tiny-warm", settings=cold, registry=registry):
-        assert count("edgefleet_model_warmup_seconds", "tiny-warm") == 1
-        assert count("edgefleet_infer_seconds", "tiny-warm") == 1
+        assert count("ef_model_warmup_seconds", "tiny-warm") == 1
+        assert count("ef_infer_seconds", "tiny-warm") == 1
