@@ -75,7 +75,7 @@ def _publish_cases(
     per-case ms from publish to its verdict received)."""
     import numpy as np
 
-    from edgefleet.cloud.testing import escalation_case, escalation_wire
+    from edgefleet.bench.harness import escalation_case, escalation_wire
     from edgefleet.shared.imaging import encode_png
     from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish
     from edgefleet.shared.topics import Topics
@@ -267,8 +267,8 @@ class NaiveIngest:
 
 
 def _bench_infer(client, tmp: Path, broker, requests: int) -> None:
+    from edgefleet.bench.harness import ServerThread
     from edgefleet.cloud.app import create_app
-    from edgefleet.cloud.testing import ServerThread
 
     image = _text_png()
     print("## /v1/infer/ppocr, clients in a second process")
@@ -297,8 +297,8 @@ def _bench_infer(client, tmp: Path, broker, requests: int) -> None:
 
 
 def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_device: int) -> None:
+    from edgefleet.bench.harness import ServerThread
     from edgefleet.cloud.app import create_app
-    from edgefleet.cloud.testing import ServerThread
 
     rules = tmp / "rules.yaml"
     rules.write_text("default: {model: rules, timeout_s: 30}\n")
@@ -400,7 +400,7 @@ class Broker:
     host = "127.0.0.1"
 
     def __init__(self, workdir: Path) -> None:
-        from edgefleet.cloud.testing import free_port
+        from edgefleet.shared.mosquitto import free_port
 
         self.port = free_port()
         self.workdir = workdir

@@ -64,7 +64,7 @@ def run_devices(plan: Plan, mode: str) -> dict[str, Any]:
 
     import numpy as np
 
-    from edgefleet.cloud.testing import escalation_case, escalation_wire
+    from edgefleet.bench.harness import escalation_case, escalation_wire
     from edgefleet.shared.imaging import encode_png
     from edgefleet.shared.messages import CloudVerdict, DeviceTelemetry, EscalationCounters
     from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish

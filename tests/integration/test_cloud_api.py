@@ -20,11 +20,11 @@ import paho.mqtt.client as mqtt
 import pytest
 from typer.testing import CliRunner
 
+from edgefleet.bench.harness import ServerThread, escalation_case, escalation_wire
 from edgefleet.cloud.app import create_app
 from edgefleet.cloud.auth import key_digest, sign_body
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.testing import ServerThread, escalation_case, escalation_wire
 from edgefleet.shared.imaging import encode_jpeg, encode_png
 from edgefleet.shared.messages import CloudVerdict
 from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from edgefleet.cloud.testing import free_port
+from edgefleet.shared.mosquitto import free_port
 
 
 def _serve(tmp: Path, mqtt_port: int) -> tuple[subprocess.Popen, str]:

@@ -14,11 +14,11 @@ import httpx
 import numpy as np
 import pytest
 
+from edgefleet.bench.harness import ServerThread, escalation_case
 from edgefleet.cloud.app import create_app
 from edgefleet.cloud.auth import key_digest
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.testing import ServerThread, escalation_case
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import Detection, ModelInfo
 from edgefleet.shared.models import load_model

@@ -21,14 +21,15 @@ import paho.mqtt.client as mqtt
 import pytest
 from typer.testing import CliRunner
 
+from edgefleet.bench.harness import ServerThread, escalation_case
 from edgefleet.cloud.app import create_app
 from edgefleet.cloud.auth import key_digest
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.testing import ServerThread, escalation_case, free_port
 from edgefleet.fleet.cli import app as fleet_cli
 from edgefleet.shared.imaging import encode_jpeg
 from edgefleet.shared.messages import DesiredState
+from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import Verifier
@@ -219,7 +220,7 @@ def test_recent_cases_list_an_escalation_with_its_image(env: Env) -> None:
 def test_drift_of_a_device_is_served_to_operators(env: Env) -> None:
     from datetime import datetime, timedelta, timezone
 
-    from edgefleet.cloud.testing import escalation_case as case_for
+    from edgefleet.bench.harness import escalation_case as case_for
 
     # given: 25 sure cases of another device three weeks ago and 25 unsure ones now
     store = env.services.store

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from edgefleet.bench.harness import escalation_case, escalation_wire
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.testing import escalation_case, escalation_wire
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import (
     CloudVerdict,

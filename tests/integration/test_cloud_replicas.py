@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edgefleet.bench.harness import publish_cases
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.testing import publish_cases
 from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.shared.db import Database
 from edgefleet.shared.imaging import encode_png

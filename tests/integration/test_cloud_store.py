@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from edgefleet.bench.harness import escalation_case
 from edgefleet.cloud.store import ClaimState, FeedbackStore
-from edgefleet.cloud.testing import escalation_case
 from edgefleet.shared.db import Database
 from edgefleet.shared.messages import CloudVerdict, Detection, Feedback
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edgefleet.edge.updater import DesiredStateApplier, ProcessRuntime
+from edgefleet.edge.updater import DesiredStateApplier
 from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState
 from tests.support.fleet import FleetServer, OnnxControl, tiny_onnx, wait_until
+from tests.support.process_runtime import ProcessRuntime
 
 
 @pytest.fixture

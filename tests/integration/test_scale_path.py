@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from edgefleet.bench.harness import ServerThread, publish_cases
 from edgefleet.cloud.app import create_app
 from edgefleet.cloud.auth import key_digest
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.testing import ServerThread, publish_cases
 from edgefleet.shared.db import Database
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import CloudVerdict

@@ -19,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from edgefleet.edge.updater import DesiredStateApplier, ProcessRuntime
+from edgefleet.edge.updater import DesiredStateApplier
 from edgefleet.shared.errors import PayloadRejected
 from edgefleet.shared.messages import DesiredState, DeviceStatus
 from edgefleet.shared.mqtt import (
@@ -33,6 +33,7 @@ from edgefleet.shared.mqtt import (
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import Verifier, encode
 from tests.support.fleet import OnnxControl
+from tests.support.process_runtime import ProcessRuntime
 
 log = logging.getLogger("fleet_device")
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgefleet.bench.harness import escalation_case
 from edgefleet.cloud.replica import ReplicaIdentity
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.testing import escalation_case
 from edgefleet.shared.errors import Overloaded
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import CloudVerdict

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgefleet.bench.harness import escalation_case
 from edgefleet.cloud.auth import Authenticator, Principal, key_digest, sign_body
 from edgefleet.cloud.cache import Cached, CacheKey, VerdictCache
 from edgefleet.cloud.cascade import Cascade, ModelPool
@@ -16,7 +17,6 @@ from edgefleet.cloud.directory import StaticDirectory
 from edgefleet.cloud.drift import ks_statistic
 from edgefleet.cloud.router import Route, Router, RouteSpec
 from edgefleet.cloud.settings import CloudSettings, OperatorKey
-from edgefleet.cloud.testing import escalation_case
 from edgefleet.shared.config import load_settings
 from edgefleet.shared.errors import AuthError, ConfigError, ModelNotFound
 from edgefleet.shared.messages import Detection, ModelInfo

@@ -1,4 +1,4 @@
-"""Helpers for running the real orchestrator in-process: tests and benchmarks use these.
+"""A harness that drives the real orchestrator: the benchmarks and the tests use it.
 
 `ServerThread` serves an app with uvicorn on a free port in a background thread;
 `escalation_wire` lays out a signed EscalationCase exactly as an edge agent would.
@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -14,14 +13,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo
+from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import WireMessage, encode
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerThread:
