@@ -170,5 +170,6 @@ def _include_fleet(app: FastAPI, services: CloudServices) -> None:
             recent_cases=services.store.recent_cases,
             drift=services.drift.latest_json,
             model_store=services.model_store,
+            events_interval_s=services.settings.http.events_interval_s,
         )
     )

@@ -29,6 +29,9 @@ class HttpSettings(Closed):
     max_wait_s: float = Field(
         30.0, gt=0, le=300, description="longest `?wait=` an escalation request may ask for"
     )
+    events_interval_s: float = Field(
+        1.0, gt=0, le=60, description="how often the dashboard's live feed sends what changed"
+    )
 
 
 class OperatorKey(Closed):

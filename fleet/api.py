@@ -1,7 +1,7 @@
 """The fleet's REST routes, live event stream, model downloads and the dashboard page.
 
 `build_router` is included by the cloud app (which maps EdgefleetError to JSON errors in
-its one handler); `edgefleet.fleet.app.create_app` wraps it for standalone use and tests.
+its one handler).
 
 Live updates: one SSE stream per dashboard (`GET /v1/events`). Every `interval_s` it
 sends one `devices` event with all devices changed since the last one (a batch, not a

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import base64
+import hashlib
 import shutil
 from pathlib import Path
 
 import pytest
 
+from edgefleet.bench.harness import escalation_case
 from edgefleet.shared.messages import (
+    CloudVerdict,
+    Detection,
     DeviceStatus,
     DeviceTelemetry,
     EscalationCounters,
@@ -32,14 +35,11 @@ FLAGS = [
     "--no-first-run",
 ]
 N_DEVICES = 1000
-PNG_1PX = base64.b64encode(
-    bytes.fromhex(
-        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-        "1f15c4890000000d49444154789c6360f8cf000001010100"
-        "18dd8db00000000049454e44ae426082"
-    )
-).decode()
-
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cf000001010100"
+    "18dd8db00000000049454e44ae426082"
+)
 
 def telemetry(device: str, seq: int, fps: float, temp: float) -> DeviceTelemetry:
     return DeviceTelemetry(
@@ -88,16 +88,29 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
             "soak_s": 600,
         }
     )
-    server.cases[:] = [
-        {
-            "case_id": "case-0001",
-            "device_id": "cam-0007",
-            "ts": "2026-01-01T00:00:00Z",
-            "reason": "unsure",
-            "verdict": {"result": [{"text": "ABC-123", "score": 0.97}], "route": "ocr"},
-            "thumbnail_url": "data:image/png;base64," + PNG_1PX,
-        }
-    ]
+    # a case answered by the cloud, stored for real (the card reads the store)
+    case = escalation_case("cam-0007", edge=[("ABC-12", 0.4)])
+    server.case_store.claim(
+        case,
+        image_sha256=hashlib.sha256(PNG).hexdigest(),
+        image=PNG,
+        source="rest",
+        replica="test",
+        stale_after_s=60,
+    )
+    server.case_store.save_verdict(
+        CloudVerdict(
+            device_id="cam-0007",
+            trace_id=case.trace_id,
+            case_id=case.case_id,
+            result=[Detection(text="ABC-123", score=0.97)],
+            model="ocr@1",
+            route="ocr",
+            fallback_level=0,
+            latency_ms=12.0,
+        ),
+        replica="test",
+    )
     server.deployment_id = dep.id
     yield server
     server.stop()

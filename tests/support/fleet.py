@@ -1,21 +1,20 @@
-"""Fleet test support: a real uvicorn server in a thread, and a seeded fleet app."""
+"""Fleet test support: the shipped cloud app served for real, a broker from the generated
+config, and a device side with real ONNX Runtime loads."""
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import uvicorn
-
-from edgefleet.fleet.app import create_app
-from edgefleet.fleet.models import ModelStore
+from edgefleet.bench.harness import ServerThread
+from edgefleet.cloud.app import create_app
+from edgefleet.cloud.auth import key_digest
+from edgefleet.cloud.settings import CloudSettings
 from edgefleet.fleet.registry import DeviceRegistry
-from edgefleet.fleet.rollout import RolloutController
-from edgefleet.shared.db import Database
 from edgefleet.shared.wire import WireMessage
-from tests.support.broker import MosquittoBroker, free_port, wait_for_port
+from tests.support.broker import MosquittoBroker, free_port
 
 OPERATOR_KEY = "op-test-key-0123456789"
 
@@ -30,63 +29,37 @@ def fleet_broker(registry: DeviceRegistry, folder: Path) -> MosquittoBroker:
     return MosquittoBroker(folder, port, generated=files.config_file).start()
 
 
-class UvicornThread:
-    """Serves an ASGI app on a free port of 127.0.0.1 until `stop`."""
-
-    def __init__(self, app, port: int | None = None):
-        self.port = port or free_port()
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
-            )
-        )
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> UvicornThread:
-        self.thread.start()
-        wait_for_port(self.port, timeout_s=30)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 @dataclass
 class FleetServer:
-    """Registry + rollouts + model store behind the standalone fleet app, served for real."""
+    """The cloud app that ships (`edgefleet.cloud.app.create_app`: registry, rollouts, model
+    store, operator auth, its one error handler), served for real by uvicorn, without MQTT
+    ingest; the desired states it would publish go to `publish` (default: `sent`)."""
 
     workdir: Path
-    publish: object = None
+    publish: Callable[[WireMessage, bool], None] | None = None
     events_interval_s: float = 0.5
     sent: list[tuple[WireMessage, bool]] = field(default_factory=list)
 
     def start(self) -> FleetServer:
-        self.db = Database.connect(f"sqlite:///{self.workdir}/fleet.db")
-        self.registry = DeviceRegistry(self.db)
         port = free_port()
-        self.store = ModelStore(self.workdir / "models", base_url=f"http://127.0.0.1:{port}")
-        self.rollouts = RolloutController(
-            self.registry,
-            self.db,
-            self.publish or (lambda wire, retain: self.sent.append((wire, retain))),
-            model_store=self.store,
+        settings = CloudSettings(
+            data_dir=self.workdir,
+            http={"port": port, "events_interval_s": self.events_interval_s},
+            ingest={"enabled": False},
+            models={"preload": False},
+            api_keys=[{"name": "ops", "sha256": key_digest(OPERATOR_KEY)}],
         )
-        self.cases: list[dict] = []
-        app = create_app(
-            self.registry,
-            self.rollouts,
-            [OPERATOR_KEY],
-            model_store=self.store,
-            recent_cases=lambda n: self.cases[:n],
-            events_interval_s=self.events_interval_s,
-        )
-        self.http = UvicornThread(app, port).start()
+        app = create_app(settings)
+        services = app.state.services
+        self.db, self.registry = services.db, services.registry
+        self.rollouts, self.store = services.rollouts, services.model_store
+        self.case_store = services.store
+        self.rollouts.publish = self.publish or self._record
+        self.http = ServerThread(app, port).start()
         return self
+
+    def _record(self, wire: WireMessage, retain: bool) -> None:
+        self.sent.append((wire, retain))
 
     @property
     def url(self) -> str:
@@ -94,8 +67,6 @@ class FleetServer:
 
     def stop(self) -> None:
         self.http.stop()
-        self.rollouts.stop()
-        self.db.close()
 
 
 def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.05) -> bool:
