@@ -138,9 +138,12 @@ class GpuTelemetry(Contract):
 # --- the MQTT payloads -----------------------------------------------------------------
 
 
+DeviceState = Literal["online", "offline"]
+
+
 class DeviceStatus(Message):
     schema_id: Literal["ef.status/1"] = Field(default="ef.status/1", alias="schema")
-    state: Literal["online", "offline"]
+    state: DeviceState
     agent_version: str = Field(max_length=64)
 
 
