@@ -83,12 +83,15 @@ class Message(Contract):
 # --- shared pieces ---------------------------------------------------------------------
 
 
+Precision = Literal["fp32", "fp16", "int8", "bf16"]
+
+
 class ModelInfo(Contract):
     name: str = Field(min_length=1, max_length=128)
     version: str = Field(min_length=1, max_length=64)
     sha256: Sha256 | None = None
     backend: str | None = Field(default=None, description="executor backend, e.g. onnxruntime-cpu")
-    precision: Literal["fp32", "fp16", "int8", "bf16"] | None = None
+    precision: Precision | None = None
 
 
 class Detection(Contract):

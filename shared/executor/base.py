@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.messages import Precision
 
 
 class ModelLoadError(EdgefleetError):
@@ -54,7 +55,7 @@ class Capabilities:
     dtypes: tuple[str, ...] = ("float32",)
     dynamic_shapes: bool = True
     max_batch_size: int | None = None
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     providers: tuple[str, ...] = field(default_factory=tuple)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -89,8 +90,9 @@ def frame_geometry(
 
 def model_size(size: object) -> tuple[int, int]:
     """The model input (height, width): two positive integers."""
+    unchecked: Any = size  # whatever does not unpack to two integers is refused here
     try:
-        h, w = size  # type: ignore[misc]
+        h, w = unchecked
         h_i, w_i = int(h), int(w)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"size must be (height, width), got {size!r}") from exc
@@ -100,13 +102,14 @@ def model_size(size: object) -> tuple[int, int]:
 
 
 def _triple(name: str, value: object) -> tuple[float, float, float]:
+    unchecked: Any = value  # whatever is not three numbers is refused here
     try:
-        vals = tuple(float(v) for v in value)  # type: ignore[union-attr]
+        vals = tuple(float(v) for v in unchecked)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{name} must be three numbers, got {value!r}") from exc
     if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
         raise InvalidInput(f"{name} must be three finite numbers, got {value!r}")
-    return vals  # type: ignore[return-value]
+    return vals[0], vals[1], vals[2]
 
 
 def normalise(mean: Sequence[float], std: Sequence[float], pad: object) -> Normalise:
