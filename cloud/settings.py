@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from edgefleet.shared.config import EdgefleetSettings
 from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.messages import Sha256
 from edgefleet.shared.mqtt import MqttSettings
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -37,8 +38,7 @@ class HttpSettings(_Closed):
 
 class OperatorKey(_Closed):
     name: str = Field(min_length=1, max_length=64, description="who holds the key (for logs)")
-    sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$",
+    sha256: Sha256 = Field(
         description="hex SHA-256 of the key; the key itself is not stored",
     )
 
