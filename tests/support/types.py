@@ -19,18 +19,17 @@ from tests.support.layers import ROOT, installed_layout
 
 
 def mypy(*args: str) -> subprocess.CompletedProcess[str]:
+    config = str(ROOT / "pyproject.toml")
     with tempfile.TemporaryDirectory(prefix="edgefleet-types-") as tmp:
         installed_layout(Path(tmp))
-        # The copy, not the editable install, is what mypy reads: no cache is left behind.
+        # cwd first: the copy, not the editable install, is what mypy reads; a fresh cache
+        # in the copy, so nothing is left in the work tree.
+        cache = str(Path(tmp) / ".mypy_cache")
+        command = ["-m", "mypy", "--config-file", config, "--cache-dir", cache, "-p", "edgefleet"]
         return subprocess.run(
-            [
-                sys.executable, "-m", "mypy",
-                "--config-file", str(ROOT / "pyproject.toml"),
-                "--cache-dir", str(Path(tmp) / ".mypy_cache"),
-                "-p", "edgefleet", *args,
-            ],
+            [sys.executable, *command, *args],
             cwd=tmp,
-            env={"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "", "MYPYPATH": tmp},
+            env={"PATH": "/usr/bin:/bin", "MYPYPATH": tmp},
             capture_output=True,
             text=True,
             timeout=600,
