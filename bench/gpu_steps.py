@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
 
-from edgefleet.bench.gpu_check import ROOT, STATUSES
+from edgefleet.bench.gpu_check import ROOT, STATUSES, Status
 
 # The engine cache the tensorrt step fills (emptied first, so builds are measured) and the
 # batching step reuses: outside $OUT, so engines are not copied back with the report.
@@ -42,7 +42,7 @@ class Recorder:
         self.path = path
         self.figures: dict[str, object] = {}
         self.goals: list[dict[str, object]] = []
-        self.status: str | None = None
+        self.status: Status | None = None
         self.reason = ""
         self.flush()
 
@@ -54,7 +54,7 @@ class Recorder:
         self.goals.append({"name": name, "target": target, "met": met})
         self.flush()
 
-    def finish(self, status: str, reason: str = "") -> None:
+    def finish(self, status: Status, reason: str = "") -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         self.status, self.reason = status, reason

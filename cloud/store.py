@@ -113,7 +113,7 @@ class ExportRecord:
     device_id: str
     stream_id: str
     image: str
-    content_type: str
+    content_type: ImageContentType
     label: str
     label_source: str
     edge_result: list[dict[str, Any]]

@@ -472,7 +472,7 @@ class Agent:
         return (not reasons, reasons)
 
 
-def _version_of(path: Path, sha256: str, default: str) -> str:
+def _version_of(path: Path, sha256: Sha256, default: str) -> str:
     """The version the updater filed the model under (`<version>-<sha12>/`), else `default`."""
     folder = path.parent.name
     suffix = f"-{sha256[:12]}"

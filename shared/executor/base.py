@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from edgefleet.shared.errors import EdgefleetError
-from edgefleet.shared.messages import Precision
+from edgefleet.shared.messages import Precision, Sha256
 
 
 class ModelLoadError(EdgefleetError):
@@ -69,7 +69,7 @@ class ModelBlob:
 
     name: str
     data: bytes
-    sha256: str
+    sha256: Sha256
     format: str  # "onnx", "torchscript", "torch-export", "tensorrt-engine"
     # how the model's input is prepared (INT8 calibration must feed the same tensors)
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
