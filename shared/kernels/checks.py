@@ -116,8 +116,9 @@ def normalise(mean: Sequence[float], std: Sequence[float], pad: object) -> Norma
     m, s = _triple("mean", mean), _triple("std", std)
     if any(v == 0.0 for v in s):
         raise InvalidInput(f"std must be non-zero, got {std!r}")
+    unchecked: Any = pad  # whatever is not an integer 0..255 is refused here
     try:
-        pad_i = int(pad)  # type: ignore[call-overload]
+        pad_i = int(unchecked)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"pad must be an integer 0..255, got {pad!r}") from exc
     if pad_i != pad or not 0 <= pad_i <= 255:
@@ -126,8 +127,9 @@ def normalise(mean: Sequence[float], std: Sequence[float], pad: object) -> Norma
 
 
 def out_dtype(dtype: object) -> np.dtype:
+    unchecked: Any = dtype  # whatever is not float32 or float16 is refused here
     try:
-        dt = np.dtype(dtype)  # type: ignore[call-overload]
+        dt = np.dtype(unchecked)
     except TypeError as exc:
         raise InvalidInput(f"dtype must be float32 or float16, got {dtype!r}") from exc
     if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
@@ -169,8 +171,9 @@ class NmsArgs:
 
 
 def _threshold(name: str, value: object) -> float:
+    unchecked: Any = value  # whatever is not a finite number is refused here
     try:
-        f = float(value)  # type: ignore[arg-type]
+        f = float(unchecked)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{name} must be a number, got {value!r}") from exc
     if not math.isfinite(f):
