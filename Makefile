@@ -28,12 +28,15 @@ demo: install
 
 test: install $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m tests.support.types
 	$(PY) -m pytest --cov --cov-report=term $(PYTEST_ARGS)
 
-# The layer contracts of pyproject.toml, checked on the parts under their import names.
+# The layer contracts and the types (mypy) of pyproject.toml, checked on the parts under
+# their import names.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m tests.support.layers
+	$(PY) -m tests.support.types
 
 # requirements-edge.txt, requirements-cloud.txt, docker/jetson/requirements-jetson.txt from
 # pyproject.toml's extras (the unit tests fail while they are stale).

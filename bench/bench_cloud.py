@@ -29,7 +29,7 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -159,8 +159,7 @@ def _settings(tmp: Path, broker, *, batching: bool, rules: Path | None = None):
     from edgefleet.cloud.auth import key_digest
     from edgefleet.cloud.settings import CloudSettings
 
-    return CloudSettings(
-        data_dir=tmp,
+    sections: dict[str, Any] = dict(  # validated as the YAML file's sections are
         mqtt={"host": broker.host, "port": broker.port},
         api_keys=[{"name": "bench", "sha256": key_digest(OP_KEY)}],
         models={"served": ["ppocr"], "lighter": "ppocr", "primary": "ppocr", "timeout_s": 300},
@@ -178,6 +177,7 @@ def _settings(tmp: Path, broker, *, batching: bool, rules: Path | None = None):
         queue={"workers": 4, "max_pending": 4096},
         ingest={"receive_maximum": 256},
     )
+    return CloudSettings(data_dir=tmp, **sections)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -235,12 +235,14 @@ class NaiveIngest:
             import hashlib
 
             from edgefleet.cloud.processor import Job
+            from edgefleet.shared.messages import EscalationCase
 
             verified = verifier.verify(from_paho(message))
             if verified.image is None:  # telemetry: stored inline, one transaction each
                 services.directory.record_telemetry(verified.message)
                 return
             case, image = verified.message, verified.image
+            assert isinstance(case, EscalationCase)  # the only message with an image
             job = Job(
                 sort_key=(0, 0, 0),
                 case=case,

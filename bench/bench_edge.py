@@ -52,7 +52,7 @@ app = typer.Typer(add_completion=False)
 
 
 def write_video(path: Path, frames: int, fps: float = 30.0) -> Path:
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (1920, 1080))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), fps, (1920, 1080))
     for i in range(frames):
         img = np.full((1080, 1920, 3), 225, np.uint8)
         cv2.putText(

@@ -19,6 +19,8 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 
 import cv2
 import numpy as np
@@ -28,6 +30,8 @@ from edgefleet.shared.executor.batcher import DynamicBatcher
 from edgefleet.shared.executor.registry import probe_backends
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import load_model
+from edgefleet.shared.models.base import Model
+from edgefleet.shared.models.ocr import OcrModel
 
 app = typer.Typer(add_completion=False)
 CALLERS = (1, 2, 4, 8)
@@ -86,6 +90,7 @@ def forward_only(data: list[np.ndarray], rounds: int) -> None:
     """The executor alone: det forward of 4 images one by one vs one batch of 4."""
     settings = ExecutionSettings(batching=BatcherSettings(enabled=False))
     with load_model("ppocr", settings=settings) as model:
+        assert isinstance(model, OcrModel)  # ppocr: its detector is model.det
         batch = model.pre_process(data[:4]).tensor
         singles = [batch[i : i + 1] for i in range(4)]
         model.det.run(batch)
@@ -127,7 +132,12 @@ def batcher_overhead(max_delay_ms: float, requests: int = 2000) -> None:
         print(f"| {label} | {seconds * 1e6:.1f} |")
 
 
-def _time(fn) -> float:
+def _predict_alone(model: Model, image: np.ndarray) -> object:
+    """One image through predict_many: no batching across callers."""
+    return model.predict_many([image])
+
+
+def _time(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -182,10 +192,15 @@ def main(
             delayed.predict_many([data[0]])  # warm
             eager.predict_many([data[0]])
             for callers in CALLERS:
-                best = {"naive": (0.0, []), "delay": (0.0, []), "eager": (0.0, [])}
+                best: dict[str, tuple[float, list[float]]] = {
+                    "naive": (0.0, []),
+                    "delay": (0.0, []),
+                    "eager": (0.0, []),
+                }
+                assert delayed.batcher is not None  # loaded with batching on
                 sizes_before = len(delayed.batcher.batch_sizes)
-                calls = {
-                    "naive": lambda im, m=delayed: m.predict_many([im]),
+                calls: dict[str, Callable[[np.ndarray], object]] = {
+                    "naive": partial(_predict_alone, delayed),
                     "delay": delayed.predict,
                     "eager": eager.predict,
                 }

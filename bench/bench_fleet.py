@@ -134,11 +134,11 @@ def main(
                 t0 = time.perf_counter()
                 registry.record_telemetry(tel)
                 ours_w.append(time.perf_counter() - t0)
-        naive_rows = db.query_one("SELECT COUNT(*) AS n FROM naive_history")["n"]
-        ours_rows = db.query_one(
+        naive_rows = db.query("SELECT COUNT(*) AS n FROM naive_history")[0]["n"]
+        ours_rows = db.query(
             "SELECT COUNT(*) AS n FROM fleet_telemetry_history WHERE bucket < ?",
             (int((start + timedelta(hours=1)).timestamp()),),
-        )["n"]
+        )[0]["n"]
         print()
         print(f"## telemetry history: {len(sample)} devices x {messages} messages, 10 s apart")
         print("| store | rows kept | time per message (median) |")
@@ -168,7 +168,7 @@ def _rollout_progress(registry: DeviceRegistry, db: Database, rounds: int) -> No
         unchanged = rollouts.progress_marker(10) == marker
         ours_t.append(time.perf_counter() - t0)
         assert unchanged
-    targets = db.query_one("SELECT COUNT(*) AS n FROM fleet_deployment_targets")["n"]
+    targets = db.query("SELECT COUNT(*) AS n FROM fleet_deployment_targets")[0]["n"]
     n = len(rollouts.list(10))
     print()
     print(f"## rollout progress: {n} active rollouts, {targets:,} targets, a tick with no change")

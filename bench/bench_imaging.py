@@ -20,8 +20,9 @@ import struct
 import tempfile
 import zlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated
 
 import cv2
 import numpy as np
@@ -66,17 +67,26 @@ def write_big_tiff(path: Path) -> None:
             fh.write(np.tile(row, (500, 1)).tobytes())
 
 
-def pillow_rgb(source: object) -> np.ndarray:
+def pillow_rgb(source: Path | IO[bytes]) -> np.ndarray:
     with Image.open(source) as im:
         return np.asarray(im.convert("RGB"))
 
 
+def pillow_bytes_rgb(data: bytes) -> np.ndarray:
+    return pillow_rgb(io.BytesIO(data))
+
+
 def cv2_file_rgb(path: Path) -> np.ndarray:
-    return cv2.cvtColor(cv2.imread(str(path), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if img is None:
+        raise ValueError(f"OpenCV cannot read {path}")
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
 def cv2_bytes_rgb(data: bytes) -> np.ndarray:
     img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if img is None:
+        raise ValueError("OpenCV cannot decode the image")
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
@@ -135,9 +145,9 @@ def main(
     y, x = np.mgrid[0:1080, 0:1920]
     frame = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1).astype(np.uint8)
     for name, data in (("JPEG q90", encode_jpeg(frame, 90)), ("PNG", encode_png(frame))):
-        ours_t = timed(lambda data=data: decode_image(data), repeat, rounds)
-        cv_t = timed(lambda data=data: cv2_bytes_rgb(data), repeat, rounds)
-        pil_t = timed(lambda data=data: pillow_rgb(io.BytesIO(data)), repeat, rounds)
+        ours_t = timed(partial(decode_image, data), repeat, rounds)
+        cv_t = timed(partial(cv2_bytes_rgb, data), repeat, rounds)
+        pil_t = timed(partial(pillow_bytes_rgb, data), repeat, rounds)
         print(
             f"1920x1080 {name}: ours {ours_t * 1e3:6.2f} ms  cv2 {cv_t * 1e3:6.2f} ms "
             f"(ours/cv2 {ours_t / cv_t:.2f}x)  pillow {pil_t * 1e3:6.2f} ms "

@@ -11,6 +11,7 @@ median of `--repeat` calls, best round of `--rounds` (the machine is shared).
 from __future__ import annotations
 
 import importlib.util
+from functools import partial
 
 import cv2
 import numpy as np
@@ -35,7 +36,7 @@ def chain(frame: np.ndarray, t: LetterboxTransform) -> np.ndarray:
     canvas = cv2.copyMakeBorder(
         resized, t.pad_top, bottom, t.pad_left, right, cv2.BORDER_CONSTANT, value=(114, 114, 114)
     )
-    x = (canvas.astype(np.float32) / 255.0 - np.float32(MEAN)) / np.float32(STD)
+    x = (canvas.astype(np.float32) / 255.0 - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
@@ -45,7 +46,7 @@ def chain_steps(frame: np.ndarray, t: LetterboxTransform, repeat: int, rounds: i
     small = cv2.resize(rgb, (t.new_w, t.new_h), interpolation=cv2.INTER_LINEAR)
     bottom, right = t.dst_h - t.new_h - t.pad_top, t.dst_w - t.new_w - t.pad_left
     canvas = cv2.copyMakeBorder(small, t.pad_top, bottom, t.pad_left, right, cv2.BORDER_CONSTANT)
-    x = (canvas.astype(np.float32) / 255.0 - np.float32(MEAN)) / np.float32(STD)
+    x = (canvas.astype(np.float32) / 255.0 - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
     steps = {
         "cvtColor": lambda: cv2.cvtColor(frame, cv2.COLOR_YUV2RGB_NV12),
         "resize": lambda: cv2.resize(rgb, (t.new_w, t.new_h), interpolation=cv2.INTER_LINEAR),
@@ -53,7 +54,8 @@ def chain_steps(frame: np.ndarray, t: LetterboxTransform, repeat: int, rounds: i
             small, t.pad_top, bottom, t.pad_left, right, cv2.BORDER_CONSTANT
         ),
         "normalise": lambda: (
-            (canvas.astype(np.float32) / 255.0 - np.float32(MEAN)) / np.float32(STD)
+            (canvas.astype(np.float32) / 255.0 - np.array(MEAN, np.float32))
+            / np.array(STD, np.float32)
         ),
         "to NCHW": lambda: np.ascontiguousarray(x.transpose(2, 0, 1)[None]),
     }
@@ -74,7 +76,7 @@ def bench_preprocess(repeat: int, rounds: int) -> None:
     t = LetterboxTransform.plan((1080, 1920), size)
     out = np.empty((1, 3, *size), np.float32)
     fused = native.frame_to_tensor(frame, "nv12", size, MEAN, STD, 114, out=out)[0]
-    diff = np.abs((fused - chain(frame, t)) * np.float32(STD)[None, :, None, None]).max()
+    diff = np.abs((fused - chain(frame, t)) * np.array(STD, np.float32)[None, :, None, None]).max()
     print(f"backend: {kernels.backend()}; max |fused - chain| on the [0,1] scale: {diff:.2e}")
     t_chain = timed(lambda: chain(frame, t), repeat, rounds)
     print(f"1080p NV12 -> 640x640 f32  OpenCV+numpy chain        {t_chain * 1e3:7.3f} ms")
@@ -89,8 +91,16 @@ def bench_preprocess(repeat: int, rounds: int) -> None:
     results = {}
     for threads in (1, 2):
         results[threads] = timed(
-            lambda th=threads: native.frame_to_tensor(
-                frame, "nv12", size, MEAN, STD, 114, out=out, threads=th
+            partial(
+                native.frame_to_tensor,
+                frame,
+                "nv12",
+                size,
+                MEAN,
+                STD,
+                114,
+                out=out,
+                threads=threads,
             ),
             repeat,
             rounds,

@@ -188,7 +188,8 @@ def run_step(step: Step, workdir: Path) -> StepResult:
             rc = None
     seconds = round(time.monotonic() - started, 2)
     outcome = _read_outcome(result_path) or {}
-    figures = outcome.get("figures") if isinstance(outcome.get("figures"), dict) else {}
+    written = outcome.get("figures")
+    figures: dict[str, object] = written if isinstance(written, dict) else {}
     goals = [
         Goal(str(g.get("name")), str(g.get("target")), g.get("met"))
         for g in outcome.get("goals") or []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from functools import partial
 
 from edgefleet.bench.gpu_steps import (
     CACHE_DIR,
@@ -66,7 +67,7 @@ def step_kernels(rec: Recorder, deadline: float) -> None:
     frame = np.random.default_rng(0).integers(0, 256, (1620, 1920), dtype=np.uint8)
     want, _ = native.frame_to_tensor(frame, "nv12", size, MEAN, STD, 114)
     got, _ = cuda_backend.frame_to_tensor(frame, "nv12", size, MEAN, STD, 114)  # compiles
-    diff = float(np.abs((got - want) * np.float32(STD)[None, :, None, None]).max())
+    diff = float(np.abs((got - want) * np.array(STD, np.float32)[None, :, None, None]).max())
     identical = bool(np.array_equal(got, want))
     rec.figure(cpu_kernel=native.name(), preprocess_identical=identical, preprocess_max_diff=diff)
     rec.goal("CUDA pre-processing == C kernel", "bit-identical", identical)
@@ -109,10 +110,8 @@ def step_kernels(rec: Recorder, deadline: float) -> None:
             )
         )
         reps = 20 if n < 5000 else 5
-        t_cn = timed(lambda b=boxes, s=scores, k=n: native.nms(b, s, 0.5, 0.0, None, k), reps, 3)
-        t_gn = timed(
-            lambda b=boxes, s=scores, k=n: cuda_backend.nms(b, s, 0.5, 0.0, None, k), reps, 3
-        )
+        t_cn = timed(partial(native.nms, boxes, scores, 0.5, 0.0, None, n), reps, 3)
+        t_gn = timed(partial(cuda_backend.nms, boxes, scores, 0.5, 0.0, None, n), reps, 3)
         rec.figure(
             **{f"nms{n}_identical": same, f"nms{n}_c_ms": _ms(t_cn), f"nms{n}_cuda_ms": _ms(t_gn)}
         )
@@ -250,6 +249,7 @@ def step_tensorrt(rec: Recorder, deadline: float) -> None:
     rec.figure(baseline=f"{baseline_backend} fp32", baseline_accuracy=baseline)
     registry = ModelRegistry.default()
     spec = registry.get("ppocr")
+    assert spec.ocr is not None  # ppocr is the detector + recogniser pipeline
     parts = [spec.ocr.det, spec.ocr.rec]
     trt = TensorRTSettings(
         calibration_images=CALIBRATION_SCENES, builder_optimization_level=BUILDER_LEVEL
@@ -332,11 +332,12 @@ def step_batching(rec: Recorder, deadline: float) -> None:
     with load_model("ppocr", settings=settings) as model:
         model.predict_many([images[0]])
         model.predict(images[0])
-        best = {"batch1": (0.0, []), "batcher": (0.0, [])}
+        best: dict[str, tuple[float, list[float]]] = {"batch1": (0.0, []), "batcher": (0.0, [])}
         calls = {"batch1": lambda im: model.predict_many([im]), "batcher": model.predict}
         for _ in range(2):  # interleaved rounds, best kept
             for key, call in calls.items():
                 best[key] = max(best[key], run_callers(call, images, 8), key=lambda r: r[0])
+        assert model.batcher is not None  # loaded with batching on
         sizes = list(model.batcher.batch_sizes)
     (one, lat1), (many, latb) = best["batch1"], best["batcher"]
     ratio = many / one

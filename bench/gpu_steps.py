@@ -22,8 +22,9 @@ import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypedDict
 
-from edgefleet.bench.gpu_check import ROOT, STATUSES
+from edgefleet.bench.gpu_check import ROOT, STATUSES, Status
 
 # The engine cache the tensorrt step fills (emptied first, so builds are measured) and the
 # batching step reuses: outside $OUT, so engines are not copied back with the report.
@@ -41,7 +42,7 @@ class Recorder:
         self.path = path
         self.figures: dict[str, object] = {}
         self.goals: list[dict[str, object]] = []
-        self.status: str | None = None
+        self.status: Status | None = None
         self.reason = ""
         self.flush()
 
@@ -53,7 +54,7 @@ class Recorder:
         self.goals.append({"name": name, "target": target, "met": met})
         self.flush()
 
-    def finish(self, status: str, reason: str = "") -> None:
+    def finish(self, status: Status, reason: str = "") -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         self.status, self.reason = status, reason
@@ -236,10 +237,21 @@ def _collection_skip_reason(text: str) -> str:
     return why.removeprefix("Skipped: ")
 
 
-def junit_counts(xml_path: Path) -> dict[str, object]:
+class JunitCounts(TypedDict):
+    tests: int
+    failed: int
+    errors: int
+    skipped: int
+    passed: int
+    failed_tests: list[str]
+    skip_reasons: list[str]
+
+
+def junit_counts(xml_path: Path) -> JunitCounts:
     """Passed/failed/errors/skipped, the failed tests' ids and the distinct skip reasons."""
     root = ET.parse(xml_path).getroot()
-    failed, skipped_reasons = [], set()
+    failed: list[str] = []
+    skipped_reasons: set[str] = set()
     counts = {"tests": 0, "failed": 0, "errors": 0, "skipped": 0}
     for case in root.iter("testcase"):
         counts["tests"] += 1
@@ -256,8 +268,16 @@ def junit_counts(xml_path: Path) -> dict[str, object]:
             if reason == "collection skipped" and skip.text:  # a module-level skip
                 reason = _collection_skip_reason(skip.text)
             skipped_reasons.add(reason.strip())
-    counts["passed"] = counts["tests"] - counts["failed"] - counts["errors"] - counts["skipped"]
-    return {**counts, "failed_tests": failed, "skip_reasons": sorted(skipped_reasons)}
+    passed = counts["tests"] - counts["failed"] - counts["errors"] - counts["skipped"]
+    return JunitCounts(
+        tests=counts["tests"],
+        failed=counts["failed"],
+        errors=counts["errors"],
+        skipped=counts["skipped"],
+        passed=passed,
+        failed_tests=failed,
+        skip_reasons=sorted(skipped_reasons),
+    )
 
 
 def step_markers(rec: Recorder, deadline: float) -> None:

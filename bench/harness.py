@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import uvicorn
 from fastapi import FastAPI
 
-from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo
+from edgefleet.shared.messages import (
+    Detection,
+    EscalationCase,
+    EscalationReason,
+    ImageContentType,
+    ModelInfo,
+)
 from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import WireMessage, encode
@@ -63,9 +70,9 @@ class ServerThread:
 def escalation_case(
     device_id: str,
     *,
-    content_type: str = "image/png",
-    edge: list[tuple[str, float]] = (("TEXT", 0.4),),
-    reason: str = "unsure",
+    content_type: ImageContentType = "image/png",
+    edge: Sequence[tuple[str, float]] = (("TEXT", 0.4),),
+    reason: EscalationReason = "unsure",
     stream_id: str = "cam",
     frame_index: int = 0,
     **fields,

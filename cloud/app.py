@@ -134,6 +134,7 @@ def create_app(settings: CloudSettings, *, services: CloudServices | None = None
     app.include_router(health.router)
     if services.registry is not None:
         _include_fleet(app, services)
+    # FastAPI's documented way to customise the schema is to replace the method
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from edgefleet.shared.messages import Detection
+from edgefleet.shared.messages import Detection, Sha256
 
 CACHE_LOOKUPS = Counter("ef_cloud_cache_lookups_total", "Verdict cache lookups", ["result"])
 CACHE_SIZE = Gauge("ef_cloud_cache_entries", "Verdicts in the cache")
@@ -22,7 +22,7 @@ CACHE_SIZE = Gauge("ef_cloud_cache_entries", "Verdicts in the cache")
 
 @dataclass(frozen=True)
 class CacheKey:
-    image_sha256: str
+    image_sha256: Sha256
     model: str  # name@version
     route: str
 

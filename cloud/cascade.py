@@ -27,7 +27,7 @@ from prometheus_client import Counter, Histogram
 from edgefleet.cloud.cache import Cached, CacheKey, VerdictCache
 from edgefleet.cloud.router import BUSY, RULES, Route
 from edgefleet.shared.errors import EdgefleetError, InferenceTimeout, ModelNotFound
-from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo
+from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo, Sha256
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ class Cascade:
         return chain
 
     def run(
-        self, route: Route, case: EscalationCase, image: np.ndarray | None, image_sha256: str
+        self, route: Route, case: EscalationCase, image: np.ndarray | None, image_sha256: Sha256
     ) -> Outcome:
         deadline = time.monotonic() + route.timeout_s
         for level, name in self.levels(route):
@@ -276,7 +276,7 @@ class Cascade:
         name: str,
         route: Route,
         image: np.ndarray,
-        image_sha256: str,
+        image_sha256: Sha256,
         timeout_s: float,
     ) -> Outcome | None:
         loaded = self.pool.loaded(name)

@@ -32,7 +32,7 @@ from edgefleet.cloud.store import ClaimState, FeedbackStore
 from edgefleet.shared.db import StoreUnavailable
 from edgefleet.shared.errors import EdgefleetError, Overloaded
 from edgefleet.shared.logs import trace_id_var
-from edgefleet.shared.messages import CloudVerdict, EscalationCase
+from edgefleet.shared.messages import CaseId, CloudVerdict, EscalationCase, Sha256
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Job:
     sort_key: tuple[int, int, int]  # (-priority, the device's fair-share slot, arrival)
     case: EscalationCase = field(compare=False)
     image: bytes = field(compare=False)
-    image_sha256: str = field(compare=False)
+    image_sha256: Sha256 = field(compare=False)
     route: Route = field(compare=False)
     source: str = field(compare=False)
     enqueued: float = field(compare=False)
@@ -338,7 +338,7 @@ class CaseProcessor:
             log.exception("publishing the verdict of %s failed", verdict.case_id)
 
     def wait_verdict(
-        self, case_id: str, timeout_s: float, poll_s: float = 0.05
+        self, case_id: CaseId, timeout_s: float, poll_s: float = 0.05
     ) -> CloudVerdict | None:
         """Poll the store (another replica may own the case) until a verdict or timeout."""
         deadline = time.monotonic() + timeout_s

@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from edgefleet.shared.config import Closed, EdgefleetSettings
 from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.messages import Sha256
 from edgefleet.shared.mqtt import MqttSettings
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -36,8 +37,7 @@ class HttpSettings(Closed):
 
 class OperatorKey(Closed):
     name: str = Field(min_length=1, max_length=64, description="who holds the key (for logs)")
-    sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$",
+    sha256: Sha256 = Field(
         description="hex SHA-256 of the key; the key itself is not stored",
     )
 

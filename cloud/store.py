@@ -26,7 +26,15 @@ from typing import Any
 
 from edgefleet.shared.db import Database
 from edgefleet.shared.errors import NotFound
-from edgefleet.shared.messages import CloudVerdict, EscalationCase, Feedback, utcnow
+from edgefleet.shared.messages import (
+    CaseId,
+    CloudVerdict,
+    EscalationCase,
+    Feedback,
+    ImageContentType,
+    Sha256,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +110,11 @@ class Claim:
 class ExportRecord:
     """One training example of the export."""
 
-    case_id: str
+    case_id: CaseId
     device_id: str
     stream_id: str
     image: str
-    content_type: str
+    content_type: ImageContentType
     label: str
     label_source: str
     edge_result: list[dict[str, Any]]
@@ -138,10 +146,10 @@ class FeedbackStore:
 
     # --- images ---------------------------------------------------------------------
 
-    def image_path(self, sha256: str, content_type: str) -> Path:
+    def image_path(self, sha256: Sha256, content_type: ImageContentType) -> Path:
         return self.images_dir / sha256[:2] / f"{sha256}.{_EXT.get(content_type, 'bin')}"
 
-    def put_image(self, sha256: str, content_type: str, data: bytes) -> Path:
+    def put_image(self, sha256: Sha256, content_type: ImageContentType, data: bytes) -> Path:
         """Write once, atomically (tmp + rename): a crash never leaves half an image."""
         path = self.image_path(sha256, content_type)
         if path.exists():
@@ -163,7 +171,7 @@ class FeedbackStore:
         self,
         case: EscalationCase,
         *,
-        image_sha256: str,
+        image_sha256: Sha256,
         image: bytes,
         source: str,
         replica: str,
@@ -260,7 +268,7 @@ class FeedbackStore:
                 )
         return found
 
-    def mark_attempt(self, case_id: str) -> None:
+    def mark_attempt(self, case_id: CaseId) -> None:
         """Count one run of the cascade for the case (each should run exactly once)."""
         self.db.execute("UPDATE ef_cases SET attempts = attempts + 1 WHERE case_id = ?", (case_id,))
 
@@ -288,11 +296,11 @@ class FeedbackStore:
             )
         return bool(inserted)
 
-    def verdict(self, case_id: str) -> CloudVerdict | None:
+    def verdict(self, case_id: CaseId) -> CloudVerdict | None:
         row = self.db.query_one("SELECT verdict FROM ef_verdicts WHERE case_id = ?", (case_id,))
         return CloudVerdict.model_validate_json(row["verdict"]) if row else None
 
-    def case(self, case_id: str) -> dict[str, Any]:
+    def case(self, case_id: CaseId) -> dict[str, Any]:
         """The case record with its verdict and feedback, for GET /v1/escalations/{id}."""
         row = self.db.query_one(
             """SELECT case_id, device_id, stream_id, frame_index, reason, trace_id, edge_model,
@@ -345,7 +353,7 @@ class FeedbackStore:
             )
         return out
 
-    def case_image(self, case_id: str) -> tuple[str, Path, str]:
+    def case_image(self, case_id: CaseId) -> tuple[str, Path, str]:
         """(device_id, image path, content type) of a case; NotFound if there is no case."""
         row = self.db.query_one(
             "SELECT device_id, image_path, content_type FROM ef_cases WHERE case_id = ?",
@@ -355,7 +363,7 @@ class FeedbackStore:
             raise NotFound(f"no case {case_id!r}")
         return row["device_id"], Path(row["image_path"]), row["content_type"]
 
-    def case_device(self, case_id: str) -> str | None:
+    def case_device(self, case_id: CaseId) -> str | None:
         row = self.db.query_one("SELECT device_id FROM ef_cases WHERE case_id = ?", (case_id,))
         return row["device_id"] if row else None
 

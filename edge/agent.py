@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
@@ -26,7 +26,7 @@ from edgefleet.edge.policy import Escalation, EscalationPolicy
 from edgefleet.edge.settings import EdgeSettings, SourceSettings
 from edgefleet.edge.sources import VideoSource, make_source
 from edgefleet.edge.sources.capture import Capture
-from edgefleet.edge.telemetry import WindowStats, gpu_probe, host_usage
+from edgefleet.edge.telemetry import GpuProbe, WindowStats, gpu_probe, host_usage
 from edgefleet.edge.updater import DesiredStateApplier, runtime_from_settings
 from edgefleet.edge.uplink import Uplink
 from edgefleet.edge.verdicts import MatchedVerdict, VerdictBook
@@ -41,10 +41,14 @@ from edgefleet.shared.messages import (
     ModelInfo,
     ModelRef,
     ReportedState,
+    Sha256,
     StreamTelemetry,
 )
 from edgefleet.shared.topics import Channel
 from edgefleet.shared.wire import Verified, fit_meta
+
+if TYPE_CHECKING:  # imported when enabled, in _start()
+    from edgefleet.edge.health import HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +88,8 @@ class Agent:
         self.uplink: Uplink | None = None
         self.pipeline: Pipeline | None = None
         self.captures: list[Capture] = []
-        self.health = None
-        self._gpu = None
+        self.health: HealthServer | None = None
+        self._gpu: GpuProbe | None = None
         self._updater: DesiredStateApplier | None = None
         self._desired_pool: ThreadPoolExecutor | None = None
         self._telemetry_thread = threading.Thread(
@@ -245,8 +249,8 @@ class Agent:
             self.verdicts.expect(
                 case.case_id, frame.stream_id, case.edge_result, frame_index=frame.index
             )
-            for callback in self.on_escalation:
-                callback(case)
+            for on_escalation in self.on_escalation:
+                on_escalation(case)
         if self.uplink is not None:
             self.uplink.wake()
 
@@ -304,7 +308,7 @@ class Agent:
         self.outbox.put("reported", topic, state.model_dump_json().encode(), retain=True)
         self.uplink.wake()
 
-    def swap_model(self, name: str, path: Path, sha256: str) -> ModelInfo:
+    def swap_model(self, name: str, path: Path, sha256: Sha256) -> ModelInfo:
         """Load + warm the new model beside the old one; swap only once it answers."""
         from edgefleet.shared.models import load_model
         from edgefleet.shared.models.registry import ModelRegistry
@@ -468,7 +472,7 @@ class Agent:
         return (not reasons, reasons)
 
 
-def _version_of(path: Path, sha256: str, default: str) -> str:
+def _version_of(path: Path, sha256: Sha256, default: str) -> str:
     """The version the updater filed the model under (`<version>-<sha12>/`), else `default`."""
     folder = path.parent.name
     suffix = f"-{sha256[:12]}"

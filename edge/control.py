@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from edgefleet.shared.messages import ModelInfo, ModelRef, ReportedState
+from edgefleet.shared.messages import ModelInfo, ModelRef, ReportedState, Sha256
 
 
 @runtime_checkable
@@ -19,7 +19,7 @@ class AgentControl(Protocol):
     def publish_reported(self, state: ReportedState) -> None:
         """Send `state` on the device's `reported` topic (retained, through the outbox)."""
 
-    def swap_model(self, name: str, path: Path, sha256: str) -> ModelInfo:
+    def swap_model(self, name: str, path: Path, sha256: Sha256) -> ModelInfo:
         """Load and warm the model at `path` beside the running one; swap only when warmed.
 
         Raises EdgefleetError (the old model keeps running) if loading or warm-up fails.

@@ -42,8 +42,6 @@ OVERLOADED = Counter(
     "ef_edge_frames_shed_total", "Frames the executor refused (overloaded or memory watermark)"
 )
 
-_DONE = object()
-
 
 @dataclass
 class Work:
@@ -82,7 +80,7 @@ class Pipeline:
         self._sink = sink
         self.stats = stats
         self.settings = settings
-        self._post_q: queue.Queue = queue.Queue(settings.queue_size)
+        self._post_q: queue.Queue[Work | None] = queue.Queue(settings.queue_size)  # None: done
         self._stop_feed = threading.Event()
         self._ready = threading.Condition()
         self._turn = 0
@@ -114,7 +112,7 @@ class Pipeline:
             if thread.is_alive():
                 thread.join(max(0.1, deadline - time.monotonic()))
         if self._post.is_alive():
-            self._post_q.put(_DONE)
+            self._post_q.put(None)
             self._post.join(max(0.1, deadline - time.monotonic()))
 
     @property
@@ -189,7 +187,7 @@ class Pipeline:
     def _post_loop(self) -> None:
         while True:
             work = self._post_q.get()
-            if work is _DONE:
+            if work is None:
                 return
             try:
                 self._post_one(work)

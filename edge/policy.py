@@ -20,7 +20,7 @@ import numpy as np
 from prometheus_client import Counter
 
 from edgefleet.edge.settings import PolicySettings
-from edgefleet.shared.messages import Detection
+from edgefleet.shared.messages import Detection, EscalationReason
 
 CANDIDATES = Counter("ef_edge_escalation_candidates_total", "Frames that qualified", ["reason"])
 SUPPRESSED = Counter(
@@ -62,7 +62,7 @@ def hamming(a: int, b: int) -> int:
 class Escalation:
     """A decision to send: why, the image bytes and the crop they show (None = frame)."""
 
-    reason: str
+    reason: EscalationReason
     jpeg: bytes
     crop: tuple[int, int, int, int] | None
 
@@ -81,7 +81,7 @@ class EscalationPolicy:
 
     def reason(
         self, detections: list[Detection], *, expect_result: bool, failed: bool
-    ) -> str | None:
+    ) -> EscalationReason | None:
         """Why this result is worth a second opinion, or None."""
         s = self.settings
         if failed:

@@ -228,11 +228,12 @@ def _key_from_bundle(text: str, path: Path) -> str:
         data = None
     if isinstance(data, dict):
         for name in ("device_key", "key"):
-            if isinstance(data.get(name), str):
-                return data[name]
+            value = data.get(name)
+            if isinstance(value, str):
+                return value
         device = data.get("device")
-        if isinstance(device, dict) and isinstance(device.get("key"), str):
-            return device["key"]
+        if isinstance(device, dict) and isinstance(device_key := device.get("key"), str):
+            return device_key
         raise ConfigError(f"{path}: no `device_key` in the enrollment bundle")
     key = text.strip()
     if not key:

@@ -178,7 +178,10 @@ class NoGpu:
         pass
 
 
-def gpu_probe() -> TegrastatsProbe | NvmlProbe | NoGpu:
+GpuProbe = TegrastatsProbe | NvmlProbe | NoGpu
+
+
+def gpu_probe() -> GpuProbe:
     """Tegrastats on a Jetson, NVML where a driver answers, else nothing."""
     tegrastats = shutil.which("tegrastats")
     if Path("/etc/nv_tegra_release").exists() and tegrastats:

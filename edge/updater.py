@@ -33,7 +33,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from edgefleet.shared.errors import EdgefleetError, ModelIntegrityError
 from edgefleet.shared.hashing import sha256_file
-from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState
+from edgefleet.shared.messages import DeploymentStatus, DesiredState, ModelRef, ReportedState
 
 if TYPE_CHECKING:
     from edgefleet.edge.control import AgentControl
@@ -108,7 +108,8 @@ class ComposeRuntime:
             data = yaml.safe_load(self.compose_file.read_text()) or {}
         except (OSError, yaml.YAMLError):
             return None
-        return data.get("services", {}).get(self.service, {}).get("image")
+        image = data.get("services", {}).get(self.service, {}).get("image")
+        return image if isinstance(image, str) else None
 
     def render(self, image: str) -> str:
         doc = {
@@ -187,7 +188,8 @@ class DesiredStateApplier:
     def state(self) -> dict[str, Any]:
         """What was last applied: deployment, image, status and installed model files."""
         try:
-            return json.loads(self.state_file.read_text())
+            state: dict[str, Any] = json.loads(self.state_file.read_text())
+            return state
         except (OSError, ValueError):
             return {"deployment_id": None, "status": None, "installed": {}}
 
@@ -256,7 +258,9 @@ class DesiredStateApplier:
                 except Exception:  # nothing more to fall back to; logged for the operator
                     log.exception("could not swap %s back to %s", name, previous["version"])
 
-    def _report(self, desired: DesiredState, status: str, error: str | None = None) -> None:
+    def _report(
+        self, desired: DesiredState, status: DeploymentStatus, error: str | None = None
+    ) -> None:
         self.control.publish_reported(
             ReportedState(
                 device_id=desired.device_id,

@@ -21,13 +21,15 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge
 
 from edgefleet.edge.outbox import Outbox, OutboxItem
 from edgefleet.edge.settings import UplinkSettings
 from edgefleet.shared import mqtt as ef_mqtt
 from edgefleet.shared.errors import PayloadRejected
-from edgefleet.shared.messages import MESSAGE_TYPES, DeviceStatus, Message, utcnow
+from edgefleet.shared.messages import MESSAGE_TYPES, DeviceState, DeviceStatus, Message, utcnow
 from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import ReplayGuard, Verified, Verifier, WireMessage, encode
 
@@ -139,13 +141,20 @@ class Uplink:
 
     # --- paho callbacks (network thread: never block here) -----------------------------
 
-    def _status_wire(self, state: str) -> WireMessage:
+    def _status_wire(self, state: DeviceState) -> WireMessage:
         status = DeviceStatus(
             device_id=self.device_id, state=state, agent_version=self.agent_version
         )
         return encode(status, self.key, self.topics.status(self.device_id))
 
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if reason_code.is_failure:
             log.warning("broker refused the connection: %s", reason_code)
             return
@@ -159,17 +168,31 @@ class Uplink:
         self.connected.set()
         self._wake.set()
 
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+    def _on_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        flags: mqtt.DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if self.connected.is_set():
             log.warning("disconnected from broker: %s", reason_code)
         self.connected.clear()
         CONNECTED.set(0)
 
-    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+    def _on_publish(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties,
+    ) -> None:
         self._acks.put((mid, not reason_code.is_failure, str(reason_code)))
         self._wake.set()
 
-    def _on_message(self, client, userdata, message: mqtt.MQTTMessage) -> None:
+    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         wire = ef_mqtt.from_paho(message)
         try:
             _, channel = self.topics.parse(wire.topic)

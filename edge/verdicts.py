@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from edgefleet.shared.messages import CloudVerdict, Detection
+from edgefleet.shared.messages import CaseId, CloudVerdict, Detection
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class VerdictBook:
 
     def expect(
         self,
-        case_id: str,
+        case_id: CaseId,
         stream_id: str,
         edge_result: list[Detection],
         frame_index: int | None = None,

@@ -165,6 +165,7 @@ def default_text(info: FieldInfo) -> str:
     if info.is_required():
         return "required"
     factory = info.default_factory
+    # pydantic types factories as maybe taking the validated data; the settings' take none
     value = factory() if factory is not None else info.default  # type: ignore[call-arg]
     if value is PydanticUndefined:
         return "required"

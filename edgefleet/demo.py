@@ -42,7 +42,7 @@ def prepare_videos(
         return [checked[i % len(checked)] for i in range(devices)]
     # Long enough that no agent loops within the run (startup included).
     spec = VideoSpec(duration_s=min(3600.0, duration + 60.0))
-    rendered = []
+    rendered: list[tuple[Path, GroundTruth | None]] = []
     for i in range(devices):
         path = workdir / "videos" / f"scene-{i}.mp4"
         rendered.append((path, render_video(path, spec.model_copy(update={"seed": seed + i}))))

@@ -195,19 +195,22 @@ def total_score(scores: list[DeviceScore]) -> DeviceScore:
     total.verdicts = sum(s.verdicts for s in scores)
     total.corrections = sum(s.corrections for s in scores)
     total.bytes_uplinked = sum(s.bytes_uplinked for s in scores)
-    sized = [s for s in scores if s.jpeg_bytes_per_frame is not None and s.frames]
+    sized = [
+        (s.jpeg_bytes_per_frame, s.frames)
+        for s in scores
+        if s.jpeg_bytes_per_frame is not None and s.frames
+    ]
     if sized:
-        total.jpeg_bytes_per_frame = sum(
-            s.jpeg_bytes_per_frame * s.frames  # type: ignore[operator]
-            for s in sized
-        ) / sum(s.frames for s in sized)
-    scored = [s for s in scores if s.edge_accuracy is not None and s.frames]
-    frames = sum(s.frames for s in scored)
+        total.jpeg_bytes_per_frame = sum(b * n for b, n in sized) / sum(n for _, n in sized)
+    scored = [  # both accuracies are set together (score_device)
+        (s.edge_accuracy, s.combined_accuracy, s.frames)
+        for s in scores
+        if s.edge_accuracy is not None and s.combined_accuracy is not None and s.frames
+    ]
+    frames = sum(n for _, _, n in scored)
     if frames:
-        total.edge_accuracy = sum(s.edge_accuracy * s.frames for s in scored) / frames  # type: ignore[operator]
-        total.combined_accuracy = (
-            sum(s.combined_accuracy * s.frames for s in scored) / frames  # type: ignore[operator]
-        )
+        total.edge_accuracy = sum(edge * n for edge, _, n in scored) / frames
+        total.combined_accuracy = sum(combined * n for _, combined, n in scored) / frames
     return total
 
 

@@ -234,8 +234,8 @@ class _Line:
                 1.0,
                 thickness=-1,
             )
-            glare = cv2.GaussianBlur(glare, (0, 0), max(1.0, self.h / 4))[..., None]
-            frame[:] = np.clip(frame + glare * 120 * strength, 0, 255).astype(np.uint8)
+            halo = cv2.GaussianBlur(glare, (0, 0), max(1.0, self.h / 4))[..., None]
+            frame[:] = np.clip(frame + halo * 120 * strength, 0, 255).astype(np.uint8)
         return x0, y0, x1, y1
 
 
@@ -249,7 +249,8 @@ def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(spec.seed)
     nrng = np.random.default_rng(spec.seed)
-    style: Background = spec.background or rng.choice(["gradient", "noise", "texture"])
+    backgrounds: list[Background] = ["gradient", "noise", "texture"]
+    style = rng.choice(backgrounds) if spec.background is None else spec.background
     background = _background(style, spec.width, spec.height, nrng)
     kinds: list[Kind] = ["container", "plate", "sign"]
     n_hard = round(spec.lines * spec.hard_share)
@@ -258,7 +259,7 @@ def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
         _Line(i, spec, kinds[(i + spec.seed) % 3], i in hard_ids, rng) for i in range(spec.lines)
     ]
     writer = cv2.VideoWriter(
-        str(path), cv2.VideoWriter_fourcc(*fourcc), spec.fps, (spec.width, spec.height)
+        str(path), cv2.VideoWriter.fourcc(*fourcc), spec.fps, (spec.width, spec.height)
     )
     if not writer.isOpened():
         raise ConfigError(f"{path}: OpenCV cannot write {fourcc} video here", hint="try .avi")

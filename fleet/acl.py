@@ -320,8 +320,8 @@ def render_emqx_acl(
     for user in service_users:
         if user != CLOUD_ACCOUNT:
             continue
-        subs = [root + "/#", f"$share/+/{root}/#"]
-        out.append(f'{{allow, {{username, "{user}"}}, subscribe, [{quoted(subs)}]}}.')
+        filters = [root + "/#", f"$share/+/{root}/#"]
+        out.append(f'{{allow, {{username, "{user}"}}, subscribe, [{quoted(filters)}]}}.')
         writes = [topics.all_devices(c) for c in CLOUD_WRITE]
         out.append(f'{{allow, {{username, "{user}"}}, publish, [{quoted(writes)}]}}.')
     for device in devices:

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.live import Live
 from rich.table import Table
 
@@ -464,7 +464,7 @@ def _ago(value: str | None) -> str:
 def status_table(devices: list[dict[str, Any]]) -> Table:
     """The fleet as a rich table, coloured by health."""
     table = Table(title=f"{len(devices)} devices", header_style="bold")
-    for col, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("device", "left"),
         ("group", "left"),
         ("online", "left"),
@@ -473,8 +473,9 @@ def status_table(devices: list[dict[str, Any]]) -> Table:
         ("temp °C", "right"),
         ("outbox", "right"),
         ("last seen", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    )
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
     for d in devices:
         online = "[green]● online[/]" if d["online"] else "[red]○ offline[/]"
         status = d.get("deployment_status")

@@ -25,6 +25,8 @@ IMAGE_RE = re.compile(
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 Status = Literal["canary", "rolling", "completed", "failed", "rolled_back", "halted"]
+# One device of a rollout: pending until its desired state is sent, then what it reports.
+TargetState = Literal["pending", "sent", "applying", "healthy", "failed", "rolled_back"]
 
 
 class DeploymentModel(BaseModel):
@@ -80,7 +82,7 @@ class DeploymentRequest(BaseModel):
 class TargetView(BaseModel):
     device_id: str
     role: Literal["canary", "rest"]
-    state: str
+    state: TargetState
     healthy_at: datetime | None = None
     error: str | None = None
 

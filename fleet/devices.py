@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgefleet.shared.errors import InvalidInput
-from edgefleet.shared.messages import DEVICE_ID_PATTERN
+from edgefleet.shared.messages import DEVICE_ID_PATTERN, DeploymentStatus
 
 RESERVED_NAMES = frozenset({"cloud", "admin", "operator", "ef-admin"})
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -44,7 +44,7 @@ class DeviceSummary(BaseModel):
     enrolled_at: datetime
     last_seen: datetime | None = None
     deployment_id: str | None = Field(None, description="deployment the device reports")
-    deployment_status: str | None = None
+    deployment_status: DeploymentStatus | None = None
     desired_deployment_id: str | None = None
     model: str | None = Field(None, description="name@version the device runs")
     fps: float | None = None

@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 
 from edgefleet.shared.errors import InvalidInput, ModelNotFound
 from edgefleet.shared.hashing import sha256_file
-from edgefleet.shared.messages import MODEL_PART_PATTERN, ModelRef
+from edgefleet.shared.messages import MODEL_PART_PATTERN, ModelRef, Sha256
 
 _PART_RE = re.compile(MODEL_PART_PATTERN)
 
@@ -30,7 +30,7 @@ class StoredModel:
     name: str
     version: str
     path: Path
-    sha256: str
+    sha256: Sha256
     size: int
 
 

@@ -367,7 +367,8 @@ class DeviceRegistry:
     def list_devices(
         self, group: str | None = None, *, updated_since: datetime | None = None
     ) -> list[DeviceSummary]:
-        where, params = ["revoked_at IS NULL"], []
+        where: list[str] = ["revoked_at IS NULL"]
+        params: list[object] = []
         if group is not None:
             where.append("grp = ?")
             params.append(group)

@@ -34,6 +34,7 @@ from edgefleet.fleet.deployment import (
     DeploymentRequest,
     DeploymentView,
     Status,
+    TargetState,
     TargetView,
     parse_request,
 )
@@ -68,6 +69,8 @@ log = logging.getLogger(__name__)
 ROLLOUTS = Counter("ef_fleet_rollouts_total", "Rollouts by final outcome", ["outcome"])
 DESIRED_SENT = Counter("ef_fleet_desired_published_total", "Desired states published", ["kind"])
 
+# Database rows; inside RolloutController, `list` names its own list() method.
+Rows = list[dict[str, Any]]
 ACTIVE = ("canary", "rolling")
 Publish = Callable[[WireMessage, bool], None]
 
@@ -380,7 +383,7 @@ class RolloutController:
                 rest = [t for t in self._targets(dep_id) if t["role"] == "rest"]
             if all(t["state"] in ("healthy", "failed", "rolled_back") for t in rest):
                 failed = [t["device_id"] for t in rest if t["state"] != "healthy"]
-                outcome = "failed" if failed else "completed"
+                outcome: Status = "failed" if failed else "completed"
                 error = f"failed on {', '.join(failed)}" if failed else None
                 if self._set_status(dep_id, outcome, expect="rolling", error=error):
                     ROLLOUTS.labels(outcome).inc()
@@ -417,7 +420,7 @@ class RolloutController:
     def _fail(self, dep_id: str, reason: str) -> None:
         """Stop the rollout; with auto-rollback, the canaries get their previous state back."""
         auto = self._auto_rollback(dep_id)
-        outcome = "rolled_back" if auto else "halted"
+        outcome: Status = "rolled_back" if auto else "halted"
         if not self._set_status(dep_id, outcome, expect="canary", error=reason):
             return
         ROLLOUTS.labels(outcome).inc()
@@ -454,6 +457,7 @@ class RolloutController:
             "AND device_id = ?",
             (dep_id, device),
         )
+        assert row is not None  # called for the deployment's own targets
         previous = DesiredState.model_validate_json(row["previous"]) if row["previous"] else None
         if previous is not None:  # re-signed with a fresh timestamp
             previous = previous.model_copy(update={"ts": utcnow()})
@@ -531,7 +535,7 @@ class RolloutController:
             raise NotFound(f"deployment {dep_id!r} not found")
         return row
 
-    def _targets(self, dep_id: str) -> list[dict[str, Any]]:
+    def _targets(self, dep_id: str) -> Rows:
         return self.db.query(
             "SELECT * FROM fleet_deployment_targets WHERE deployment_id = ? "
             "ORDER BY role, device_id",
@@ -542,7 +546,7 @@ class RolloutController:
         return bool(self._row(dep_id)["auto_rollback"])
 
     def _set_status(
-        self, dep_id: str, status: Status, *, expect: str, error: str | None = None
+        self, dep_id: str, status: Status, *, expect: Status, error: str | None = None
     ) -> bool:
         """Conditional update: only one caller (thread or replica) wins each transition."""
         return (
@@ -559,7 +563,7 @@ class RolloutController:
         dep_id: str,
         device: str,
         *,
-        state: str,
+        state: TargetState,
         healthy_at: datetime | None = None,
         error: str | None = None,
     ) -> None:

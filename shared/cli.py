@@ -34,7 +34,8 @@ def schema(
         typer.echo(f"{check}: not JSON: {exc}", err=True)
         raise typer.Exit(2) from None
     if not isinstance(document, dict):
-        kind = {list: "an array", str: "a string"}.get(type(document), "a bare value")
+        kinds: dict[type, str] = {list: "an array", str: "a string"}
+        kind = kinds.get(type(document), "a bare value")
         typer.echo(f"{check}: the document is {kind}; a message is a JSON object", err=True)
         raise typer.Exit(2)
     schema_id = document.get("schema")

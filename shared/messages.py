@@ -83,12 +83,15 @@ class Message(Contract):
 # --- shared pieces ---------------------------------------------------------------------
 
 
+Precision = Literal["fp32", "fp16", "int8", "bf16"]
+
+
 class ModelInfo(Contract):
     name: str = Field(min_length=1, max_length=128)
     version: str = Field(min_length=1, max_length=64)
     sha256: Sha256 | None = None
     backend: str | None = Field(default=None, description="executor backend, e.g. onnxruntime-cpu")
-    precision: Literal["fp32", "fp16", "int8", "bf16"] | None = None
+    precision: Precision | None = None
 
 
 class Detection(Contract):
@@ -138,9 +141,12 @@ class GpuTelemetry(Contract):
 # --- the MQTT payloads -----------------------------------------------------------------
 
 
+DeviceState = Literal["online", "offline"]
+
+
 class DeviceStatus(Message):
     schema_id: Literal["ef.status/1"] = Field(default="ef.status/1", alias="schema")
-    state: Literal["online", "offline"]
+    state: DeviceState
     agent_version: str = Field(max_length=64)
 
 

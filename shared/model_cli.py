@@ -124,10 +124,12 @@ def build_engine_command(
         )
     if precision not in {"fp32", "fp16", "int8"}:
         raise _fail(f"precision must be fp32, fp16 or int8, not {precision}", code=2)
-    settings = ExecutionSettings(precision=precision, calibration_dir=calibration_dir)
+    settings = ExecutionSettings.model_validate(
+        {"precision": precision, "calibration_dir": calibration_dir}
+    )
     if cache_dir is not None:
         settings = settings.model_copy(update={"engine_cache_dir": cache_dir})
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     try:
         registry = _registry(manifest)
@@ -136,7 +138,7 @@ def build_engine_command(
         with Progress(
             TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn()
         ) as progress:
-            tasks: dict[str, int] = {}
+            tasks: dict[str, TaskID] = {}
 
             def on_progress(phase: str, step: int, total: int) -> None:
                 if phase not in tasks:

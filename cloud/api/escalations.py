@@ -21,7 +21,7 @@ from edgefleet.cloud.api.deps import (
 from edgefleet.cloud.auth import Principal, require_device_or_operator, require_device_scope
 from edgefleet.shared.errors import Conflict, NotFound, UnsupportedMediaType
 from edgefleet.shared.imaging import sniff_format
-from edgefleet.shared.messages import CloudVerdict, EscalationCase
+from edgefleet.shared.messages import CaseId, CloudVerdict, EscalationCase
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
 
@@ -29,7 +29,7 @@ _IMAGE_TYPES = {"image/jpeg": "jpeg", "image/png": "png"}
 
 
 class EscalationAccepted(BaseModel):
-    case_id: str
+    case_id: CaseId
     status: Literal["queued", "processing"]
     trace_id: str
 

@@ -37,7 +37,7 @@ class FeedbackIn(BaseModel):
 
 
 class FeedbackStored(BaseModel):
-    case_id: str
+    case_id: CaseId
     status: Literal["stored"]
 
 

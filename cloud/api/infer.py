@@ -16,14 +16,14 @@ from edgefleet.cloud.api.deps import error_responses, require_media_type, servic
 from edgefleet.cloud.auth import Principal, require_device_or_operator
 from edgefleet.shared.errors import ImageRejected, ModelNotFound
 from edgefleet.shared.imaging.headers import MEDIA_TYPES
-from edgefleet.shared.messages import Detection
+from edgefleet.shared.messages import Detection, Sha256
 
 router = APIRouter(prefix="/v1/infer", tags=["inference"])
 
 
 class InferResult(BaseModel):
     model: str
-    sha256: str | None
+    sha256: Sha256 | None
     backend: str | None
     result: list[Detection]
     latency_ms: float

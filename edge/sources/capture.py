@@ -19,6 +19,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from edgefleet.edge.settings import SourceSettings
 from edgefleet.edge.sources.base import Frame, VideoSource
 from edgefleet.shared.errors import SourceDisconnected
+from edgefleet.shared.messages import StreamState
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ DECODE = Histogram(
     "Time to read and decode one frame (the capture stage)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
 )
-STATES = ("connecting", "live", "stalled", "down")
+STATES: tuple[StreamState, ...] = ("connecting", "live", "stalled", "down")
 
 
 class Backoff:
@@ -44,7 +45,7 @@ class Backoff:
         self._rng = rng or random.Random()
 
     def next_delay(self) -> float:
-        base = min(self.max_s, self.initial_s * (2**self.attempt))
+        base = min(self.max_s, self.initial_s * (2.0**self.attempt))
         self.attempt += 1
         return base / 2 + self._rng.uniform(0, base / 2)
 
@@ -79,7 +80,7 @@ class Capture:
         self.settings = settings
         self.stream_id = settings.id
         self.source = source
-        self.state = "connecting"
+        self.state: StreamState = "connecting"
         self.last_error: str | None = None
         self.frames = 0
         self.dropped = 0
@@ -151,7 +152,7 @@ class Capture:
 
     # --- capture thread ----------------------------------------------------------------
 
-    def _set_state(self, state: str) -> None:
+    def _set_state(self, state: StreamState) -> None:
         if state != self.state:
             log.info("stream %s: %s -> %s", self.stream_id, self.state, state)
         self.state = state

@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.messages import Precision, Sha256
 
 
 class ModelLoadError(EdgefleetError):
@@ -54,7 +55,7 @@ class Capabilities:
     dtypes: tuple[str, ...] = ("float32",)
     dynamic_shapes: bool = True
     max_batch_size: int | None = None
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     providers: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -68,7 +69,7 @@ class ModelBlob:
 
     name: str
     data: bytes
-    sha256: str
+    sha256: Sha256
     format: str  # "onnx", "torchscript", "torch-export", "tensorrt-engine"
     # how the model's input is prepared (INT8 calibration must feed the same tensors)
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class OnnxRuntimeExecutor:
         self.settings = settings
         self.device = device
         self.name = f"onnxruntime-{device}"
-        self._session = None
+        self._session: Any = None  # an onnxruntime.InferenceSession (ORT ships no types)
         self._model = "?"
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []

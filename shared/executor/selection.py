@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.messages import Precision
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def select_backend(
     available: Mapping[str, str | None],
     preference: Sequence[str],
     model_spec: NeedsBackend,
-    precision: str = "fp32",
+    precision: Precision = "fp32",
 ) -> tuple[str, list[tuple[str, str]]]:
     """Pick the first backend in `preference` that is available and fits the model.
 

@@ -226,7 +226,7 @@ def make_entropy_calibrator(batches: Iterator[np.ndarray], *, batch_size: int, c
         def __init__(self) -> None:
             trt.IInt8EntropyCalibrator2.__init__(self)
             self._batches = batches
-            self._device = None
+            self._device: int | None = None  # the batch buffer's device pointer
             self._nbytes = 0
 
         def get_batch_size(self) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 from edgefleet.shared.executor.base import TensorSpec
+from edgefleet.shared.messages import Precision
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class EngineKey:
     trt_version: str
     gpu_name: str
     compute_capability: str
-    precision: str
+    precision: Precision
     profile: tuple[ProfileShape, ...]
 
     def canonical(self) -> str:

@@ -177,7 +177,8 @@ def _decode_with_pillow(data: ByteSource, fmt: str, limits: ImageLimits) -> np.n
     stream = data if isinstance(data, mmap.mmap) else io.BytesIO(data)
     stream.seek(0)
     try:
-        with Image.open(stream, formats=[_PIL_FORMATS[fmt]]) as im:
+        # Pillow reads any object with read/seek/tell; its stub names only IO[bytes].
+        with Image.open(stream, formats=[_PIL_FORMATS[fmt]]) as im:  # type: ignore[arg-type]
             check_limits(im.width, im.height, limits)  # the decoder's view, if headers disagree
             im.load()
             orientation = _orientation(im)

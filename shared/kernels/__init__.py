@@ -95,6 +95,7 @@ def _active() -> BackendChoice:
                 for cand, why in choice.rejected:
                     logger.info("kernels backend %s not used: %s", cand, why)
                 _set_choice(choice)
+    assert _choice is not None  # set above
     return _choice
 
 

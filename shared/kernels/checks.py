@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -89,8 +90,9 @@ def frame_geometry(
 
 def model_size(size: object) -> tuple[int, int]:
     """The model input (height, width): two positive integers."""
+    unchecked: Any = size  # whatever does not unpack to two integers is refused here
     try:
-        h, w = size  # type: ignore[misc]
+        h, w = unchecked
         h_i, w_i = int(h), int(w)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"size must be (height, width), got {size!r}") from exc
@@ -100,21 +102,23 @@ def model_size(size: object) -> tuple[int, int]:
 
 
 def _triple(name: str, value: object) -> tuple[float, float, float]:
+    unchecked: Any = value  # whatever is not three numbers is refused here
     try:
-        vals = tuple(float(v) for v in value)  # type: ignore[union-attr]
+        vals = tuple(float(v) for v in unchecked)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{name} must be three numbers, got {value!r}") from exc
     if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
         raise InvalidInput(f"{name} must be three finite numbers, got {value!r}")
-    return vals  # type: ignore[return-value]
+    return vals[0], vals[1], vals[2]
 
 
 def normalise(mean: Sequence[float], std: Sequence[float], pad: object) -> Normalise:
     m, s = _triple("mean", mean), _triple("std", std)
     if any(v == 0.0 for v in s):
         raise InvalidInput(f"std must be non-zero, got {std!r}")
+    unchecked: Any = pad  # whatever is not an integer 0..255 is refused here
     try:
-        pad_i = int(pad)  # type: ignore[call-overload]
+        pad_i = int(unchecked)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"pad must be an integer 0..255, got {pad!r}") from exc
     if pad_i != pad or not 0 <= pad_i <= 255:
@@ -123,8 +127,9 @@ def normalise(mean: Sequence[float], std: Sequence[float], pad: object) -> Norma
 
 
 def out_dtype(dtype: object) -> np.dtype:
+    unchecked: Any = dtype  # whatever is not float32 or float16 is refused here
     try:
-        dt = np.dtype(dtype)  # type: ignore[call-overload]
+        dt = np.dtype(unchecked)
     except TypeError as exc:
         raise InvalidInput(f"dtype must be float32 or float16, got {dtype!r}") from exc
     if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
@@ -166,8 +171,9 @@ class NmsArgs:
 
 
 def _threshold(name: str, value: object) -> float:
+    unchecked: Any = value  # whatever is not a finite number is refused here
     try:
-        f = float(value)  # type: ignore[arg-type]
+        f = float(unchecked)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{name} must be a number, got {value!r}") from exc
     if not math.isfinite(f):

@@ -143,7 +143,14 @@ def _float3(values) -> np.void:
     return np.array([tuple(values)], f3)[0]
 
 
-def nms(boxes, scores, iou_threshold, score_threshold=0.0, class_ids=None, max_det=300):
+def nms(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    iou_threshold: float,
+    score_threshold: float = 0.0,
+    class_ids: np.ndarray | None = None,
+    max_det: int = 300,
+) -> np.ndarray:
     """Greedy NMS: bitmask on the GPU, greedy pass on the host; same result as the CPU."""
     from pycuda import gpuarray
 

@@ -192,7 +192,7 @@ class OcrModel(Model):
                 if not text.strip() or score < self.opts.text_score:
                     continue
                 lines.append(_line(quad, text.strip(), score))
-            lines.sort(key=lambda d: (round(d.box[1] / 12), d.box[0]))  # reading order
+            lines.sort(key=_reading_order)
             results.append(lines)
         return results
 
@@ -200,6 +200,7 @@ class OcrModel(Model):
 
     def classify_angles(self, crops: list[np.ndarray]) -> list[np.ndarray]:
         """Flip lines the angle classifier is sure are upside down."""
+        assert self.cls is not None  # called only when the pipeline has one
         spec = self.cls.spec
         h, w = spec.input.height or 48, spec.input.width or 192
         norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
@@ -244,6 +245,11 @@ class OcrModel(Model):
 
 def ceil32(value: int) -> int:
     return int(math.ceil(value / 32) * 32)
+
+
+def _reading_order(line: Detection) -> tuple[int, float]:
+    assert line.box is not None  # _line always sets it
+    return round(line.box[1] / 12), line.box[0]
 
 
 def _line(quad: np.ndarray, text: str, score: float) -> Detection:

@@ -16,6 +16,7 @@ from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
 from edgefleet.shared.executor.registry import create_executor, probe_backends
 from edgefleet.shared.executor.selection import TRAITS, explain, select_backend
 from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.messages import Sha256
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class Session:
     spec: ModelSpec
     executor: Executor
     backend: str
-    sha256: str
+    sha256: Sha256
     footprint: Footprint
     budget: MemoryBudget
 

@@ -134,7 +134,12 @@ class YoloModel(_SingleSessionModel):
                     Detection(
                         label=labels[c] if labels and c < len(labels) else str(int(c)),
                         score=float(min(1.0, max(0.0, s))),
-                        box=tuple(round(float(v), 2) for v in b),
+                        box=(
+                            round(float(b[0]), 2),
+                            round(float(b[1]), 2),
+                            round(float(b[2]), 2),
+                            round(float(b[3]), 2),
+                        ),
                     )
                     for b, s, c in zip(boxes, dets.scores, dets.class_ids, strict=True)
                 ]

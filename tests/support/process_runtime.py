@@ -47,7 +47,7 @@ class ProcessRuntime:
         except OSError as exc:
             raise UpdateFailed(f"cannot start {self.command[0]}: {exc}") from None
         finally:
-            if self.log_file:
+            if not isinstance(out, int):  # the log file, not DEVNULL
                 out.close()
         time.sleep(self.settle_s)
         if not self.running:

@@ -43,7 +43,7 @@ def _box_score(prob: np.ndarray, box: np.ndarray) -> float:
     y1 = int(np.clip(np.ceil(box[:, 1].max()), 0, h - 1))
     mask = np.zeros((y1 - y0 + 1, x1 - x0 + 1), dtype=np.uint8)
     shifted = (box - np.array([x0, y0], dtype=np.float32)).astype(np.int32)
-    cv2.fillPoly(mask, shifted.reshape(1, -1, 2), 1)
+    cv2.fillPoly(mask, [shifted.reshape(-1, 2)], 1)
     return float(cv2.mean(prob[y0 : y1 + 1, x0 : x1 + 1], mask)[0])
 
 
@@ -63,7 +63,7 @@ def _unclip(box: np.ndarray, ratio: float) -> np.ndarray | None:
 
 def db_boxes(prob: np.ndarray, params: DBParams) -> tuple[np.ndarray, np.ndarray]:
     """Text quads (N, 4, 2) in the probability map's pixels, and their scores (N,)."""
-    bitmap = (prob > params.thresh).astype(np.uint8)
+    bitmap: np.ndarray = (prob > params.thresh).astype(np.uint8)
     if params.dilate:
         bitmap = cv2.dilate(bitmap, np.ones((2, 2), dtype=np.uint8))
     contours, _ = cv2.findContours(bitmap * 255, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
