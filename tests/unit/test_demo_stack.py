@@ -105,6 +105,7 @@ def test_fleet_enrolled_devices_reach_the_demo_broker_and_are_metered(tmp_path: 
         wait_until(lambda: port_open(port), 30, "the broker", [broker])
         meter = UplinkMeter(port, "cloud", enrolled.cloud_password)
         try:
+            assert meter.wait_subscribed(30), "the broker never confirmed the subscription"
             # when cam-01 publishes on its own telemetry topic with its bundle's password
             device = _connected(port, "cam-01", bundle["mqtt"]["password"])
             info = device.publish("ef/v1/cam-01/telemetry", b"x" * 100, qos=1)
