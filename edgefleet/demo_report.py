@@ -269,10 +269,12 @@ def story(total: DeviceScore, devices: int) -> list[str]:
                 else ": no better than the edge on these frames, so there is no gain to capture"
             )
         )
+    timed = len(total.verdict_latencies_ms)
     lines.append(
         f"{total.verdicts} of {total.escalated} escalated cases answered "
         f"({total.busy} busy, {total.unanswered} unanswered); a verdict reached its device "
-        f"within {_number(total.verdict_p95_ms, '{:,.0f} ms')} (p95)"
+        f"within {_number(total.verdict_p95_ms, '{:,.0f} ms')} (p95 of the {timed} that "
+        "arrived while the agents ran)"
     )
     lines.append(
         f"{devices} agents at {_number(total.fps and total.fps / devices, '{:.1f}')} fps each "
