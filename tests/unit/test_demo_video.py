@@ -222,7 +222,7 @@ def _users_clip(path: Path) -> Path:
 
 
 def test_users_videos_are_cycled_over_the_devices_without_truth(tmp_path: Path) -> None:
-    from edgefleet.demo import prepare_videos
+    from edgefleet.demo_steps import prepare_videos
 
     # given two of the user's own clips, no ground truth beside them
     a, b = _users_clip(tmp_path / "a.mp4"), _users_clip(tmp_path / "b.mp4")
@@ -234,7 +234,7 @@ def test_users_videos_are_cycled_over_the_devices_without_truth(tmp_path: Path) 
 
 
 def test_a_users_video_with_its_ground_truth_is_scored(tmp_path: Path) -> None:
-    from edgefleet.demo import prepare_videos
+    from edgefleet.demo_steps import prepare_videos
 
     video = tmp_path / "scene.mp4"
     truth = render_video(video, SMALL)
@@ -243,7 +243,7 @@ def test_a_users_video_with_its_ground_truth_is_scored(tmp_path: Path) -> None:
 
 
 def test_a_foreign_json_beside_a_users_video_is_a_clear_error(tmp_path: Path) -> None:
-    from edgefleet.demo import prepare_videos
+    from edgefleet.demo_steps import prepare_videos
 
     video = _users_clip(tmp_path / "clip.mp4")
     (tmp_path / "clip.json").write_text('{"camera": "dock 3"}')
@@ -252,7 +252,7 @@ def test_a_foreign_json_beside_a_users_video_is_a_clear_error(tmp_path: Path) ->
 
 
 def test_a_file_that_is_no_video_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    from edgefleet.demo import prepare_videos
+    from edgefleet.demo_steps import prepare_videos
 
     notes = tmp_path / "notes.mp4"
     notes.write_text("not a video")
