@@ -206,3 +206,20 @@ def test_out_of_range_options_are_refused_before_anything_starts(
     assert result.exit_code == 2, result.output
     assert "Invalid value" in result.output and args[0] in result.output
     assert not (tmp_path / "w").exists()
+
+
+def test_a_child_started_nice_yields_in_its_own_session_group_too(tmp_path: Path) -> None:
+    import psutil
+
+    # given a child started the way the demo starts its agents (own session, nice 7)
+    stack = Stack(tmp_path, Console())
+    child = stack.start("agent", [sys.executable, "-c", "import time; time.sleep(600)"], nice=7)
+    try:
+        # then the process is niced, and so is its autogroup where the kernel has one
+        # (a session's group is what the scheduler weighs first)
+        assert psutil.Process(child.process.pid).nice() == 7
+        group = Path(f"/proc/{child.process.pid}/autogroup")
+        if group.exists():
+            assert group.read_text().split()[-1] == "7"
+    finally:
+        stack.stop_all()
