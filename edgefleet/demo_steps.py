@@ -7,6 +7,7 @@ models) → the agents, once the cloud's subscription is in place.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -20,12 +21,21 @@ if TYPE_CHECKING:
     from edgefleet.demo_stack import Child, Device, Stack, UplinkMeter
     from edgefleet.demo_video import GroundTruth
 
-# The agents yield the CPU to the cloud: here they share the cores that, in a real fleet,
-# the cloud would not share with them. Measured on 2 loaded cores with 3 agents at equal
-# priority, the cloud took 2.4 s per escalated frame instead of 0.3 s alone. At nice 10
-# (a tenth of the cloud's CPU weight each) even 8 agents weigh less than the cloud, which
-# needs little: its budget of cases (demo_stack.CLOUD_CASES_PER_MIN) is a share of a core.
-AGENT_NICENESS = 10
+
+def agent_niceness(devices: int) -> int:
+    """The nice value that makes the agents together weigh no more than the cloud.
+
+    Here the agents share the cores that, in a real fleet, the cloud would not share with
+    them; the cloud needs little (its budget of cases, demo_stack.CLOUD_CASES_PER_MIN, is a
+    share of a core) but needs it at once, or verdicts queue: measured on 2 loaded cores,
+    with 3 agents at its own priority it took 2.4 s per escalated frame instead of 0.3 s,
+    and with 8 the verdicts' p95 was 22-28 s. Each nice step is a factor of about 1.25 in
+    the scheduler's weight, so n agents at nice log(n)/log(1.25) weigh as much as one
+    process at nice 0.
+    """
+    return min(19, max(0, math.ceil(math.log(devices) / math.log(1.25))))
+
+
 # Length of a rendered scene. The agents play it in a loop and restart its frame index at
 # each pass, so the ground truth holds however long the demo runs.
 SCENE_S = 60.0
@@ -214,7 +224,7 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
                     str(device.results),
                 ],
                 env=agent_env(device, root, n),
-                nice=AGENT_NICENESS,
+                nice=agent_niceness(n),
             )
         children = [d.agent for d in devices if d.agent is not None]
 

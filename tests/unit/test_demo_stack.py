@@ -223,3 +223,13 @@ def test_a_child_started_nice_yields_in_its_own_session_group_too(tmp_path: Path
             assert group.read_text().split()[-1] == "7"
     finally:
         stack.stop_all()
+
+
+@pytest.mark.parametrize("devices", range(1, 17))
+def test_the_agents_together_weigh_no_more_than_the_cloud(devices: int) -> None:
+    from edgefleet.demo_steps import agent_niceness
+
+    nice = agent_niceness(devices)
+    # the scheduler's weight falls by about 1.25 per nice step (1024 at 0, 110 at 10)
+    assert devices * 1.25**-nice <= 1.0
+    assert nice == 0 or devices * 1.25 ** -(nice - 1) > 1.0  # and no more than needed
