@@ -176,6 +176,7 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
     def meter(ctx: StepContext) -> UplinkMeter:
         counter = UplinkMeter(plan.broker_port, "cloud", ctx.results["enroll"].cloud_password)
         if not counter.wait_subscribed(30):
+            counter.close()
             raise EdgefleetError("the uplink meter got no SUBACK from the broker in 30 s")
         return counter
 
