@@ -19,8 +19,8 @@ import cv2
 import numpy as np
 from prometheus_client import Counter
 
-from edge.settings import PolicySettings
-from shared.messages import Detection
+from edgefleet.edge.settings import PolicySettings
+from edgefleet.shared.messages import Detection
 
 CANDIDATES = Counter("ef_edge_escalation_candidates_total", "Frames that qualified", ["reason"])
 SUPPRESSED = Counter(

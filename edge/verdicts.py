@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from shared.messages import CloudVerdict, Detection
+from edgefleet.shared.messages import CloudVerdict, Detection
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared.errors import ConfigError, EdgefleetError
 
 if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
     from rich.console import Console
@@ -257,7 +257,7 @@ def _cloud_only(
     delays a verdict; a rendered scene keeps its score in the cache, so only a demo on new
     scenes (or a new model file) asks at all. Ctrl-C: the scores there are.
     """
-    from cloud.settings import ModelsSettings
+    from edgefleet.cloud.settings import ModelsSettings
     from edgefleet.demo_cloud_only import cache_file, score_cloud_only
 
     primary = ModelsSettings().primary  # the demo's cloud.yaml keeps the default

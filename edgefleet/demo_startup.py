@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from edgefleet.demo_stack import Interrupted
-from shared.errors import EdgefleetError
+from edgefleet.shared.errors import EdgefleetError
 
 
 @dataclass(frozen=True)

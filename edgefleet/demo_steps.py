@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared.errors import ConfigError, EdgefleetError
 
 if TYPE_CHECKING:
     from edgefleet.demo_stack import Child, Device, Stack, UplinkMeter
