@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh Debian/Ubuntu machine:
 #   make demo   system packages, virtual environment, the package, then `edgefleet demo`
-#   make test   the same set-up, then the whole test suite
+#   make test   the same set-up plus the test tools, then the whole test suite
 #   make gpu-check  on an NVIDIA GPU host: every GPU path run and measured in < 8 minutes
 # Both are idempotent: a second run only re-installs what changed.
 
@@ -8,32 +8,49 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.edgefleet-installed
-TEST_STAMP := $(VENV)/.edgefleet-test-installed
+DEV_STAMP := $(VENV)/.edgefleet-dev-installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := mosquitto mosquitto-clients ffmpeg gcc g++ python3-dev python3-venv \
-                gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user chromium postgresql
-# The binaries that show the packages above are present (checked before calling apt).
-APT_PROBES := mosquitto mosquitto_pub ffmpeg gcc aarch64-linux-gnu-gcc qemu-aarch64 chromium \
-              pg_ctlcluster
+# The demo: the broker, and what `pip install -e .` needs to build the C kernels. The demo
+# renders its videos with OpenCV's own codecs (the wheel bundles them): no ffmpeg.
+DEMO_APT_PACKAGES := mosquitto gcc libc6-dev python3-dev python3-venv
+DEMO_APT_PROBES   := mosquitto gcc
+# The tests: mosquitto_pub, ffmpeg (a live UDP stream), the NEON kernels under qemu,
+# the dashboard in a headless browser, PostgreSQL's binaries (a disposable server where
+# none runs).
+TEST_APT_PACKAGES := mosquitto-clients ffmpeg g++ gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+                     qemu-user chromium postgresql
+TEST_APT_PROBES   := mosquitto_pub ffmpeg g++ aarch64-linux-gnu-gcc qemu-aarch64 chromium \
+                     pg_ctlcluster
 # python3-venv and python3-dev ship no binary to probe: ask the interpreter for ensurepip and
 # Python.h (Debian's python3 has neither until they are installed).
 PY_PROBE := import ensurepip, os, sysconfig; \
             assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
-.PHONY: demo test lint requirements system-deps install clean gpu-check
+# $(call apt_install,PROBES,PACKAGES,EXTRA_CHECK): apt-get only when a probe is missing.
+define apt_install
+	@missing=""; for b in $(1); do command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
+	$(3) \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages (missing:$$missing)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(2); \
+	fi
+endef
+
+.PHONY: demo test lint requirements system-deps test-system-deps install install-dev clean gpu-check
 
 demo: install
-	$(VENV)/bin/edgefleet demo
+	$(VENV)/bin/edgefleet demo $(DEMO_ARGS)
 
-test: install $(TEST_STAMP)
+test: install-dev
 	$(VENV)/bin/ruff check .
 	$(PY) -m tests.support.types
 	$(PY) -m pytest --cov --cov-report=term $(PYTEST_ARGS)
 
 # The layer contracts and the types (mypy) of pyproject.toml, checked on the parts under
 # their import names.
-lint: install
+lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(PY) -m tests.support.layers
 	$(PY) -m tests.support.types
@@ -45,21 +62,30 @@ requirements:
 
 install: system-deps $(STAMP)
 
-system-deps:
-	@missing=""; for b in $(APT_PROBES); do command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
-	$(PYTHON) -c '$(PY_PROBE)' >/dev/null 2>&1 || missing="$$missing python3-venv/python3-dev"; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing system packages (missing:$$missing)"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
-	fi
+install-dev: install test-system-deps $(DEV_STAMP)
 
+system-deps:
+	$(call apt_install,$(DEMO_APT_PROBES),$(DEMO_APT_PACKAGES),$(PYTHON) -c '$(PY_PROBE)' >/dev/null 2>&1 || missing="$$missing python3-venv/python3-dev";)
+
+test-system-deps:
+	$(call apt_install,$(TEST_APT_PROBES),$(TEST_APT_PACKAGES),)
+
+# The demo runs the cloud too: the package with its cloud extra (the edge alone needs none).
 $(STAMP): pyproject.toml setup.py $(wildcard shared/kernels/src/*.c shared/kernels/src/*.h)
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[cloud]'
 	# The default model pack; --no-deps keeps its opencv-python off (we use the headless build).
 	$(PY) -m pip install -q --no-deps 'rapidocr-onnxruntime==1.4.4'
 	touch $(STAMP)
+
+# The test tools on top of the demo's set-up (pytest, ruff, mypy, playwright, ...), and torch
+# for the PyTorch backend's tests (2.13.0 is a CPU build; where pip finds no CPU build on
+# disk it fetches PyPI's, which is larger but works).
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q 'torch==2.13.0'
+	touch $(DEV_STAMP)
 
 # The GPU check needs no system packages and no network: on a bare GPU machine it makes the
 # venv itself (seeing preinstalled packages such as tensorrt or torch), and its first step
@@ -75,12 +101,6 @@ gpu-check:
 	  || $$py -m pip install -q --no-deps --no-build-isolation -e . \
 	  || echo "gpu-check: the package did not install (edgefleet.<part> needs it)"; \
 	  $$py -m edgefleet.bench.gpu_check $(GPU_CHECK_ARGS)
-
-# What only the tests need: torch for the PyTorch backend's tests (2.13.0 is a CPU build;
-# where pip finds no CPU build on disk it fetches PyPI's, which is larger but works).
-$(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q 'torch==2.13.0'
-	touch $(TEST_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

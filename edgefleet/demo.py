@@ -1,10 +1,12 @@
 """`edgefleet demo`: the whole system on one machine, with a score at the end.
 
 It starts a real Mosquitto, the cloud orchestrator and N edge agents as separate
-processes, enrolled through `edgefleet fleet enroll` like real devices, each agent playing
-a video that the demo renders with known text (edgefleet.demo_video). While it runs it
-shows what the fleet view shows; at the end it scores the edge alone and the edge with
-the cloud's corrections against the ground truth, and counts the bytes each device sent.
+processes (edgefleet.demo_steps), enrolled through `edgefleet fleet enroll` like real
+devices, each agent playing a scene that the demo renders with known text and caches
+(edgefleet.demo_video, edgefleet.demo_cache). While it runs it shows what the fleet view
+shows; at the end it scores the edge alone, the edge with the cloud's corrections and the
+cloud alone against the ground truth, times the verdicts and counts the bytes each device
+sent (edgefleet.demo_report).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import json
 import secrets
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -27,56 +28,8 @@ if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
     from rich.console import Console
 
     from edgefleet.demo_report import DeviceScore
-    from edgefleet.demo_stack import Device, Stack
-    from edgefleet.demo_video import GroundTruth
-
-
-def prepare_videos(
-    workdir: Path, devices: int, videos: list[Path] | None, seed: int, duration: float
-) -> list[tuple[Path, GroundTruth | None]]:
-    """One video per device: the user's (cycled), or rendered with known text."""
-    from edgefleet.demo_video import VideoSpec, render_video
-
-    if videos:
-        checked = [_users_video(Path(v)) for v in videos]
-        return [checked[i % len(checked)] for i in range(devices)]
-    # Long enough that no agent loops within the run (startup included).
-    spec = VideoSpec(duration_s=min(3600.0, duration + 60.0))
-    rendered: list[tuple[Path, GroundTruth | None]] = []
-    for i in range(devices):
-        path = workdir / "videos" / f"scene-{i}.mp4"
-        rendered.append((path, render_video(path, spec.model_copy(update={"seed": seed + i}))))
-    return rendered
-
-
-def _users_video(video: Path) -> tuple[Path, GroundTruth | None]:
-    """A user's file, checked before anything starts: the agent reads it with OpenCV, and
-    a JSON of the same name beside it must be a ground truth (it enables the scoring)."""
-    import cv2
-
-    from edgefleet.demo_video import GroundTruth, truth_path
-
-    path = video.expanduser().resolve()
-    if not path.is_file():
-        raise ConfigError(f"--video {path}: no such file")
-    capture = cv2.VideoCapture(str(path))
-    try:
-        readable, _ = capture.read()
-    finally:
-        capture.release()
-    if not readable:
-        raise ConfigError(f"--video {path}: OpenCV cannot decode a frame of it")
-    truth_file = truth_path(path)
-    if not truth_file.is_file():
-        return path, None
-    try:
-        return path, GroundTruth.load(truth_file)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"{truth_file} lies beside --video {path.name} but is not its ground truth: "
-            f"{str(exc).splitlines()[0]}",
-            hint="rename or remove it to run without accuracy scoring",
-        ) from None
+    from edgefleet.demo_stack import Child, Device, Stack
+    from edgefleet.demo_steps import Plan
 
 
 # ----------------------------------------------------------------- the command
@@ -96,23 +49,38 @@ def demo(
     port: int = typer.Option(0, "--port", min=0, max=65535, help="HTTP port (0 = a free one)"),
     seed: int = typer.Option(0, "--seed", min=0, help="seed of the rendered scenes"),
     workdir: Path = typer.Option(
-        None, "--workdir", help="keep everything (logs, stores, videos) here; default: temporary"
+        None, "--workdir", help="keep everything (logs, stores) here; default: temporary"
+    ),
+    linger: float = typer.Option(
+        60.0,
+        "--linger",
+        min=0.0,
+        help="seconds the dashboard stays up after the report (Ctrl-C ends it sooner)",
     ),
 ) -> None:
     """Run the whole system here: broker, cloud, agents, dashboard, report.
 
     No arguments and no network needed. It starts Mosquitto, the cloud and
     DEVICES edge agents, each enrolled with `edgefleet fleet enroll` and fed
-    a rendered video of known moving text. Live: fps, escalations, cloud
-    corrections. On Ctrl-C or after DURATION seconds it prints edge-only and
-    edge+cloud accuracy, the share escalated and the bytes uplinked.
+    a rendered video of known moving text (cached in ~/.cache/edgefleet/demo).
+    Live: fps, escalations, cloud corrections. On Ctrl-C or after DURATION
+    seconds it prints edge-only, edge+cloud and cloud-only accuracy, the share
+    escalated, the bytes uplinked and how fast verdicts came back; the
+    dashboard stays up LINGER seconds more.
 
     Example: edgefleet demo --duration 30 --devices 2
     """
     from rich.console import Console
 
-    from edgefleet.demo_report import pct, report_table, total_score
-    from edgefleet.demo_stack import MOSQUITTO_MISSING, Interrupted, Stack, mosquitto_binary
+    from edgefleet.demo_report import report_table, story, total_score
+    from edgefleet.demo_stack import (
+        MOSQUITTO_MISSING,
+        Interrupted,
+        Stack,
+        free_port,
+        mosquitto_binary,
+    )
+    from edgefleet.demo_steps import Plan
 
     console = Console()
     try:
@@ -135,8 +103,33 @@ def demo(
         sig: signal.signal(sig, lambda *_: interrupted.set())
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     }
+    plan = Plan(
+        root=root,
+        mosquitto=mosquitto,
+        duration=duration,
+        device_ids=[f"demo-cam-{i + 1:02d}" for i in range(devices)],
+        videos=video or [],
+        seed=seed,
+        http_port=port or free_port(),
+        broker_port=free_port(),
+        operator_key="efk_" + secrets.token_urlsafe(24),
+    )
     try:
-        scores = _run(stack, mosquitto, duration, devices, video or [], port, seed, interrupted)
+        scores = _run(stack, plan, interrupted)
+        console.print()
+        console.print(report_table(scores))
+        total = total_score(scores)
+        for line in story(total, len(scores)):
+            console.print(line)
+        if total.frames == 0:
+            console.print("[red]no frame was processed[/]: see the agents' logs")
+            raise typer.Exit(1)
+        if linger > 0:
+            console.print(
+                f"\nthe dashboard stays up {linger:.0f} s more: {plan.dashboard_url} "
+                "— Ctrl-C ends it now"
+            )
+            interrupted.wait(linger)
     except Interrupted:
         console.print("stopped during start-up: nothing ran yet, so there is no report")
         raise typer.Exit(130) from None
@@ -150,159 +143,138 @@ def demo(
         stack.stop_all()
         if temp is not None:
             temp.cleanup()
-    console.print()
-    console.print(report_table(scores))
-    total = total_score(scores)
-    if total.frames == 0:
-        console.print("[red]no frame was processed[/]: see the agents' logs")
-        raise typer.Exit(1)
-    console.print(
-        f"[bold]edge-only accuracy {pct(total.edge_accuracy)}, "
-        f"edge+cloud {pct(total.combined_accuracy)}, "
-        f"{pct(total.escalated_share)} of frames escalated, "
-        f"{total.bytes_per_frame:,.0f} bytes uplinked per frame[/]"
-    )
-    if total.jpeg_bytes_per_frame and total.bytes_per_frame:
-        console.print(
-            f"streaming every frame as JPEG would send {total.jpeg_bytes_per_frame:,.0f} bytes "
-            f"per frame: {total.jpeg_bytes_per_frame / total.bytes_per_frame:.1f}x more"
-        )
 
 
-def _run(
-    stack: Stack,
-    mosquitto: str,
-    duration: float,
-    n_devices: int,
-    videos: list[Path],
-    http_port: int,
-    seed: int,
-    interrupted: threading.Event,
-) -> list[DeviceScore]:
+def _run(stack: Stack, plan: Plan, interrupted: threading.Event) -> list[DeviceScore]:
     import httpx
+    import psutil
+
+    from edgefleet.demo_report import jpeg_bytes_per_frame, score_device
+    from edgefleet.demo_stack import UplinkMeter
+    from edgefleet.demo_steps import start_up
+
+    console = stack.console
+    http = httpx.Client(
+        base_url=plan.base_url,
+        headers={"Authorization": f"Bearer {plan.operator_key}"},
+        timeout=5.0,
+    )
+    try:
+        started = start_up(stack, plan, http, interrupted)
+        fleet_devices: list[Device] = started["agents"]
+        broker, cloud = started["broker"], started["cloud"]
+        meter: UplinkMeter = started["meter"]
+        console.print(f"dashboard: [link={plan.dashboard_url}]{plan.dashboard_url}[/link]")
+        console.print(f"REST API:  {plan.base_url}/docs   (operator key: {plan.operator_key})")
+        console.print(f"work dir:  {plan.root}   — Ctrl-C stops the demo early")
+        console.print(f"up in {time.time() - psutil.Process().create_time():.1f} s\n")
+        pace = _live(stack, plan, http, fleet_devices, [broker, cloud], interrupted)
+        interrupted.clear()  # from here a (second) Ctrl-C skips waiting for late answers
+        with console.status("stopping the agents (they flush their outboxes)…"):
+            for device in fleet_devices:
+                if device.agent is not None:
+                    device.agent.terminate()  # all at once: each flushes in parallel
+            for device in fleet_devices:
+                if device.agent is not None:
+                    device.agent.stop(30.0)
+        meter.close()
+        cases = _collect_cases(http, fleet_devices, console, interrupted)
+        sampled = _cloud_only(
+            http, started["models"], fleet_devices, not plan.videos, console, interrupted
+        )
+        scores = [score_device(d, cases, meter.bytes.get(d.device_id, 0)) for d in fleet_devices]
+        for score, device in zip(scores, fleet_devices, strict=True):
+            score.jpeg_bytes_per_frame = jpeg_bytes_per_frame(device.video)
+            score.fps, score.cpu_ms_per_frame = pace[device.device_id]
+            score.cloud_only_accuracy = sampled.get(device.device_id)
+        (plan.root / "report.json").write_text(json.dumps([s.as_json() for s in scores], indent=1))
+        return scores
+    finally:
+        http.close()
+
+
+def _live(
+    stack: Stack,
+    plan: Plan,
+    http: Any,
+    devices: list[Device],
+    vital: list[Child],
+    interrupted: threading.Event,
+) -> dict[str, tuple[float | None, float | None]]:
+    """The live table until `duration` or Ctrl-C; each agent's fps and CPU ms per frame."""
+    import httpx
+    import psutil
     from rich.live import Live
 
-    from edgefleet.demo_report import jpeg_bytes_per_frame, live_table, score_device
-    from edgefleet.demo_stack import (
-        Device,
-        Interrupted,
-        UplinkMeter,
-        agent_env,
-        edgefleet_argv,
-        enroll_devices,
-        free_port,
-        port_open,
-        wait_until,
-        write_cloud_config,
-    )
+    from edgefleet.demo_report import agent_pace, live_table, read_jsonl
 
-    console, root = stack.console, stack.workdir
-    with console.status("rendering the demo videos…"):
-        scenes = prepare_videos(root, n_devices, videos, seed, duration)
-    if interrupted.is_set():
-        raise Interrupted("the videos to be rendered")
-    http_port = http_port or free_port()
-    broker_port = free_port()
-    operator_key = "efk_" + secrets.token_urlsafe(24)
-    with console.status("enrolling devices with `edgefleet fleet enroll`…"):
-        device_ids = [f"demo-cam-{i + 1:02d}" for i in range(n_devices)]
-        enrolled = enroll_devices(root, device_ids, broker_port, http_port)
-    if interrupted.is_set():
-        raise Interrupted("the devices to be enrolled")
-    cloud_yaml = write_cloud_config(
-        root, http_port, broker_port, operator_key, enrolled.cloud_password
-    )
-    fleet_devices = [
-        Device(
-            device_id=device_id,
-            bundle=enrolled.bundles[device_id],
-            video=scenes[i][0],
-            truth=scenes[i][1],
-            results=root / "devices" / device_id / "results.jsonl",
-            health_port=free_port(),
-        )
-        for i, device_id in enumerate(device_ids)
-    ]
-
-    with console.status("starting Mosquitto…"):
-        broker = stack.start("mosquitto", [mosquitto, "-c", str(enrolled.broker_config)])
-        wait_until(lambda: port_open(broker_port), 30, "the broker", [broker], interrupted)
-
-    base = f"http://127.0.0.1:{http_port}"
-    headers = {"Authorization": f"Bearer {operator_key}"}
-    http = httpx.Client(base_url=base, headers=headers, timeout=5.0)
-
-    def ready() -> bool:
+    def cpu_s(device: Device) -> float | None:
         try:
-            return http.get("/readyz").status_code == 200
-        except httpx.HTTPError:
-            return False
+            times = psutil.Process(device.agent.process.pid).cpu_times()  # type: ignore[union-attr]
+        except (psutil.Error, AttributeError):
+            return None
+        return float(times.user + times.system)
 
-    with console.status("starting the cloud orchestrator (loading and warming models)…"):
-        cloud = stack.start("cloud", edgefleet_argv("cloud", "serve", "-c", str(cloud_yaml)))
-        wait_until(ready, 300, "the cloud to be ready (/readyz)", [broker, cloud], interrupted)
-
-    meter = UplinkMeter(broker_port, "cloud", enrolled.cloud_password)
-    with console.status(f"starting {n_devices} edge agents…"):
-        for device in fleet_devices:
-            device.results.parent.mkdir(parents=True, exist_ok=True)
-            device.agent = stack.start(
-                device.device_id,
-                [
-                    sys.executable,
-                    "-m",
-                    "edgefleet.demo_agent",
-                    str(device.bundle / "edge.yaml"),
-                    str(device.results),
-                ],
-                env=agent_env(device, root),
-            )
-        agents = [d.agent for d in fleet_devices if d.agent is not None]
-        wait_until(
-            lambda: all(port_open(d.health_port) for d in fleet_devices),
-            300,
-            "the edge agents to load their models",
-            [broker, cloud, *agents],
-            interrupted,
-        )
-
-    console.print(f"dashboard: [link={base}/#key={operator_key}]{base}/#key={operator_key}[/link]")
-    console.print(f"REST API:  {base}/docs   (operator key: {operator_key})")
-    console.print(f"work dir:  {root}   — Ctrl-C stops the demo early\n")
+    cpu_before = {d.device_id: cpu_s(d) for d in devices}
+    since = time.time()
     started = time.monotonic()
     fleet: dict[str, dict[str, Any]] = {}
-    with Live(live_table(fleet_devices, fleet, 0), console=console, refresh_per_second=2) as live:
-        while not interrupted.is_set() and time.monotonic() - started < duration:
+    with Live(live_table(devices, fleet, 0), console=stack.console, refresh_per_second=2) as live:
+        while not interrupted.is_set() and time.monotonic() - started < plan.duration:
             try:
                 listing = http.get("/v1/devices").json().get("devices", [])
                 fleet = {d["device_id"]: d for d in listing}
             except (httpx.HTTPError, ValueError):
                 pass  # the table keeps the last answer
-            live.update(live_table(fleet_devices, fleet, time.monotonic() - started))
-            for child in [broker, cloud]:
+            live.update(live_table(devices, fleet, time.monotonic() - started))
+            for child in vital:
                 if not child.alive():
                     raise EdgefleetError(
                         f"{child.name} stopped unexpectedly; its log ends with:\n{child.tail()}",
                         code="demo_failed",
                     )
             interrupted.wait(1.0)
+    until = time.time()
+    pace = {}
+    for device in devices:
+        before, after = cpu_before[device.device_id], cpu_s(device)
+        used = None if before is None or after is None else after - before
+        pace[device.device_id] = agent_pace(read_jsonl(device.results), since, until, used)
+    return pace
 
-    interrupted.clear()  # from here a (second) Ctrl-C skips waiting for late answers
-    with console.status("stopping the agents (they flush their outboxes)…"):
-        for agent in agents:
-            agent.terminate()  # all at once: each flushes in parallel
-        for agent in agents:
-            agent.stop(30.0)
-    meter.close()
-    cases = _collect_cases(http, fleet_devices, console, interrupted)
-    scores = [score_device(d, cases, meter.bytes.get(d.device_id, 0)) for d in fleet_devices]
-    for score, device in zip(scores, fleet_devices, strict=True):
-        score.jpeg_bytes_per_frame = jpeg_bytes_per_frame(device.video)
-    (root / "report.json").write_text(
-        json.dumps([s.__dict__ | {"escalated_share": s.escalated_share} for s in scores], indent=1)
-    )
-    http.close()
-    return scores
+
+def _cloud_only(
+    http: Any,
+    models: list[dict[str, Any]],
+    devices: list[Device],
+    cached: bool,
+    console: Console,
+    skip: threading.Event,
+) -> dict[str, float]:
+    """The cloud-only column: the primary model on sampled frames of each scene with a truth.
+
+    Asked once the agents have stopped and their cases are answered, so that it never
+    delays a verdict; a rendered scene keeps its score in the cache, so only a demo on new
+    scenes (or a new model file) asks at all. Ctrl-C: the scores there are.
+    """
+    from edgefleet.cloud.settings import ModelsSettings
+    from edgefleet.demo_cloud_only import cache_file, score_cloud_only
+
+    primary = ModelsSettings().primary  # the demo's cloud.yaml keeps the default
+    sha256 = {m.get("name"): m.get("sha256") for m in models}.get(primary)
+    if not sha256:
+        return {}
+    by_video: dict[Path, float | None] = {}
+    with console.status(f"cloud-only column: {primary} on sampled frames of each scene…"):
+        for device in devices:
+            if device.truth is None or device.video in by_video or skip.is_set():
+                continue
+            keep = cache_file(device.video, primary, sha256) if cached else None
+            score = score_cloud_only(http, primary, sha256, device.video, device.truth, skip, keep)
+            by_video[device.video] = None if score is None else score.accuracy
+    return {
+        d.device_id: accuracy for d in devices if (accuracy := by_video.get(d.video)) is not None
+    }
 
 
 def _collect_cases(

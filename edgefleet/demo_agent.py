@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,9 @@ def run_agent_recording(config: Path, results: Path) -> None:
     out = results.open("a", buffering=1)
 
     def write(row: dict[str, Any]) -> None:
+        # `t` (wall clock) times the verdicts (escalated → verdict) and the frame rate
         with lock:
-            out.write(json.dumps(row) + "\n")
+            out.write(json.dumps({**row, "t": time.time()}) + "\n")
 
     def on_result(stream_id: str, frame_index: int, detections: list[Any]) -> None:
         texts = [d.text for d in detections if d.text]

@@ -8,7 +8,8 @@ character accuracy of edgefleet.demo_video against the rendered ground truth.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,17 @@ class DeviceScore:
     frames: int = 0
     escalated: int = 0
     verdicts: int = 0
+    busy: int = 0  # verdicts at the last fallback level: the cloud had no time for the case
     corrections: int = 0
     edge_accuracy: float | None = None
     combined_accuracy: float | None = None
+    cloud_only_accuracy: float | None = None  # the cloud's primary model on sampled frames
     bytes_uplinked: int = 0
     jpeg_bytes_per_frame: float | None = None
+    fps: float | None = None  # frames the agent read per second of the live run
+    cpu_ms_per_frame: float | None = None  # the agent process's CPU time per frame
+    # escalation (case in the outbox) to verdict on the device, from the agent's record
+    verdict_latencies_ms: list[float] = field(default_factory=list)
 
     @property
     def escalated_share(self) -> float | None:
@@ -53,6 +60,43 @@ class DeviceScore:
     @property
     def bytes_per_frame(self) -> float | None:
         return self.bytes_uplinked / self.frames if self.frames else None
+
+    @property
+    def unanswered(self) -> int:
+        return self.escalated - self.verdicts
+
+    @property
+    def verdict_p95_ms(self) -> float | None:
+        return percentile(self.verdict_latencies_ms, 95)
+
+    @property
+    def gain_captured(self) -> float | None:
+        """(edge+cloud - edge-only) / (cloud-only - edge-only): the share of what sending
+        every frame to the cloud would gain that escalating only the unsure ones gains."""
+        edge, combined, cloud = self.edge_accuracy, self.combined_accuracy, self.cloud_only_accuracy
+        if edge is None or combined is None or cloud is None or cloud <= edge:
+            return None
+        return (combined - edge) / (cloud - edge)
+
+    def as_json(self) -> dict[str, Any]:
+        """The row of report.json: the fields and what is derived from them."""
+        derived = (
+            "escalated_share",
+            "bytes_per_frame",
+            "unanswered",
+            "verdict_p95_ms",
+            "gain_captured",
+        )
+        return asdict(self) | {name: getattr(self, name) for name in derived}
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile by the nearest-rank method (None without values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
 
 
 def is_correction(verdict: dict[str, Any]) -> bool:
@@ -92,14 +136,19 @@ def score_device(
     rows = read_jsonl(device.results)
     frames = [r for r in rows if r.get("kind") == "frame"]
     escalated = [r for r in rows if r.get("kind") == "escalated"]
+    answered_at = {r["case_id"]: r.get("t") for r in rows if r.get("kind") == "verdict"}
     score = DeviceScore(device.device_id, frames=len(frames), bytes_uplinked=uplink_bytes)
     score.escalated = len(escalated)
     corrected: dict[tuple[str, int], list[str]] = {}
     for case in escalated:
+        sent, answered = case.get("t"), answered_at.get(case["case_id"])
+        if sent is not None and answered is not None:
+            score.verdict_latencies_ms.append(max(0.0, answered - sent) * 1000)
         answer = cloud_answer(cases.get(case["case_id"]))
         if answer is None:
             continue
         score.verdicts += 1
+        score.busy += answer["fallback_level"] >= 3
         score.corrections += is_correction(answer)
         if answer["fallback_level"] < 3 and case.get("frame_index") is not None:
             corrected[(case["stream_id"], int(case["frame_index"]))] = answer["cloud_texts"]
@@ -165,11 +214,15 @@ def report_table(scores: list[DeviceScore]) -> Table:
     table = Table(title="final report", title_justify="left")
     for column in (
         "device",
+        "fps",
+        "CPU / frame",
         "frames",
         "edge-only accuracy",
         "edge+cloud accuracy",
+        "cloud-only (sampled)",
         "escalated",
-        "cloud corrections",
+        "answered / busy",
+        "verdict p95",
         "bytes uplinked / frame",
         "every frame as JPEG",
     ):
@@ -177,41 +230,101 @@ def report_table(scores: list[DeviceScore]) -> Table:
     for s in [*scores, total_score(scores)]:
         table.add_row(
             s.device_id,
+            _number(s.fps, "{:.1f}"),
+            _number(s.cpu_ms_per_frame, "{:,.0f} ms"),
             str(s.frames),
             pct(s.edge_accuracy),
             pct(s.combined_accuracy),
+            pct(s.cloud_only_accuracy),
             pct(s.escalated_share),
-            str(s.corrections),
-            "–" if s.bytes_per_frame is None else f"{s.bytes_per_frame:,.0f}",
-            "–" if s.jpeg_bytes_per_frame is None else f"{s.jpeg_bytes_per_frame:,.0f}",
+            f"{s.verdicts - s.busy} / {s.busy}",
+            _number(s.verdict_p95_ms, "{:,.0f} ms"),
+            _number(s.bytes_per_frame, "{:,.0f}"),
+            _number(s.jpeg_bytes_per_frame, "{:,.0f}"),
         )
     return table
 
 
+def story(total: DeviceScore, devices: int) -> list[str]:
+    """The report in a few sentences: accuracy, escalations, uplink, the agents' pace."""
+    lines = [
+        f"[bold]edge-only accuracy {pct(total.edge_accuracy)}, "
+        f"edge+cloud {pct(total.combined_accuracy)}, "
+        f"{pct(total.escalated_share)} of frames escalated, "
+        f"{_number(total.bytes_per_frame, '{:,.0f}')} bytes uplinked per frame[/]"
+    ]
+    if total.jpeg_bytes_per_frame and total.bytes_per_frame:
+        lines.append(
+            f"streaming every frame as JPEG would send {total.jpeg_bytes_per_frame:,.0f} bytes "
+            f"per frame: {total.jpeg_bytes_per_frame / total.bytes_per_frame:.1f}x more"
+        )
+    if total.cloud_only_accuracy is not None:
+        gain = total.gain_captured
+        lines.append(
+            f"cloud only (its primary model on sampled frames) {pct(total.cloud_only_accuracy)}"
+            + (
+                f": escalating {pct(total.escalated_share)} of the frames captured "
+                f"{pct(gain)} of the possible gain"
+                if gain is not None
+                else ": no better than the edge on these frames, so there is no gain to capture"
+            )
+        )
+    timed = len(total.verdict_latencies_ms)
+    lines.append(
+        f"{total.verdicts} of {total.escalated} escalated cases answered "
+        f"({total.busy} busy, {total.unanswered} unanswered); a verdict reached its device "
+        f"within {_number(total.verdict_p95_ms, '{:,.0f} ms')} (p95 of the {timed} that "
+        "arrived while the agents ran)"
+    )
+    lines.append(
+        f"{devices} agents at {_number(total.fps and total.fps / devices, '{:.1f}')} fps each "
+        f"on average, {_number(total.cpu_ms_per_frame, '{:,.0f} ms')} of CPU per frame"
+    )
+    return lines
+
+
+def _number(value: float | None, form: str) -> str:
+    return "–" if value is None else form.format(value)
+
+
 def total_score(scores: list[DeviceScore]) -> DeviceScore:
+    """The fleet's row: counts and latencies pooled, rates summed (fps) or frame-weighted."""
     total = DeviceScore("all devices")
     total.frames = sum(s.frames for s in scores)
     total.escalated = sum(s.escalated for s in scores)
     total.verdicts = sum(s.verdicts for s in scores)
+    total.busy = sum(s.busy for s in scores)
     total.corrections = sum(s.corrections for s in scores)
     total.bytes_uplinked = sum(s.bytes_uplinked for s in scores)
-    sized = [
-        (s.jpeg_bytes_per_frame, s.frames)
-        for s in scores
-        if s.jpeg_bytes_per_frame is not None and s.frames
-    ]
-    if sized:
-        total.jpeg_bytes_per_frame = sum(b * n for b, n in sized) / sum(n for _, n in sized)
-    scored = [  # both accuracies are set together (score_device)
-        (s.edge_accuracy, s.combined_accuracy, s.frames)
-        for s in scores
-        if s.edge_accuracy is not None and s.combined_accuracy is not None and s.frames
-    ]
-    frames = sum(n for _, _, n in scored)
-    if frames:
-        total.edge_accuracy = sum(edge * n for edge, _, n in scored) / frames
-        total.combined_accuracy = sum(combined * n for _, combined, n in scored) / frames
+    total.verdict_latencies_ms = [v for s in scores for v in s.verdict_latencies_ms]
+    rated = [s.fps for s in scores if s.fps is not None]
+    total.fps = sum(rated) if rated else None
+    total.jpeg_bytes_per_frame = _frame_weighted(scores, "jpeg_bytes_per_frame")
+    total.cpu_ms_per_frame = _frame_weighted(scores, "cpu_ms_per_frame")
+    total.edge_accuracy = _frame_weighted(scores, "edge_accuracy")
+    total.combined_accuracy = _frame_weighted(scores, "combined_accuracy")
+    sampled = [s.cloud_only_accuracy for s in scores if s.cloud_only_accuracy is not None]
+    # the same number of sampled frames per scene: a plain mean; only over the devices
+    # that have one, which are those the edge columns count too (scenes with a truth)
+    total.cloud_only_accuracy = sum(sampled) / len(sampled) if sampled else None
     return total
+
+
+def _frame_weighted(scores: list[DeviceScore], name: str) -> float | None:
+    known = [(getattr(s, name), s.frames) for s in scores if getattr(s, name) is not None]
+    frames = sum(n for _, n in known)
+    return sum(v * n for v, n in known) / frames if frames else None
+
+
+def agent_pace(
+    rows: list[dict[str, Any]], since: float, until: float, cpu_s: float | None
+) -> tuple[float | None, float | None]:
+    """Frames per second between two wall-clock times, from the agent's own frame rows,
+    and CPU milliseconds per frame given the CPU the agent used over the same time."""
+    count = sum(1 for r in rows if r.get("kind") == "frame" and since <= r.get("t", 0) < until)
+    if until <= since or count == 0:
+        return None, None
+    return count / (until - since), None if cpu_s is None else cpu_s * 1000 / count
 
 
 def jpeg_bytes_per_frame(video: Path, quality: int = 85, samples: int = 20) -> float | None:

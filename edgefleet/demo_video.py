@@ -38,6 +38,9 @@ SIGN_WORDS = [
 # Owner codes shaped like real BIC prefixes (three letters + the "U" equipment category).
 _OWNERS = ["MSCU", "MAEU", "CMAU", "HLXU", "TGHU", "OOLU", "EGLU", "TCNU"]
 _FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX]
+# Bump whenever the same spec would render other pixels or truth: cached scenes
+# (edgefleet.demo_cache) of another version are rendered again.
+RENDERER_VERSION = 2
 
 
 class _Closed(BaseModel):
@@ -221,12 +224,18 @@ class _Line:
             )
             sigma = max(0.3, strength * self.h / 10)
             roi[:] = cv2.GaussianBlur(roi, (0, 0), sigma)
-            # Glare: a bright ellipse sweeping along the plate, washing out part of it.
+            # Glare: a bright ellipse sweeping along the plate, washing out part of it. It
+            # is drawn and blurred in a window around the plate only (3 sigma of the blur
+            # beyond it, where the glow has faded out), not over the whole frame.
+            sigma_glare = max(1.0, self.h / 4)
+            reach = int(np.ceil(3 * sigma_glare))
+            wx0, wy0 = max(0, x0 - reach), max(0, y0 - reach)
+            wx1, wy1 = min(spec.width, x1 + reach), min(spec.height, y1 + reach)
             cx = x0 + (0.5 + 0.45 * np.sin(index * 0.3 + self.glare_phase)) * (x1 - x0)
-            glare = np.zeros(frame.shape[:2], np.float32)
+            glare = np.zeros((wy1 - wy0, wx1 - wx0), np.float32)
             cv2.ellipse(
                 glare,
-                (round(cx), (y0 + y1) // 2),
+                (round(cx) - wx0, (y0 + y1) // 2 - wy0),
                 (max(4, (x1 - x0) // 5), max(3, (y1 - y0) // 2)),
                 0,
                 0,
@@ -234,8 +243,9 @@ class _Line:
                 1.0,
                 thickness=-1,
             )
-            halo = cv2.GaussianBlur(glare, (0, 0), max(1.0, self.h / 4))[..., None]
-            frame[:] = np.clip(frame + halo * 120 * strength, 0, 255).astype(np.uint8)
+            halo = cv2.GaussianBlur(glare, (0, 0), sigma_glare)[..., None]
+            window = frame[wy0:wy1, wx0:wx1]
+            window[:] = np.clip(window + halo * 120 * strength, 0, 255).astype(np.uint8)
         return x0, y0, x1, y1
 
 

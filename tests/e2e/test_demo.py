@@ -31,21 +31,13 @@ def _missing() -> str | None:
 
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 def test_demo_runs_end_to_end_and_prints_the_final_report(tmp_path: Path) -> None:
-    # given a clean work folder, when the demo runs for 20 s with two devices
-    env = {**os.environ, "COLUMNS": "200", "TERM": "dumb"}
+    # given a clean work folder and an empty cache, when the demo runs for 20 s with two
+    # devices (and does not keep the dashboard up afterwards)
+    workdir, cache = tmp_path / "w", tmp_path / "cache"
+    env = {**os.environ, "COLUMNS": "200", "TERM": "dumb", "XDG_CACHE_HOME": str(cache)}
+    argv = [sys.executable, "-m", "edgefleet", "demo", "--duration", "20", "--devices", "2"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edgefleet",
-            "demo",
-            "--duration",
-            "20",
-            "--devices",
-            "2",
-            "--workdir",
-            str(tmp_path),
-        ],
+        [*argv, "--workdir", str(workdir), "--linger", "0"],
         capture_output=True,
         text=True,
         timeout=840,
@@ -53,9 +45,12 @@ def test_demo_runs_end_to_end_and_prints_the_final_report(tmp_path: Path) -> Non
         stdin=subprocess.DEVNULL,
     )
     output = result.stdout + result.stderr
-    # then it exits 0 and prints the dashboard URL and the final report
+    # then it exits 0, shows each start-up step, the dashboard URL and the final report
     assert result.returncode == 0, output[-4000:]
+    for step in ("scenes", "enrolling devices", "Mosquitto", "cloud orchestrator", "edge agents"):
+        assert step in output.split("dashboard:")[0], output[:3000]
     assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/#key=", output), output[-2000:]
+    assert re.search(r"up in [\d.]+ s", output)
     assert "final report" in output
     summary = re.search(
         r"edge-only accuracy ([\d.]+) %, edge\+cloud ([\d.]+) %, ([\d.]+) % of frames "
@@ -64,24 +59,39 @@ def test_demo_runs_end_to_end_and_prints_the_final_report(tmp_path: Path) -> Non
     )
     assert summary, output[-2000:]
     assert re.search(r"streaming every frame as JPEG would send [\d,]+ bytes per frame", output)
+    assert re.search(r"cloud only \(its primary model on sampled frames\) [\d.]+ %", output)
+    answered = re.search(
+        r"(\d+) of (\d+) escalated cases answered \((\d+) busy, (\d+) unanswered\)", output
+    )
+    assert answered, output[-2000:]
+    assert re.search(r"2 agents at [\d.]+ fps each on average, [\d,]+ ms of CPU per frame", output)
     # and every device processed frames, was scored against the truth and sent bytes
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads((workdir / "report.json").read_text())
     assert [r["device_id"] for r in report] == ["demo-cam-01", "demo-cam-02"]
     for device in report:
-        assert device["frames"] > 0
+        assert device["frames"] > 0 and device["fps"] > 0 and device["cpu_ms_per_frame"] > 0
         assert 0.0 <= device["edge_accuracy"] <= 1.0
         assert 0.0 <= device["combined_accuracy"] <= 1.0
+        assert 0.0 <= device["cloud_only_accuracy"] <= 1.0
         assert device["bytes_uplinked"] > 0
-        assert device["verdicts"] <= device["escalated"]
+        assert device["verdicts"] + device["unanswered"] == device["escalated"]
         assert device["jpeg_bytes_per_frame"] > 0
+        # the agent's own record holds as many frames as the report counts
+        rows = (workdir / "devices" / device["device_id"] / "results.jsonl").read_text()
+        assert rows.count('"kind": "frame"') == device["frames"]
+    assert sum(d["escalated"] for d in report) == int(answered.group(2))
     # the devices were enrolled through the fleet: bundles and broker auth files exist
     for device_id in ("demo-cam-01", "demo-cam-02"):
-        assert (tmp_path / "bundles" / device_id / "edge.yaml").is_file()
-    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+        assert (workdir / "bundles" / device_id / "edge.yaml").is_file()
+    logs = sorted(p.name for p in (workdir / "logs").iterdir())
     assert logs == ["cloud.log", "demo-cam-01.log", "demo-cam-02.log", "mosquitto.log"]
+    # the scenes were rendered into the cache, with their cloud-only scores beside them
+    scenes = sorted((cache / "edgefleet" / "demo").glob("scene-*"))
+    assert len(scenes) == 2
+    assert all(list(scene.glob("cloud-only-*.json")) for scene in scenes)
     # and nothing is left running: the HTTP and broker ports are closed again
     http_port = int(re.search(r"dashboard: http://127\.0\.0\.1:(\d+)/", output).group(1))
-    conf = (tmp_path / "broker-auth" / "mosquitto.conf").read_text()
+    conf = (workdir / "broker-auth" / "mosquitto.conf").read_text()
     broker_port = int(re.search(r"^listener (\d+)", conf, re.M).group(1))
     for port in (http_port, broker_port):
         with socket.socket() as s, pytest.raises(OSError):
@@ -156,7 +166,13 @@ def test_demo_with_no_arguments_stops_on_ctrl_c_with_the_report_and_no_leftovers
         assert len(children) >= 5  # mosquitto, the cloud and three agents
         # and the user presses Ctrl-C, long before the default duration is over
         demo.send_signal(signal.SIGINT)
-        assert demo.wait(300) == 0, "".join(lines)[-4000:]
+        # then after the report the dashboard is still there, until a second Ctrl-C
+        _wait_for(lambda: "the dashboard stays up" in "".join(lines), 300, demo, lines)
+        port = int(re.search(r"dashboard: http://127\.0\.0\.1:(\d+)/", "".join(lines)).group(1))
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(120) == 0, "".join(lines)[-4000:]
     finally:
         if demo.poll() is None:
             demo.kill()
@@ -267,6 +283,8 @@ def test_demo_runs_on_the_users_own_video(tmp_path: Path) -> None:
             "1",
             "--duration",
             "8",
+            "--linger",
+            "0",
             "--workdir",
             str(workdir),
         ],

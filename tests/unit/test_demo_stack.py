@@ -105,7 +105,7 @@ def test_fleet_enrolled_devices_reach_the_demo_broker_and_are_metered(tmp_path: 
         wait_until(lambda: port_open(port), 30, "the broker", [broker])
         meter = UplinkMeter(port, "cloud", enrolled.cloud_password)
         try:
-            assert meter.subscribed.wait(30), "the meter's subscriptions were not granted"
+            assert meter.wait_subscribed(30), "the broker never confirmed the subscription"
             # when cam-01 publishes on its own telemetry topic with its bundle's password
             device = _connected(port, "cam-01", bundle["mqtt"]["password"])
             info = device.publish("ef/v1/cam-01/telemetry", b"x" * 100, qos=1)
@@ -156,12 +156,12 @@ def test_a_missing_mosquitto_says_how_to_install_it(
 ) -> None:
     from typer.testing import CliRunner
 
+    from edgefleet import demo_stack
     from edgefleet.cli import app
-    from edgefleet.shared import mosquitto
 
     # given a machine without the broker: nothing on PATH, nothing in sbin
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    monkeypatch.setattr(mosquitto, "MOSQUITTO_LOCATIONS", (str(tmp_path / "sbin/mosquitto"),))
+    monkeypatch.setattr(demo_stack, "MOSQUITTO_LOCATIONS", (str(tmp_path / "sbin/mosquitto"),))
     with pytest.raises(EdgefleetError, match="mosquitto is not installed"):
         mosquitto_binary()
     # when the demo starts
@@ -206,3 +206,30 @@ def test_out_of_range_options_are_refused_before_anything_starts(
     assert result.exit_code == 2, result.output
     assert "Invalid value" in result.output and args[0] in result.output
     assert not (tmp_path / "w").exists()
+
+
+def test_a_child_started_nice_yields_in_its_own_session_group_too(tmp_path: Path) -> None:
+    import psutil
+
+    # given a child started the way the demo starts its agents (own session, nice 7)
+    stack = Stack(tmp_path, Console())
+    child = stack.start("agent", [sys.executable, "-c", "import time; time.sleep(600)"], nice=7)
+    try:
+        # then the process is niced, and so is its autogroup where the kernel has one
+        # (a session's group is what the scheduler weighs first)
+        assert psutil.Process(child.process.pid).nice() == 7
+        group = Path(f"/proc/{child.process.pid}/autogroup")
+        if group.exists():
+            assert group.read_text().split()[-1] == "7"
+    finally:
+        stack.stop_all()
+
+
+@pytest.mark.parametrize("devices", range(1, 17))
+def test_the_agents_together_weigh_no_more_than_the_cloud(devices: int) -> None:
+    from edgefleet.demo_steps import agent_niceness
+
+    nice = agent_niceness(devices)
+    # the scheduler's weight falls by about 1.25 per nice step (1024 at 0, 110 at 10)
+    assert devices * 1.25**-nice <= 1.0
+    assert nice == 0 or devices * 1.25 ** -(nice - 1) > 1.0  # and no more than needed

@@ -220,41 +220,41 @@ def _users_clip(path: Path) -> Path:
 
 
 def test_users_videos_are_cycled_over_the_devices_without_truth(tmp_path: Path) -> None:
-    from edgefleet.demo import prepare_videos
+    from edgefleet.demo_steps import prepare_videos
 
     # given two of the user's own clips, no ground truth beside them
     a, b = _users_clip(tmp_path / "a.mp4"), _users_clip(tmp_path / "b.mp4")
     # when three devices are prepared
-    scenes = prepare_videos(tmp_path / "w", 3, [a, b], seed=0, duration=30)
+    scenes = prepare_videos(tmp_path / "w", 3, [a, b], seed=0)
     # then the clips are used as they are, in turn, and nothing is rendered
     assert scenes == [(a, None), (b, None), (a, None)]
     assert not (tmp_path / "w").exists()
 
 
 def test_a_users_video_with_its_ground_truth_is_scored(tmp_path: Path) -> None:
-    from edgefleet.demo import prepare_videos
+    from edgefleet.demo_steps import prepare_videos
 
     video = tmp_path / "scene.mp4"
     truth = render_video(video, SMALL)
-    [(path, loaded)] = prepare_videos(tmp_path / "w", 1, [video], seed=0, duration=30)
+    [(path, loaded)] = prepare_videos(tmp_path / "w", 1, [video], seed=0)
     assert path == video and loaded == truth
 
 
 def test_a_foreign_json_beside_a_users_video_is_a_clear_error(tmp_path: Path) -> None:
-    from edgefleet.demo import prepare_videos
+    from edgefleet.demo_steps import prepare_videos
 
     video = _users_clip(tmp_path / "clip.mp4")
     (tmp_path / "clip.json").write_text('{"camera": "dock 3"}')
     with pytest.raises(ConfigError, match=r"clip\.json lies beside --video clip\.mp4 but is not"):
-        prepare_videos(tmp_path / "w", 1, [video], seed=0, duration=30)
+        prepare_videos(tmp_path / "w", 1, [video], seed=0)
 
 
 def test_a_file_that_is_no_video_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    from edgefleet.demo import prepare_videos
+    from edgefleet.demo_steps import prepare_videos
 
     notes = tmp_path / "notes.mp4"
     notes.write_text("not a video")
     with pytest.raises(ConfigError, match="OpenCV cannot decode a frame"):
-        prepare_videos(tmp_path / "w", 1, [notes], seed=0, duration=30)
+        prepare_videos(tmp_path / "w", 1, [notes], seed=0)
     with pytest.raises(ConfigError, match="no such file"):
-        prepare_videos(tmp_path / "w", 1, [tmp_path / "gone.mp4"], seed=0, duration=30)
+        prepare_videos(tmp_path / "w", 1, [tmp_path / "gone.mp4"], seed=0)

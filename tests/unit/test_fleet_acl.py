@@ -93,7 +93,7 @@ def test_emqx_export_carries_the_same_digests_and_binds_client_ids() -> None:
     assert user["salt"].encode() == salt and user["password_hash"] == digest.hex()
     acl = render_emqx_acl(["cam-01"], ["cloud", "ef-admin"])
     assert (
-        "{allow, {'and', [{username, \"cam-01\"}, {clientid, \"ef-edge-cam-01\"}]}, subscribe, "
+        '{allow, {\'and\', [{username, "cam-01"}, {clientid, "ef-edge-cam-01"}]}, subscribe, '
         '[{eq, "ef/v1/cam-01/results"}, {eq, "ef/v1/cam-01/desired"}]}.'
     ) in acl
     assert "ef-admin" not in acl and acl.strip().endswith("{deny, all}.")

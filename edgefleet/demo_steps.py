@@ -1,0 +1,265 @@
+"""How `edgefleet demo` gets everything up: its scenes, and its start-up steps.
+
+The steps (edgefleet.demo_startup runs them) are the scenes ‖ enrollment → Mosquitto and
+the uplink meter ‖ the cloud (it subscribes as soon as the broker listens, then warms its
+models) → the agents, once the cloud's subscription is in place.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.shared.errors import ConfigError, EdgefleetError
+
+if TYPE_CHECKING:
+    from edgefleet.demo_stack import Child, Device, Stack, UplinkMeter
+    from edgefleet.demo_video import GroundTruth
+
+
+def agent_niceness(devices: int) -> int:
+    """The nice value that makes the agents together weigh no more than the cloud.
+
+    Here the agents share the cores that, in a real fleet, the cloud would not share with
+    them; the cloud needs little (its budget of cases, demo_stack.CLOUD_CASES_PER_MIN, is a
+    share of a core) but needs it at once, or verdicts queue: measured on 2 loaded cores,
+    with 3 agents at its own priority it took 2.4 s per escalated frame instead of 0.3 s,
+    and with 8 the verdicts' p95 was 22-28 s. Each nice step is a factor of about 1.25 in
+    the scheduler's weight, so n agents at nice log(n)/log(1.25) weigh as much as one
+    process at nice 0.
+    """
+    return min(19, max(0, math.ceil(math.log(devices) / math.log(1.25))))
+
+
+# Length of a rendered scene. The agents play it in a loop and restart its frame index at
+# each pass, so the ground truth holds however long the demo runs.
+SCENE_S = 60.0
+
+
+def prepare_videos(
+    cache: Path,
+    devices: int,
+    videos: list[Path] | None,
+    seed: int,
+    stop: threading.Event | None = None,
+) -> list[tuple[Path, GroundTruth | None]]:
+    """One video per device: the user's (cycled), or a rendered scene of known text from
+    the cache (edgefleet.demo_cache), the missing ones rendered side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgefleet.demo_cache import cached_scene
+    from edgefleet.demo_video import VideoSpec
+
+    if videos:
+        checked = [_users_video(Path(v)) for v in videos]
+        return [checked[i % len(checked)] for i in range(devices)]
+    specs = [VideoSpec(duration_s=SCENE_S, seed=seed + i) for i in range(devices)]
+
+    def one(spec: VideoSpec) -> tuple[Path, GroundTruth | None]:
+        if stop is not None and stop.is_set():
+            from edgefleet.demo_stack import Interrupted
+
+            raise Interrupted("the videos to be rendered")
+        return cached_scene(spec, cache)
+
+    # OpenCV drawing, blurring and encoding release the GIL: threads use every core.
+    with ThreadPoolExecutor(max_workers=max(1, min(devices, os.cpu_count() or 1))) as pool:
+        return list(pool.map(one, specs))
+
+
+def _users_video(video: Path) -> tuple[Path, GroundTruth | None]:
+    """A user's file, checked before anything starts: the agent reads it with OpenCV, and
+    a JSON of the same name beside it must be a ground truth (it enables the scoring)."""
+    import cv2
+
+    from edgefleet.demo_video import GroundTruth, truth_path
+
+    path = video.expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"--video {path}: no such file")
+    capture = cv2.VideoCapture(str(path))
+    try:
+        readable, _ = capture.read()
+    finally:
+        capture.release()
+    if not readable:
+        raise ConfigError(f"--video {path}: OpenCV cannot decode a frame of it")
+    truth_file = truth_path(path)
+    if not truth_file.is_file():
+        return path, None
+    try:
+        return path, GroundTruth.load(truth_file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{truth_file} lies beside --video {path.name} but is not its ground truth: "
+            f"{str(exc).splitlines()[0]}",
+            hint="rename or remove it to run without accuracy scoring",
+        ) from None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the command decided before anything starts."""
+
+    root: Path
+    mosquitto: str
+    duration: float
+    device_ids: list[str]
+    videos: list[Path]
+    seed: int
+    http_port: int
+    broker_port: int
+    operator_key: str
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"{self.base_url}/#key={self.operator_key}"
+
+
+def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) -> dict[str, Any]:
+    """Everything up, each step as soon as what it needs is there (edgefleet.demo_startup):
+
+    videos (cached or rendered) ‖ enrollment → broker ‖ cloud (it connects as soon as the
+    broker listens, then warms its models) → agents (once the cloud's subscription is in
+    place, so no early case finds nobody to take it), while the models keep warming.
+    """
+    from edgefleet.demo_cache import cache_dir
+    from edgefleet.demo_stack import (
+        Device,
+        UplinkMeter,
+        agent_env,
+        edgefleet_argv,
+        enroll_devices,
+        free_port,
+        port_open,
+        wait_until,
+        write_cloud_config,
+    )
+    from edgefleet.demo_startup import Step, StepContext, run_steps
+
+    root, n = plan.root, len(plan.device_ids)
+
+    def readyz() -> dict[str, Any]:
+        import httpx
+
+        try:
+            body = http.get("/readyz").json()
+        except (httpx.HTTPError, ValueError):
+            return {}
+        return body if isinstance(body, dict) else {}
+
+    def videos(ctx: StepContext) -> list[tuple[Path, GroundTruth | None]]:
+        if not plan.videos:
+            ctx.note(f"{n} scenes from {cache_dir()} (rendered when missing)")
+        return prepare_videos(cache_dir(), n, plan.videos, plan.seed, ctx.stop)
+
+    def enroll(ctx: StepContext) -> Any:
+        return enroll_devices(
+            root, plan.device_ids, plan.broker_port, plan.http_port, progress=ctx.note
+        )
+
+    def broker(ctx: StepContext) -> Child:
+        config = ctx.results["enroll"].broker_config
+        child = stack.start("mosquitto", [plan.mosquitto, "-c", str(config)])
+        wait_until(lambda: port_open(plan.broker_port), 30, "the broker", [child], ctx.stop)
+        return child
+
+    def meter(ctx: StepContext) -> UplinkMeter:
+        counter = UplinkMeter(plan.broker_port, "cloud", ctx.results["enroll"].cloud_password)
+        if not counter.wait_subscribed(30):
+            counter.close()
+            raise EdgefleetError("the uplink meter got no SUBACK from the broker in 30 s")
+        return counter
+
+    def cloud(ctx: StepContext) -> Child:
+        cloud_yaml = write_cloud_config(
+            root,
+            plan.http_port,
+            plan.broker_port,
+            plan.operator_key,
+            ctx.results["enroll"].cloud_password,
+        )
+        child = stack.start("cloud", edgefleet_argv("cloud", "serve", "-c", str(cloud_yaml)))
+        ctx.note("starting; it subscribes once the broker listens")
+        wait_until(
+            lambda: bool(readyz().get("broker", {}).get("connected")),
+            300,
+            "the cloud to subscribe to the broker",
+            [child],
+            ctx.stop,
+        )
+        return child
+
+    def agents(ctx: StepContext) -> list[Device]:
+        scenes = ctx.results["videos"]
+        enrolled = ctx.results["enroll"]
+        devices = [
+            Device(
+                device_id=device_id,
+                bundle=enrolled.bundles[device_id],
+                video=scenes[i][0],
+                truth=scenes[i][1],
+                results=root / "devices" / device_id / "results.jsonl",
+                health_port=free_port(),
+            )
+            for i, device_id in enumerate(plan.device_ids)
+        ]
+        for device in devices:
+            device.results.parent.mkdir(parents=True, exist_ok=True)
+            device.agent = stack.start(
+                device.device_id,
+                [
+                    sys.executable,
+                    "-m",
+                    "edgefleet.demo_agent",
+                    str(device.bundle / "edge.yaml"),
+                    str(device.results),
+                ],
+                env=agent_env(device, root, n),
+                nice=agent_niceness(n),
+            )
+        children = [d.agent for d in devices if d.agent is not None]
+
+        def loaded() -> bool:
+            up = sum(port_open(d.health_port) for d in devices)
+            ctx.note(f"{up} of {n} loaded their model")
+            return up == n
+
+        wait_until(loaded, 300, "the edge agents to load their models", children, ctx.stop)
+        return devices
+
+    def models(ctx: StepContext) -> list[dict[str, Any]]:
+        child = ctx.results["cloud"]
+
+        def warm() -> bool:
+            body = readyz()
+            ctx.note(", ".join(body.get("reasons", [])) or "waiting for /readyz")
+            return body.get("ready") is True
+
+        wait_until(warm, 300, "the cloud's models to warm (/readyz)", [child], ctx.stop)
+        return list(readyz().get("models", []))
+
+    steps = [
+        Step("videos", "scenes", videos),
+        Step("enroll", "enrolling devices (fleet enroll)", enroll),
+        Step("broker", "Mosquitto", broker, after=("enroll",)),
+        Step("meter", "uplink meter (bytes per device)", meter, after=("broker",)),
+        Step("cloud", "cloud orchestrator", cloud, after=("enroll",)),
+        Step("models", "cloud models (load + warm)", models, after=("cloud",)),
+        Step(
+            "agents",
+            f"{n} edge agents",
+            agents,
+            after=("videos", "broker", "meter", "cloud"),
+        ),
+    ]
+    return run_steps(steps, stack.console, interrupted).results

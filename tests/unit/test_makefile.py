@@ -1,0 +1,57 @@
+"""`make demo` installs only what the demo needs; the test tools belong to `make test`.
+
+Read from `make -n -B` (print every command, as on a machine where nothing is installed
+yet, run none), so the check needs no root, no apt and no network.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_ONLY = ("chromium", "qemu-user", "gcc-aarch64-linux-gnu", "ffmpeg", "mosquitto-clients")
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+def _plan(target: str, tmp_path: Path) -> str:
+    result = subprocess.run(
+        ["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _apt_packages(plan: str) -> set[str]:
+    return {
+        package
+        for line in re.findall(r"apt-get install -y -qq --no-install-recommends ([^;]+);", plan)
+        for package in line.split()
+    }
+
+
+def test_make_demo_installs_the_broker_and_the_build_tools_only(tmp_path: Path) -> None:
+    plan = _plan("demo", tmp_path)
+    packages = _apt_packages(plan)
+    assert {"mosquitto", "gcc", "python3-dev", "python3-venv"} <= packages
+    assert not packages & set(TEST_ONLY), packages & set(TEST_ONLY)
+    # the package without its dev extras (pytest, playwright, ...)
+    assert re.search(r"pip install -q -e \.$", plan, re.M)
+    assert "[dev]" not in plan
+    assert plan.rstrip().endswith("edgefleet demo")
+
+
+def test_make_test_adds_the_test_tools_and_the_dev_extras(tmp_path: Path) -> None:
+    plan = _plan("test", tmp_path)
+    assert set(TEST_ONLY) <= _apt_packages(plan)
+    assert "pip install -q -e '.[dev]'" in plan
+    assert "pytest" in plan.splitlines()[-1]
