@@ -67,8 +67,12 @@ def pad_quad(quad: np.ndarray, ratio: float) -> np.ndarray:
     )
 
 
-def load_charset(session: Session) -> list[str]:
-    """The recogniser's dictionary: from the ONNX metadata (`character`), else the keys file."""
+def load_charset(session: Session, registry: ModelRegistry) -> list[str]:
+    """The recogniser's dictionary: the manifest's pinned file, else the ONNX metadata
+    (`character`), else the PP-OCRv4 keys file."""
+    pinned = registry.read_dictionary(session.spec)
+    if pinned is not None:
+        return ppocr_charset(pinned)
     meta = getattr(session.executor, "metadata", {}) or {}
     chars = meta.get("character")
     lines = chars.splitlines() if chars else KEYS_FILE.read_text(encoding="utf-8").splitlines()
@@ -132,7 +136,7 @@ class OcrModel(Model):
                 s.close()
             raise
         self.det, self.rec, self.cls = det, rec, cls
-        self.charset = load_charset(rec)
+        self.charset = load_charset(rec, registry)
         ds = det.spec
         self._det_norm = (ds.mean, ds.std, ds.input.scale, ds.input.color == "BGR")
         self._det_fill = np.zeros(3, np.float32)  # normalised 0: mid-grey, no edges

