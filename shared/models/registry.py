@@ -76,8 +76,18 @@ class OcrOptions(_Closed):
     rec_max_width: int = Field(1600, ge=16, description="recogniser maximum input width")
     rec_batch: int = Field(16, ge=1, description="text lines per recogniser batch")
     cls_threshold: float = Field(0.9, gt=0, lt=1, description="flip a line when 180° is this sure")
-    text_score: float = Field(0.5, ge=0, lt=1, description="drop lines scored below this")
-    tta: bool = Field(False, description="also read each line from a padded crop; keep the surer")
+    text_score: float = Field(
+        0.5, ge=0, lt=1, description="drop lines whose surest read is scored below this"
+    )
+    tta: bool = Field(False, description="also read each line from a padded crop")
+    enhance: bool = Field(
+        False, description="also read each line contrast-stretched and sharpened (faint, blurred)"
+    )
+    voters: list[str] = Field(
+        default_factory=list,
+        description="more text recognition models; every read of a line (each recogniser, "
+        "each crop) votes for its text with its confidence, the heaviest text wins",
+    )
 
 
 class YoloOptions(_Closed):
