@@ -111,6 +111,8 @@ class CaseProcessor:
         self._waiting: collections.Counter[str] = collections.Counter()
         self._served = 0
         self._stopping = threading.Event()
+        self._service_s = 0.0
+        self._worker_count = max(1, workers)
         self._workers = [
             threading.Thread(target=self._loop, name=f"case-worker-{i}", daemon=True)
             for i in range(workers)
@@ -123,6 +125,18 @@ class CaseProcessor:
     @property
     def depth(self) -> int:
         return self._queue.qsize()
+
+    def _observe_service(self, seconds: float) -> None:
+        """Moving average of how long one case takes a worker."""
+        with self._fair_lock:
+            self._service_s = 0.8 * self._service_s + 0.2 * seconds
+
+    def expected_wait_s(self) -> float:
+        """How long a case queued now waits for its verdict: the queue ahead of it, served
+        by every worker, plus its own service time."""
+        with self._fair_lock:
+            service = self._service_s
+        return (self.depth / self._worker_count + 1) * service
 
     def submit(
         self,
@@ -294,9 +308,11 @@ class CaseProcessor:
                 return _LATER
             return None  # its owner stores and publishes the verdict
         self.store.mark_attempt(case.case_id)
+        started = time.monotonic()
         outcome = self.cascade.run(job.route, case, rgb, job.image_sha256)
+        self._observe_service(time.monotonic() - started)
         elapsed = time.monotonic() - job.enqueued
-        verdict = CloudVerdict(
+        answer = dict(
             device_id=case.device_id,
             trace_id=case.trace_id,
             case_id=case.case_id,
@@ -307,6 +323,15 @@ class CaseProcessor:
             latency_ms=round(elapsed * 1000, 3),
             cached=outcome.cached,
         )
+        if case.schema_id == "ef.escalation/1":  # an old device: answer in its version
+            verdict = CloudVerdict(schema="ef.verdict/1", **answer)
+        else:
+            verdict = CloudVerdict(
+                **answer,
+                track_id=case.track_id,
+                queue_depth=self.depth,
+                expected_wait_s=round(self.expected_wait_s(), 3),
+            )
         self.store.save_verdict(verdict, replica=self.replica)
         CASE_SECONDS.observe(elapsed)
         CASES.labels(job.source, "processed").inc()

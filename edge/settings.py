@@ -60,7 +60,9 @@ class SourceSettings(_Closed):
 
 
 class ModelSettings(_Closed):
-    name: str = Field("ppocr", min_length=1, description="model (pack) name in the registry")
+    name: str = Field(
+        "ppocr6-tiny", min_length=1, description="model (pack) name in the registry"
+    )
     execution: ExecutionSettings | None = Field(
         None,
         description="executor settings; none = one session thread per core share, a "

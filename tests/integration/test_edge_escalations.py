@@ -63,7 +63,7 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
             assert isinstance(case, EscalationCase)
             assert case.device_id == DEVICE and case.stream_id == "gate"
             assert case.reason == "sampled" and case.content_type == "image/jpeg"
-            assert case.model.name == "ppocr" and case.model.sha256
+            assert case.model.name == "ppocr6-tiny" and case.model.sha256
             decoded = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
             assert decoded.shape == (240, 320, 3)
             expected = text_frame(TEXTS[case.frame_index])
@@ -75,7 +75,7 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
         # telemetry and status follow the contract
         tel = collector.telemetry[-1]
         assert tel.streams[0].stream_id == "gate"
-        assert tel.model is not None and tel.model.name == "ppocr"
+        assert tel.model is not None and tel.model.name == "ppocr6-tiny"
         assert tel.gpu is None  # a CPU host
         seqs = [t.seq for t in collector.telemetry]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
