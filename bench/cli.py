@@ -22,6 +22,7 @@ BENCHMARKS = {
     "edge": ("bench.bench_edge", "agent pipeline vs the naive loop; outbox throughput"),
     "cloud": ("bench.bench_cloud", "REST and MQTT ingest under concurrent load"),
     "fleet": ("bench.bench_fleet", "dashboard and registry with a large fleet"),
+    "cascade": ("bench.bench_cascade", "edge-only vs cloud-only vs the cascade at 4 budgets"),
     "gpu-check": ("bench.gpu_check", "every GPU path run and measured, each step capped"),
 }
 

@@ -53,7 +53,7 @@ class EscalationBudget:
         st = self._streams.get(stream_id)
         if st is None:
             w = self.settings.window_frames
-            st = _Stream(self.settings.burst, self._clock(), deque(maxlen=w), deque(maxlen=w))
+            st = _Stream(0.0, self._clock(), deque(maxlen=w), deque(maxlen=w))
             self._streams[stream_id] = st
         return st
 
@@ -85,13 +85,15 @@ class EscalationBudget:
             q = min(1.0, wanted / len(st.scores))
             return min(s.max_score, float(np.quantile(np.asarray(st.scores), q)))
 
-    def consider(self, stream_id: str, score: float) -> bool:
-        """A track became ready with this confidence: spend a case on it?"""
+    def consider(self, stream_id: str, score: float, *, first: bool = True) -> bool:
+        """A track with this confidence (`first`: the first time it is asked about, which
+        enters its score in the recent distribution): spend a case on it?"""
         s = self.settings
         threshold = self.threshold(stream_id)
         with self._lock:
             st = self._stream(stream_id)
-            st.scores.append(score)
+            if first:
+                st.scores.append(score)
             if score > threshold:
                 return False
             b = bucket_of(score, s.buckets)

@@ -173,25 +173,32 @@ class EscalationPolicy:
         own = self.decide(stream_id, image, detections, expect_result=expect_result, failed=failed)
         out = [own] if own is not None else []
         if self.settings.escalate == "tracks":
-            self.budget.frame(stream_id)
-            seen: set[str] = set()
-            for track in self.tracker.update(stream_id, frame_index, image, detections):
-                if track.track_id in seen:
-                    continue
-                seen.add(track.track_id)
-                escalation = self.consider_track(stream_id, track)
-                if escalation is not None:
-                    out.append(escalation)
+            tracks = self.tracker.update(stream_id, frame_index, image, detections)
+            out += self.escalations_for(stream_id, tracks)
+        return out
+
+    def escalations_for(self, stream_id: str, tracks: list[Track]) -> list[Escalation]:
+        """One frame's tracks (from `tracker.update`): the cases they give."""
+        self.budget.frame(stream_id)
+        out, seen = [], set()
+        for track in tracks:
+            if track.track_id in seen:
+                continue
+            seen.add(track.track_id)
+            escalation = self.consider_track(stream_id, track)
+            if escalation is not None:
+                out.append(escalation)
         return out
 
     def consider_track(self, stream_id: str, track: Track) -> Escalation | None:
-        """Once a track has been read on `ready_frames` frames: a case for it, if the budget
-        picks it and the rate limit and de-duplication let it through."""
-        if track.escalated or track.frames != self.settings.tracks.ready_frames:
+        """From `ready_frames` frames on, until it is sent: a case for the track, if the
+        budget picks it and the rate limit and de-duplication let it through."""
+        ready = self.settings.tracks.ready_frames
+        if track.escalated or track.frames < ready:
             return None
         text, score = track.reading()
         reason = "disagreement" if track.agreement() < 0.6 else "unsure"
-        if not self.budget.consider(stream_id, score):
+        if not self.budget.consider(stream_id, score, first=track.frames == ready):
             return None
         CANDIDATES.labels(reason).inc()
         crops = sorted(track.crops, key=lambda c: -c.rank)

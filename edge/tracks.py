@@ -4,7 +4,8 @@ A detection joins the open track of its stream whose last box overlaps it most, 
 overlap is large, or when it overlaps at all and reads alike. A track's reading is a
 confidence-weighted vote over its frames; it keeps its few best crops (sharpest x
 largest) for the cloud; it ends when unseen for `max_gap` frames. Ended tracks are kept
-(bounded) so that a late verdict still lands on its track.
+(bounded) so that a late verdict still lands on its track. A crop's rank is the edge's
+confidence on it x its sharpness x its area: glare and blur lower the first two.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def sharpness(image: np.ndarray) -> float:
 
 @dataclass(eq=False)
 class Crop:
-    """A crop of one sighting, ranked by sharpness x area."""
+    """A crop of one sighting, ranked by confidence x sharpness x area."""
 
     image: np.ndarray
     frame_index: int
@@ -149,12 +150,14 @@ class Tracker:
                 track.box, track.last_frame = det.box, frame_index
                 track.reads.append((det.text, det.score))
                 del track.reads[: -s.max_reads]
-                self._keep_crop(track, image, det.box, frame_index)
+                self._keep_crop(track, image, det.box, frame_index, det.score)
                 out.append(track)
             self._end_stale(stream_id, frame_index)
             return out
 
-    def _keep_crop(self, track: Track, image: np.ndarray, box: Box, frame_index: int) -> None:
+    def _keep_crop(
+        self, track: Track, image: np.ndarray, box: Box, frame_index: int, score: float
+    ) -> None:
         h, w = image.shape[:2]
         bw, bh = box[2] - box[0], box[3] - box[1]
         m = self.settings.crop_margin
@@ -163,7 +166,7 @@ class Tracker:
         if x2 - x1 < 2 or y2 - y1 < 2:
             return
         crop = image[y1:y2, x1:x2]
-        rank = sharpness(crop) * bw * bh
+        rank = score * sharpness(crop) * bw * bh  # readable: sure, sharp and large
         worst = min(track.crops, key=lambda c: c.rank, default=None)
         if len(track.crops) < self.settings.max_crops:
             track.crops.append(Crop(crop.copy(), frame_index, (x1, y1, x2, y2), rank))
@@ -192,6 +195,12 @@ class Tracker:
             for track in tracks:
                 self._retire(track)
             return tracks
+
+    def live(self, stream_id: str) -> list[Track]:
+        """The stream's open tracks: what the device reports for its latest frame, including
+        text the model missed on that one frame but saw within `max_gap` frames."""
+        with self._lock:
+            return list(self._open.get(stream_id, []))
 
     def get(self, track_id: str) -> Track | None:
         """An open or recently ended track, or None."""

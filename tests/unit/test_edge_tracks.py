@@ -147,7 +147,8 @@ def test_buckets_where_the_cloud_always_agrees_stop_being_escalated() -> None:
     for _ in range(4):
         budget.verdict(0.85, agrees=True)  # bucket 8: the cloud agreed every time
         budget.verdict(0.45, agrees=False)  # bucket 4: it disagreed
-    budget.frame("s")
+    for _ in range(30):  # credit for 30 cases
+        budget.frame("s")
     sent_high = sum(budget.consider("s", 0.85) for _ in range(10))
     sent_low = sum(budget.consider("s", 0.45) for _ in range(10))
     # then the agreeing bucket only gets the exploration share, the other everything
