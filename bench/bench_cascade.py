@@ -163,6 +163,10 @@ def main(
     ),
     quick: Annotated[bool, typer.Option(help="3 clips of 20 frames, no ladder")] = False,
 ) -> None:
+    """Print edge-only, cloud-only and the cascade at each budget, side by side.
+
+    Example: edgefleet bench cascade --quick
+    """
     if quick:
         clips, frames, run_ladder = 3, 20, False
     started = time.perf_counter()
