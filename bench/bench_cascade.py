@@ -38,7 +38,7 @@ from cloud.cache import VerdictCache
 from cloud.cascade import Cascade, ModelPool
 from cloud.router import Route
 from edge.policy import Escalation, EscalationPolicy
-from edge.settings import BudgetSettings, PolicySettings
+from edge.settings import BudgetSettings, PolicySettings, TrackSettings
 from edge.tracks import Track
 from edge.verdicts import VerdictBook
 from shared.imaging.decode import decode_image
@@ -105,12 +105,14 @@ def cascade_run(
     share: float,
     delay: int,
     info: ModelInfo,
+    ready_frames: int,
 ) -> Row:
     """The cascade at one budget over every clip (a fresh edge policy: nothing carried)."""
     settings = PolicySettings(
         sample_share=0.0,
         rate_per_min=600.0,  # the hard ceiling; the budget is what is measured here
         budget=BudgetSettings(share=share),
+        tracks=TrackSettings(ready_frames=ready_frames),
     )
     clock = [0.0]
     policy = EscalationPolicy(settings, clock=lambda: clock[0])
@@ -158,6 +160,9 @@ def main(
     edge: Annotated[str, typer.Option(help="the edge model")] = "ppocr6-tiny",
     cloud: Annotated[str, typer.Option(help="the cloud's primary model")] = "ppocr6-cloud",
     verdict_delay: Annotated[int, typer.Option(help="frames until a verdict is back")] = 5,
+    ready_frames: Annotated[
+        int, typer.Option(help="frames a track is read on before it may be escalated")
+    ] = TrackSettings().ready_frames,
     run_ladder: Annotated[bool, typer.Option("--ladder/--no-ladder", help="the OCR ladder")] = (
         True
     ),
@@ -198,7 +203,9 @@ def main(
     route = Route("default", cloud, 120.0, 0, False)
     rows = [edge_row, cloud_row]
     rows += [
-        cascade_run(rendered, edge_reads, cascade, route, float(b), verdict_delay, info)
+        cascade_run(
+            rendered, edge_reads, cascade, route, float(b), verdict_delay, info, ready_frames
+        )
         for b in ["0", *budgets.split(",")]
     ]
     pool.close()
