@@ -105,14 +105,14 @@ def cascade_run(
     share: float,
     delay: int,
     info: ModelInfo,
-    ready_frames: int,
+    tracks: TrackSettings,
 ) -> Row:
     """The cascade at one budget over every clip (a fresh edge policy: nothing carried)."""
     settings = PolicySettings(
         sample_share=0.0,
         rate_per_min=600.0,  # the hard ceiling; the budget is what is measured here
         budget=BudgetSettings(share=share),
-        tracks=TrackSettings(ready_frames=ready_frames),
+        tracks=tracks,
     )
     clock = [0.0]
     policy = EscalationPolicy(settings, clock=lambda: clock[0])
@@ -163,6 +163,9 @@ def main(
     ready_frames: Annotated[
         int, typer.Option(help="frames a track is read on before it may be escalated")
     ] = TrackSettings().ready_frames,
+    crops: Annotated[int, typer.Option(help="best crops sent per track")] = (
+        TrackSettings().max_crops
+    ),
     run_ladder: Annotated[bool, typer.Option("--ladder/--no-ladder", help="the OCR ladder")] = (
         True
     ),
@@ -204,7 +207,14 @@ def main(
     rows = [edge_row, cloud_row]
     rows += [
         cascade_run(
-            rendered, edge_reads, cascade, route, float(b), verdict_delay, info, ready_frames
+            rendered,
+            edge_reads,
+            cascade,
+            route,
+            float(b),
+            verdict_delay,
+            info,
+            TrackSettings(ready_frames=ready_frames, max_crops=crops),
         )
         for b in ["0", *budgets.split(",")]
     ]
