@@ -32,7 +32,7 @@ from cloud.store import ClaimState, FeedbackStore
 from shared.db import StoreUnavailable
 from shared.errors import EdgefleetError, Overloaded
 from shared.logs import trace_id_var
-from shared.messages import CloudVerdict, EscalationCase
+from shared.messages import CloudStatus, CloudVerdict, EscalationCase
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ CASE_SECONDS = Histogram(
 )
 
 Publisher = Callable[[CloudVerdict], None]
+StatusPublisher = Callable[[CloudStatus], None]
 Decoder = Callable[[bytes], np.ndarray]
 
 
@@ -112,6 +113,9 @@ class CaseProcessor:
         self._served = 0
         self._stopping = threading.Event()
         self._service_s = 0.0
+        self.publish_status: StatusPublisher | None = None
+        self.status_every_s = 2.0
+        self._status_sent: dict[str, float] = {}
         self._worker_count = max(1, workers)
         self._workers = [
             threading.Thread(target=self._loop, name=f"case-worker-{i}", daemon=True)
@@ -361,6 +365,29 @@ class CaseProcessor:
             self.publish(verdict)
         except Exception:  # the verdict is stored; a publish failure is logged, not fatal
             log.exception("publishing the verdict of %s failed", verdict.case_id)
+        if verdict.schema_id != "ef.verdict/1":  # only devices that speak /2 get a status
+            self._publish_status(verdict.device_id)
+
+    def _publish_status(self, device_id: str) -> None:
+        """Refresh the device's retained lag status, at most every `status_every_s`."""
+        now = time.monotonic()
+        with self._fair_lock:
+            if self.publish_status is None or (
+                now - self._status_sent.get(device_id, -1e9) < self.status_every_s
+            ):
+                return
+            self._status_sent[device_id] = now
+            if len(self._status_sent) > 10_000:
+                self._status_sent = {device_id: now}
+        status = CloudStatus(
+            device_id=device_id,
+            queue_depth=self.depth,
+            expected_wait_s=round(self.expected_wait_s(), 3),
+        )
+        try:
+            self.publish_status(status)
+        except Exception:  # a status is advice; failing to send it is logged, not fatal
+            log.exception("publishing the cloud status for %s failed", device_id)
 
     def wait_verdict(
         self, case_id: str, timeout_s: float, poll_s: float = 0.05

@@ -32,6 +32,7 @@ from edge.uplink import Uplink
 from edge.verdicts import MatchedVerdict, VerdictBook
 from shared.errors import EdgefleetError
 from shared.messages import (
+    CloudStatus,
     CloudVerdict,
     DesiredState,
     Detection,
@@ -272,6 +273,8 @@ class Agent:
         message = verified.message
         if channel is Channel.RESULTS and isinstance(message, CloudVerdict):
             self.verdicts.receive(message)
+        elif channel is Channel.RESULTS and isinstance(message, CloudStatus):
+            self.policy.budget.cloud_wait(message.expected_wait_s)
         elif channel is Channel.DESIRED and isinstance(message, DesiredState):
             assert self._desired_pool is not None  # made in start(), before the uplink
             self._desired_pool.submit(self._apply_desired, message)

@@ -247,6 +247,15 @@ class CloudVerdict(Message):
         return self
 
 
+class CloudStatus(Message):
+    """How far behind the cloud is, retained on a device's results topic (refreshed as it
+    answers), so a device that connects or waits knows before its next verdict."""
+
+    schema_id: Literal["ef.cloud-status/1"] = Field(default="ef.cloud-status/1", alias="schema")
+    queue_depth: int = Field(ge=0, description="cases waiting for a worker")
+    expected_wait_s: float = Field(ge=0, description="how long a case sent now would wait")
+
+
 # A model name or version is one path component on both sides (the cloud's store, the
 # device's state folder): never "..", never a separator.
 MODEL_PART_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
@@ -303,6 +312,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         DeviceTelemetry,
         EscalationCase,
         CloudVerdict,
+        CloudStatus,
         DesiredState,
         ReportedState,
         Feedback,

@@ -15,7 +15,7 @@ from cloud.settings import CloudSettings
 from cloud.testing import escalation_case, escalation_wire
 from edge.policy import tile_crops
 from shared.imaging import encode_png
-from shared.messages import CloudVerdict, Tile
+from shared.messages import CloudStatus, CloudVerdict, Tile
 from shared.mqtt import MqttSettings, connect, make_client, publish
 from shared.topics import Topics
 
@@ -34,17 +34,41 @@ class Verdicts:
 
     def __init__(self) -> None:
         self.got: dict[str, CloudVerdict] = {}
+        self.statuses: list[tuple[CloudStatus, bool]] = []  # (status, retained)
         self.arrived = threading.Condition()
 
     def on_message(self, client, userdata, message) -> None:
-        verdict = CloudVerdict.model_validate_json(message.payload)
+        schema = dict(message.properties.UserProperty)["ef-schema"]
         with self.arrived:
-            self.got[verdict.case_id] = verdict
+            if schema == "ef.cloud-status/1":
+                status = CloudStatus.model_validate_json(message.payload)
+                self.statuses.append((status, bool(message.retain)))
+            else:
+                verdict = CloudVerdict.model_validate_json(message.payload)
+                self.got[verdict.case_id] = verdict
             self.arrived.notify_all()
 
     def wait(self, case_ids: set[str], timeout_s: float) -> bool:
         with self.arrived:
             return self.arrived.wait_for(lambda: case_ids <= set(self.got), timeout_s)
+
+    def wait_status(self, timeout_s: float) -> bool:
+        with self.arrived:
+            return self.arrived.wait_for(lambda: bool(self.statuses), timeout_s)
+
+
+def listen(broker, name: str, device: str) -> tuple[object, Verdicts]:
+    """A client on the device's results topic; returns once it is subscribed."""
+    settings = MqttSettings(host=broker.host, port=broker.port)
+    verdicts = Verdicts()
+    client = make_client(settings, name)
+    subscribed = threading.Event()
+    client.on_message = verdicts.on_message
+    client.on_subscribe = lambda *a: subscribed.set()
+    client.on_connect = lambda c, *a: c.subscribe(Topics().results(device), qos=1)
+    connect(client, settings, clean_start=True)
+    assert subscribed.wait(30)
+    return client, verdicts
 
 
 def test_a_tiled_track_case_gets_one_fused_verdict_and_a_v1_case_is_still_answered(
@@ -60,15 +84,10 @@ def test_a_tiled_track_case_gets_one_fused_verdict_and_a_v1_case_is_still_answer
     services = CloudServices.build(settings)
     cam = services.registry.enroll("cam-trk")
     services.start()
-    verdicts = Verdicts()
-    device = make_client(MqttSettings(host=broker.host, port=broker.port), "cam-trk-dev")
-    subscribed = threading.Event()
-    device.on_message = verdicts.on_message
-    device.on_subscribe = lambda *a: subscribed.set()
-    device.on_connect = lambda c, *a: c.subscribe(Topics().results("cam-trk"), qos=1)
-    connect(device, MqttSettings(host=broker.host, port=broker.port), clean_start=True)
+    device, verdicts = listen(broker, "cam-trk-dev", "cam-trk")
+    later = None
     try:
-        assert subscribed.wait(30) and services.ingest.wait_connected(30)
+        assert services.ingest.wait_connected(30)
         # when the edge sends one track's three crops tiled into one JPEG (v2)
         crops = [line_crop(0, 0.0), line_crop(3, 1.2), line_crop(6, 0.6)]
         strip, rects = tile_crops(crops, 1280)
@@ -105,7 +124,16 @@ def test_a_tiled_track_case_gets_one_fused_verdict_and_a_v1_case_is_still_answer
         assert old_verdict.schema_id == "ef.verdict/1" and old_verdict.track_id is None
         assert old_verdict.queue_depth is None
         assert [d.text for d in old_verdict.result] == [TEXT]
+        # and the cloud's lag is retained on the results topic: a device connecting later
+        # learns it before any verdict
+        assert verdicts.wait_status(30)
+        later, fresh = listen(broker, "cam-trk-later", "cam-trk")
+        assert fresh.wait_status(30)
+        status, retained = fresh.statuses[0]
+        assert retained and status.device_id == "cam-trk" and status.expected_wait_s >= 0
     finally:
-        device.loop_stop()
-        device.disconnect()
+        for client in (device, later):
+            if client is not None:
+                client.loop_stop()
+                client.disconnect()
         services.close()

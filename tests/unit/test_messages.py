@@ -143,6 +143,7 @@ def test_json_schemas_cover_every_message_and_use_wire_names():
             "ef.escalation/2",
             "ef.verdict/1",
             "ef.verdict/2",
+            "ef.cloud-status/1",
             "ef.desired/1",
             "ef.reported/1",
             "ef.feedback/1",
