@@ -1,9 +1,9 @@
 """Escalation policy: which frames and text tracks become cases, and what image goes.
 
 `escalate: tracks` (the default): text seen across frames is one track (edge/tracks.py);
-a track is escalated once, when its voted confidence after `ready_frames` frames falls
-under the budget's threshold (edge/budget.py), as one case carrying its best crops tiled
-into one image. Its reason is `disagreement` when its own frames read it differently,
+a track is escalated at most once: from its `ready_frames`-th frame on, as soon as its
+voted confidence is under the budget's threshold and the budget has credit
+(edge/budget.py), as one case carrying its best crops tiled into one image. Its reason is `disagreement` when its own frames read it differently,
 else `unsure`. Frames are still escalated when the model failed, found nothing where
 something is expected, or were picked by the drift sample.
 `escalate: frames`: every frame with a score inside the unsure band, as before.
