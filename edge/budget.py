@@ -110,6 +110,13 @@ class EscalationBudget:
             self.spent += 1
             return True
 
+    def refund(self, stream_id: str) -> None:
+        """A case the budget granted was not sent (the rate limit or de-duplication)."""
+        with self._lock:
+            st = self._stream(stream_id)
+            st.credit = min(float(self.settings.burst), st.credit + 1.0)
+            self.spent -= 1
+
     def verdict(self, score: float, agrees: bool) -> None:
         """The cloud answered a case of a track with this edge confidence."""
         with self._lock:

@@ -3,9 +3,10 @@
 `escalate: tracks` (the default): text seen across frames is one track (edge/tracks.py);
 a track is escalated at most once: from its `ready_frames`-th frame on, as soon as its
 voted confidence is under the budget's threshold and the budget has credit
-(edge/budget.py), as one case carrying its best crops tiled into one image. Its reason is `disagreement` when its own frames read it differently,
-else `unsure`. Frames are still escalated when the model failed, found nothing where
-something is expected, or were picked by the drift sample.
+(edge/budget.py), as one case carrying its best crops tiled into one image. Its reason
+is `disagreement` when its own frames read it differently, else `unsure`. Frames are
+still escalated when the model failed, found nothing where something is expected, or
+were picked by the drift sample.
 `escalate: frames`: every frame with a score inside the unsure band, as before.
 
 Every candidate then passes de-duplication (a 64-bit dHash within a time window: a parked
@@ -204,6 +205,7 @@ class EscalationPolicy:
         crops = sorted(track.crops, key=lambda c: -c.rank)
         strip, rects = tile_crops([c.image for c in crops], self.settings.max_image_side)
         if not self.admit(stream_id, strip):
+            self.budget.refund(stream_id)
             return None
         track.escalated = True
         tiles = tuple(

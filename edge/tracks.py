@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -107,6 +108,9 @@ class Tracker:
         self._ended: OrderedDict[str, Track] = OrderedDict()
         self._by_id: dict[str, Track] = {}
         self._ids = itertools.count(1)
+        # ids differ between runs: a verdict for a case sent before a restart can never
+        # land on a new track that happens to reuse its number
+        self._run = secrets.token_hex(3)
         self._lock = threading.Lock()
 
     def update(
@@ -136,7 +140,7 @@ class Tracker:
                         best, best_fit = k, fit
                 if best is None:
                     track = Track(
-                        track_id=f"{stream_id}-{next(self._ids)}"[:64],
+                        track_id=f"{stream_id[:40]}-{self._run}-{next(self._ids)}",
                         stream_id=stream_id,
                         first_frame=frame_index,
                         last_frame=frame_index,

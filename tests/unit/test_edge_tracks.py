@@ -188,7 +188,11 @@ def test_verdicts_act_on_open_ended_and_unknown_tracks() -> None:
     assert track.ended
     late = book.receive(_verdict("case-late-01", track.track_id, "HL 591 RJ"))
     assert late.track_known and track.result()[0] == "HL 591 RJ"
-    # an unknown track is recorded, not an error
+    # an unknown track (e.g. from before a restart: ids differ between runs) is recorded,
+    # not an error
+    assert Tracker(TrackSettings()).update("s", 0, _frame(), [_det("A", 0.5, 10)])[0].track_id != (
+        track.track_id
+    )
     unknown = book.receive(_verdict("case-unkn-01", "s-999", "EXIT"))
     assert unknown.track_known is False and book.unknown_tracks == 1
     assert list(book.recent)[-1] is unknown
