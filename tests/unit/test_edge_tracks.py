@@ -196,3 +196,16 @@ def test_verdicts_act_on_open_ended_and_unknown_tracks() -> None:
     unknown = book.receive(_verdict("case-unkn-01", "s-999", "EXIT"))
     assert unknown.track_known is False and book.unknown_tracks == 1
     assert list(book.recent)[-1] is unknown
+
+
+def test_a_cases_per_minute_budget_holds_on_the_clock() -> None:
+    # given 6 cases a minute per stream (no frame share), 10 frames a second for 2 minutes
+    clock = FakeClock()
+    budget = EscalationBudget(BudgetSettings(share=0.0, per_min=6.0, burst=2), clock=clock)
+    sent = 0
+    for _ in range(1200):
+        clock.now += 0.1
+        budget.frame("s")
+        sent += budget.consider("s", 0.1)
+    # then 12 cases went, give or take the saved-up burst
+    assert 11 <= sent <= 12 + 2
