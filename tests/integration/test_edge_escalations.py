@@ -125,6 +125,15 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
         assert local["agrees"] is True and local["frame_index"] == case.frame_index
         assert local["verdict"]["case_id"] == case.case_id and local["stream_id"] == "gate"
         assert health["agreement_rate"] == 1.0
+
+        # when a verdict names a track this agent does not know (ended long ago, or from
+        # before a restart), then it is recorded, not an error
+        stray = verdict.model_copy(update={"case_id": "case-stray-1", "track_id": "gate-x-1"})
+        collector.send(stray, Topics().results(DEVICE))
+        wait_for(lambda: len(verdicts) >= 2, 20, "second verdict callback")
+        assert verdicts[1].track_known is False and agent.verdicts.unknown_tracks == 1
+        status, body = _get(port, "/verdicts")
+        assert json.loads(body)["verdicts"][-1]["track_known"] is False
     finally:
         agent.stop()
     # graceful stop: `offline` is published and is what a newcomer gets, retained
