@@ -27,6 +27,7 @@ from edge.settings import EdgeSettings, SourceSettings
 from edge.sources import VideoSource, make_source
 from edge.sources.capture import Capture
 from edge.telemetry import WindowStats, gpu_probe, host_usage
+from edge.tracks import TrackReport, report
 from edge.updater import DesiredStateApplier, runtime_from_settings
 from edge.uplink import Uplink
 from edge.verdicts import MatchedVerdict, VerdictBook
@@ -54,6 +55,7 @@ META_TRIMMED = Counter(
 )
 
 ResultCallback = Callable[[str, int, list[Detection]], None]
+TrackCallback = Callable[[str, int, list[TrackReport]], None]
 
 
 class Agent:
@@ -78,7 +80,8 @@ class Agent:
         self.stats = WindowStats()
         self.policy = EscalationPolicy(settings.policy)
         self.verdicts = VerdictBook(tracker=self.policy.tracker, budget=self.policy.budget)
-        self.on_result: list[ResultCallback] = []
+        self.on_result: list[ResultCallback] = []  # each frame's own reads
+        self.on_tracks: list[TrackCallback] = []  # each frame's live tracks (cloud-corrected)
         self.on_escalation: list[Callable[[EscalationCase], None]] = []
         self.escalations_created = 0
         self.outbox: Outbox | None = None
@@ -218,6 +221,10 @@ class Agent:
         frame = work.frame
         for callback in self.on_result:
             callback(frame.stream_id, frame.index, work.detections)
+        if self.on_tracks:
+            reports = [report(t) for t in self.policy.tracker.live(frame.stream_id)]
+            for track_callback in self.on_tracks:
+                track_callback(frame.stream_id, frame.index, reports)
         if self.outbox is not None:
             for escalation in escalations:
                 self._queue_case(work, escalation)

@@ -99,6 +99,24 @@ class Track:
         return same / len(self.reads) if self.reads else 0.0
 
 
+@dataclass(frozen=True)
+class TrackReport:
+    """What the device reports for one live track: its result and who gave it."""
+
+    track_id: str
+    text: str
+    score: float
+    box: Box
+    source: str  # "cloud" once its verdict came, else "edge" (the vote over its frames)
+
+
+def report(track: Track) -> TrackReport:
+    text, score = track.result()
+    return TrackReport(
+        track.track_id, text, score, track.box, "cloud" if track.cloud is not None else "edge"
+    )
+
+
 class Tracker:
     """Thread-safe; tracks are kept per stream."""
 

@@ -48,6 +48,8 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
     agent = Agent(build_settings(edge_settings(tmp_path, broker, str(video))))
     verdicts = []
     agent.add_verdict_callback(verdicts.append)
+    tracked: list = []
+    agent.on_tracks.append(lambda stream, index, reports: tracked.append((index, reports)))
     agent.start()
     try:
         # when the video has played
@@ -77,6 +79,9 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
             texts = [d.text for d in case.edge_result]
             read_right += texts == [TEXTS[case.frame_index]]
         assert read_right >= len(TEXTS) * 0.75  # the real OCR read most frames exactly
+        # and downstream, each frame reported its live tracks (the edge's vote so far)
+        assert sorted(index for index, _ in tracked) == list(range(len(TEXTS)))
+        assert all(r.source == "edge" and r.track_id for _, reports in tracked for r in reports)
 
         # telemetry and status follow the contract
         tel = collector.telemetry[-1]
