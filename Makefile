@@ -62,7 +62,7 @@ GPU_CHECK_ARGS ?=
 gpu-check:
 	@[ -x $(PY) ] || $(PYTHON) -m venv --system-site-packages $(VENV) \
 	  || echo "gpu-check: no venv could be made here; running with $(PYTHON)"
-	@py=$(PY); [ -x $$py ] || py=$(PYTHON); $$py -m bench.gpu_check $(GPU_CHECK_ARGS)
+	@py=$(PY); [ -x $$py ] || py=$(PYTHON); $$py -m edgefleet.bench.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,6 +1,6 @@
 """Build glue for the native kernels; all metadata lives in pyproject.toml.
 
-`shared.kernels._native` is plain C (buffer protocol, no numpy headers needed). x86
+`edgefleet.shared.kernels._native` is plain C (buffer protocol, no numpy headers needed). x86
 builds stay portable: hot loops carry gcc `target_clones("avx2", "default")`, picked at
 load time, so no -march=native. NEON intrinsics compile under __ARM_NEON on aarch64.
 -ffp-contract=off keeps NMS decisions bit-identical to the numpy reference.
@@ -15,7 +15,7 @@ if sys.platform == "win32":  # pragma: no cover - not a target, but keep the bui
     extra = ["/O2"]
 
 native = Extension(
-    "shared.kernels._native",
+    "edgefleet.shared.kernels._native",
     sources=[
         "shared/kernels/src/module.c",
         "shared/kernels/src/preprocess.c",

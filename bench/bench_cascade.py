@@ -33,18 +33,18 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from bench.hard_scenes import Clip, Tally, frame_scores, render_clips
-from cloud.cache import VerdictCache
-from cloud.cascade import Cascade, ModelPool
-from cloud.router import Route
-from edge.policy import Escalation, EscalationPolicy
-from edge.settings import BudgetSettings, PolicySettings, TrackSettings
-from edge.tracks import Track
-from edge.verdicts import VerdictBook
-from shared.imaging.decode import decode_image
-from shared.messages import CloudVerdict, Detection, EscalationCase, ModelInfo
-from shared.models import load_model
-from shared.wire import fit_meta
+from edgefleet.bench.hard_scenes import Clip, Tally, frame_scores, render_clips
+from edgefleet.cloud.cache import VerdictCache
+from edgefleet.cloud.cascade import Cascade, ModelPool
+from edgefleet.cloud.router import Route
+from edgefleet.edge.policy import Escalation, EscalationPolicy
+from edgefleet.edge.settings import BudgetSettings, PolicySettings, TrackSettings
+from edgefleet.edge.tracks import Track
+from edgefleet.edge.verdicts import VerdictBook
+from edgefleet.shared.imaging.decode import decode_image
+from edgefleet.shared.messages import CloudVerdict, Detection, EscalationCase, ModelInfo
+from edgefleet.shared.models import load_model
+from edgefleet.shared.wire import fit_meta
 
 app = typer.Typer(add_completion=False)
 

@@ -1,6 +1,6 @@
 """The cloud orchestrator under concurrent load from a second process.
 
-Run: `.venv/bin/python -m bench.bench_cloud` (defaults: 160 requests per point,
+Run: `.venv/bin/python -m edgefleet.bench.bench_cloud` (defaults: 160 requests per point,
 2,000 escalations, 1,000 devices x 5 telemetry messages).
 
 - `POST /v1/infer/ppocr`: throughput and p50/p99 at 16 and 64 concurrent clients (httpx
@@ -75,10 +75,10 @@ def _publish_cases(
     per-case ms from publish to its verdict received)."""
     import numpy as np
 
-    from cloud.testing import escalation_case, escalation_wire
-    from shared.imaging import encode_png
-    from shared.mqtt import MqttSettings, connect, make_client, publish
-    from shared.topics import Topics
+    from edgefleet.cloud.testing import escalation_case, escalation_wire
+    from edgefleet.shared.imaging import encode_png
+    from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish
+    from edgefleet.shared.topics import Topics
 
     settings = MqttSettings(host=host, port=port)
     client = make_client(settings, f"{device}-bench")
@@ -118,10 +118,10 @@ def _publish_telemetry(
     host: str, port: int, devices: list[tuple[str, bytes]], per_device: int
 ) -> float:
     """Publish telemetry for every device; returns the wall-clock start (time.time())."""
-    from shared.messages import DeviceTelemetry, EscalationCounters
-    from shared.mqtt import MqttSettings, connect, make_client, publish
-    from shared.topics import Topics
-    from shared.wire import encode
+    from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
+    from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish
+    from edgefleet.shared.topics import Topics
+    from edgefleet.shared.wire import encode
 
     settings = MqttSettings(host=host, port=port, max_inflight=1000)
     client = make_client(settings, "telemetry-bench")
@@ -156,8 +156,8 @@ def _publish_telemetry(
 
 
 def _settings(tmp: Path, broker, *, batching: bool, rules: Path | None = None):
-    from cloud.auth import key_digest
-    from cloud.settings import CloudSettings
+    from edgefleet.cloud.auth import key_digest
+    from edgefleet.cloud.settings import CloudSettings
 
     return CloudSettings(
         data_dir=tmp,
@@ -189,7 +189,7 @@ def _text_png() -> bytes:
     import cv2
     import numpy as np
 
-    from shared.imaging import encode_png
+    from edgefleet.shared.imaging import encode_png
 
     img = np.full((120, 480, 3), 255, np.uint8)
     cv2.putText(img, "EF-2048 OK", (10, 80), cv2.FONT_HERSHEY_SIMPLEX, 1.8, (0, 0, 0), 4)
@@ -214,9 +214,9 @@ class NaiveIngest:
     def __init__(self, services, broker) -> None:
         import paho.mqtt.client as mqtt
 
-        from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
-        from shared.topics import Channel, Topics
-        from shared.wire import Verifier, encode
+        from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+        from edgefleet.shared.topics import Channel, Topics
+        from edgefleet.shared.wire import Verifier, encode
 
         self.services = services
         topics = Topics()
@@ -234,7 +234,7 @@ class NaiveIngest:
         def on_message(client: mqtt.Client, userdata, message) -> None:
             import hashlib
 
-            from cloud.processor import Job
+            from edgefleet.cloud.processor import Job
 
             verified = verifier.verify(from_paho(message))
             case, image = verified.message, verified.image or b""
@@ -263,8 +263,8 @@ class NaiveIngest:
 
 
 def _bench_infer(client, tmp: Path, broker, requests: int) -> None:
-    from cloud.app import create_app
-    from cloud.testing import ServerThread
+    from edgefleet.cloud.app import create_app
+    from edgefleet.cloud.testing import ServerThread
 
     image = _text_png()
     print("## /v1/infer/ppocr, clients in a second process")
@@ -293,8 +293,8 @@ def _bench_infer(client, tmp: Path, broker, requests: int) -> None:
 
 
 def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_device: int) -> None:
-    from cloud.app import create_app
-    from cloud.testing import ServerThread
+    from edgefleet.cloud.app import create_app
+    from edgefleet.cloud.testing import ServerThread
 
     rules = tmp / "rules.yaml"
     rules.write_text("default: {model: rules, timeout_s: 30}\n")
@@ -365,7 +365,7 @@ def main(
 
     Example: edgefleet bench cloud --requests 160 --cases 2000
     """
-    from shared.logs import configure_logging
+    from edgefleet.shared.logs import configure_logging
 
     configure_logging("WARNING")
     ctx = multiprocessing.get_context("spawn")
@@ -386,7 +386,7 @@ class Broker:
     host = "127.0.0.1"
 
     def __init__(self, workdir: Path) -> None:
-        from cloud.testing import free_port
+        from edgefleet.cloud.testing import free_port
 
         self.port = free_port()
         self.workdir = workdir

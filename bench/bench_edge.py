@@ -1,6 +1,6 @@
 """The edge agent's pipeline against the naive single-threaded loop, side by side.
 
-Run: `.venv/bin/python -m bench.bench_edge` (`--frames 90` by default).
+Run: `.venv/bin/python -m edgefleet.bench.bench_edge` (`--frames 90` by default).
 
 1. Video: a 1080p MP4 written here (text lines that change every frame), played by
    - the naive loop a user writes: `VideoCapture.read` → BGR→RGB → the model's
@@ -11,7 +11,7 @@ Run: `.venv/bin/python -m bench.bench_edge` (`--frames 90` by default).
      SQLite outbox), every frame of the file ("every frame" mode), same model file.
    Both report frames/s and frame latency (frame decoded → result) p50/p95. The naive
    loop runs with the executor's defaults (what a user gets) and with one ORT thread.
-   The agent runs with its defaults (`edge.model.edge_execution`) in real-time mode (the
+   The agent runs with its defaults (`edgefleet.edge.model.edge_execution`) in real-time mode (the
    file paced at 30 fps, looping, newest frame only: how it runs on a camera), and in
    "every frame" mode (throughput on the same frames; latency there includes queueing).
    CPU time per processed frame (process CPU, all threads; model loading included) is
@@ -34,19 +34,19 @@ import cv2
 import numpy as np
 import typer
 
-from edge.model import edge_execution
-from edge.outbox import Outbox
-from edge.pipeline import Pipeline, Work
-from edge.policy import Escalation, EscalationPolicy
-from edge.settings import PipelineSettings, PolicySettings, SourceSettings, UplinkSettings
-from edge.sources import OpenCvSource
-from edge.sources.capture import Capture
-from edge.telemetry import WindowStats
-from edge.uplink import Uplink
-from shared.executor.settings import ExecutionSettings
-from shared.messages import EscalationCase, ModelInfo
-from shared.models import load_model
-from shared.mqtt import MqttSettings
+from edgefleet.edge.model import edge_execution
+from edgefleet.edge.outbox import Outbox
+from edgefleet.edge.pipeline import Pipeline, Work
+from edgefleet.edge.policy import Escalation, EscalationPolicy
+from edgefleet.edge.settings import PipelineSettings, PolicySettings, SourceSettings, UplinkSettings
+from edgefleet.edge.sources import OpenCvSource
+from edgefleet.edge.sources.capture import Capture
+from edgefleet.edge.telemetry import WindowStats
+from edgefleet.edge.uplink import Uplink
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.messages import EscalationCase, ModelInfo
+from edgefleet.shared.models import load_model
+from edgefleet.shared.mqtt import MqttSettings
 
 app = typer.Typer(add_completion=False)
 
@@ -194,7 +194,7 @@ def _broker(workdir: Path):
 
 def bench_uplink(workdir: Path, count: int, replay_rate: float) -> dict[str, float]:
     """Outbox → Mosquitto (PUBACK) live, and the replay of a backlog after an outage."""
-    from shared.messages import DeviceTelemetry, EscalationCounters
+    from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
 
     broker = _broker(workdir / "mq").start()
     box = Outbox(workdir / f"uplink-{replay_rate}.db")

@@ -1,6 +1,6 @@
 """Models and dynamic batching against the way users call a model, side by side.
 
-Run: `.venv/bin/python -m bench.bench_executor --rounds 3` (16 images, interleaved rounds).
+Run: `.venv/bin/python -m edgefleet.bench.bench_executor --rounds 3` (16 images, interleaved rounds).
 
 For each default model (`ppocr`, `ppocr-heavy`) on each backend available here:
 - latency of one image at a time (batch 1, no queue), p50/p95;
@@ -23,10 +23,10 @@ import cv2
 import numpy as np
 import typer
 
-from shared.executor.batcher import DynamicBatcher
-from shared.executor.registry import probe_backends
-from shared.executor.settings import BatcherSettings, ExecutionSettings
-from shared.models import load_model
+from edgefleet.shared.executor.batcher import DynamicBatcher
+from edgefleet.shared.executor.registry import probe_backends
+from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+from edgefleet.shared.models import load_model
 
 app = typer.Typer(add_completion=False)
 CALLERS = (1, 2, 4, 8)

@@ -1,6 +1,6 @@
 """The fleet dashboard's live feed and telemetry history against the naive way, side by side.
 
-Run: `.venv/bin/python -m bench.bench_fleet`
+Run: `.venv/bin/python -m edgefleet.bench.bench_fleet`
 (defaults `--devices 1000 --changed 50 --rounds 20 --messages 30`).
 
 - Live feed, per SSE tick: the naive dashboard re-sends the whole fleet every tick (one
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import typer
 
-from fleet.registry import DeviceRegistry
-from shared.db import Database
-from shared.messages import DeviceTelemetry, EscalationCounters, Latency, StreamTelemetry
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.shared.db import Database
+from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters, Latency, StreamTelemetry
 
 app = typer.Typer(add_completion=False)
 
@@ -152,7 +152,7 @@ def main(
 
 def _rollout_progress(registry: DeviceRegistry, db: Database, rounds: int) -> None:
     """Per SSE tick with no progress: rebuild the rollout views (naive) vs check the marker."""
-    from fleet.rollout import RolloutController
+    from edgefleet.fleet.rollout import RolloutController
 
     rollouts = RolloutController(registry, db, lambda wire, retain: None, tick_interval_s=None)
     model = {"name": "det", "version": "1", "url": "https://m/det", "sha256": "a" * 64}

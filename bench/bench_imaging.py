@@ -1,6 +1,6 @@
 """Safe decoding against what users write, side by side in one process.
 
-Run: `.venv/bin/python -m bench.bench_imaging` (add `--rounds 5` on a busy machine).
+Run: `.venv/bin/python -m edgefleet.bench.bench_imaging` (add `--rounds 5` on a busy machine).
 - An 8000x8000 uncompressed gray TIFF (64 MB) -> RGB: peak resident memory growth and
   time of `decode_file` vs Pillow (`Image.open(p).convert("RGB")` -> numpy) vs
   `cv2.imread` + BGR->RGB. Peak is VmHWM after a reset through /proc/self/clear_refs.
@@ -29,9 +29,9 @@ import psutil
 import typer
 from PIL import Image
 
-from bench.timing import timed
-from shared.errors import EdgefleetError
-from shared.imaging import ImageLimits, decode_file, decode_image, encode_jpeg, encode_png
+from edgefleet.bench.timing import timed
+from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.imaging import ImageLimits, decode_file, decode_image, encode_jpeg, encode_png
 
 app = typer.Typer(add_completion=False)
 MB = 1 << 20
@@ -108,7 +108,7 @@ def main(
 
     Example: edgefleet bench imaging --rounds 5
     """
-    logging.getLogger("shared.imaging").setLevel(logging.ERROR)  # refusals are expected here
+    logging.getLogger("edgefleet.shared.imaging").setLevel(logging.ERROR)  # refusals are expected here
     limits = ImageLimits(max_bytes=128 * MB, max_pixels=SIDE * SIDE, max_side=SIDE)
     Image.MAX_IMAGE_PIXELS = None  # the naive Pillow path as users run big scans
     with tempfile.TemporaryDirectory() as tmp:

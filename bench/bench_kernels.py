@@ -1,6 +1,6 @@
 """Fused pre-processing and NMS kernels against what users write, side by side.
 
-Run: `.venv/bin/python -m bench.bench_kernels` (add `--rounds 5` on a busy machine).
+Run: `.venv/bin/python -m edgefleet.bench.bench_kernels` (add `--rounds 5` on a busy machine).
 1080p NV12 -> 640x640 float32 tensor: the fused kernel vs the OpenCV + numpy chain
 (cvtColor, resize, copyMakeBorder, normalise, transpose), with the memory-bandwidth
 bound (bytes the kernel must move / measured copy bandwidth). NMS on 1k and 10k random
@@ -16,10 +16,10 @@ import cv2
 import numpy as np
 import typer
 
-import shared.kernels as kernels
-from bench.timing import timed
-from shared.imaging.letterbox import LetterboxTransform
-from shared.kernels import native, reference
+import edgefleet.shared.kernels as kernels
+from edgefleet.bench.timing import timed
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.kernels import native, reference
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -16,14 +16,14 @@ app = typer.Typer(
 
 # name -> (module under bench/ whose `app` is the benchmark's typer app, what it measures)
 BENCHMARKS = {
-    "kernels": ("bench.bench_kernels", "fused NV12 pre-processing and NMS vs OpenCV/numpy"),
-    "imaging": ("bench.bench_imaging", "safe decoding: memory and speed vs Pillow/OpenCV"),
-    "executor": ("bench.bench_executor", "model latency, batch 1 vs dynamic batching"),
-    "edge": ("bench.bench_edge", "agent pipeline vs the naive loop; outbox throughput"),
-    "cloud": ("bench.bench_cloud", "REST and MQTT ingest under concurrent load"),
-    "fleet": ("bench.bench_fleet", "dashboard and registry with a large fleet"),
-    "cascade": ("bench.bench_cascade", "edge-only vs cloud-only vs the cascade at 4 budgets"),
-    "gpu-check": ("bench.gpu_check", "every GPU path run and measured, each step capped"),
+    "kernels": ("edgefleet.bench.bench_kernels", "fused NV12 pre-processing and NMS vs OpenCV/numpy"),
+    "imaging": ("edgefleet.bench.bench_imaging", "safe decoding: memory and speed vs Pillow/OpenCV"),
+    "executor": ("edgefleet.bench.bench_executor", "model latency, batch 1 vs dynamic batching"),
+    "edge": ("edgefleet.bench.bench_edge", "agent pipeline vs the naive loop; outbox throughput"),
+    "cloud": ("edgefleet.bench.bench_cloud", "REST and MQTT ingest under concurrent load"),
+    "fleet": ("edgefleet.bench.bench_fleet", "dashboard and registry with a large fleet"),
+    "cascade": ("edgefleet.bench.bench_cascade", "edge-only vs cloud-only vs the cascade at 4 budgets"),
+    "gpu-check": ("edgefleet.bench.gpu_check", "every GPU path run and measured, each step capped"),
 }
 
 

@@ -1,10 +1,10 @@
 """`make gpu-check`: every GPU path of edgefleet run and measured in one go, within 8 minutes.
 
-Run: `python -m bench.gpu_check` (or `edgefleet bench gpu-check`); `--dry-run` prints the
+Run: `python -m edgefleet.bench.gpu_check` (or `edgefleet bench gpu-check`); `--dry-run` prints the
 plan, `--steps kernels,nvml` picks steps, `--out DIR` (default `$OUT`, else
 build/gpu-check) receives `gpu_check.json` and `gpu_check.md`.
 
-Each step is a subprocess (`python -m bench.gpu_steps NAME --result FILE`) with its own cap:
+Each step is a subprocess (`python -m edgefleet.bench.gpu_steps NAME --result FILE`) with its own cap:
 a step that hangs is killed with its whole process group at the cap, recorded as `timeout`
 with whatever figures it had written, and the next step runs. The exit status is 0 when
 every step ran, whatever the figures say; it is non-zero only when this script itself
@@ -88,8 +88,8 @@ class GpuInfo:
 
 
 def _step(name: str, cap_s: int, title: str) -> Step:
-    """A step run as `python -m bench.gpu_steps NAME` by this interpreter."""
-    return Step(name, title, cap_s, (sys.executable, "-m", "bench.gpu_steps", name))
+    """A step run as `python -m edgefleet.bench.gpu_steps NAME` by this interpreter."""
+    return Step(name, title, cap_s, (sys.executable, "-m", "edgefleet.bench.gpu_steps", name))
 
 
 # The plan: caps sum to TOTAL_CAP_S. `setup` installs only what is missing.
@@ -324,7 +324,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "gpu-check") -> ar
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Run every GPU path of edgefleet, each step under a time cap, and "
-        "write one JSON report and a table. Example: python -m bench.gpu_check --dry-run",
+        "write one JSON report and a table. Example: python -m edgefleet.bench.gpu_check --dry-run",
     )
     parser.add_argument("--steps", help="comma-separated steps to run (default: all)")
     parser.add_argument(

@@ -1,9 +1,9 @@
 """The GPU paths measured by the GPU check: kernels, ONNX Runtime, TensorRT, batching, NVML.
 
-Each `step_*` runs in its own process (see `bench.gpu_steps`), records its figures as
+Each `step_*` runs in its own process (see `edgefleet.bench.gpu_steps`), records its figures as
 they come and reuses the product's own code: the kernel backends, `load_model`, the
 TensorRT engine builder and cache, the memory budget, the agent's NVML probe; scenes
-and their ground truth come from `bench.bench_executor`, accuracy from the demo's scorer.
+and their ground truth come from `edgefleet.bench.bench_executor`, accuracy from the demo's scorer.
 """
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ import shutil
 import statistics
 import time
 
-from bench.gpu_steps import CACHE_DIR, MissingPackage, Recorder, cuda_python_installed, need
+from edgefleet.bench.gpu_steps import (
+    CACHE_DIR,
+    MissingPackage,
+    Recorder,
+    cuda_python_installed,
+    need,
+)
 
 MiB = 1 << 20
 EVAL_SCENES = 16  # scenes 0..15 score accuracy
@@ -45,9 +51,9 @@ def step_kernels(rec: Recorder, deadline: float) -> None:
     need("numpy", "cv2", "pycuda")
     import numpy as np
 
-    from bench.bench_kernels import MEAN, STD, random_boxes
-    from bench.timing import timed
-    from shared.kernels import cuda_backend, native
+    from edgefleet.bench.bench_kernels import MEAN, STD, random_boxes
+    from edgefleet.bench.timing import timed
+    from edgefleet.shared.kernels import cuda_backend, native
 
     ok, why = cuda_backend.available()
     if not ok:
@@ -117,7 +123,7 @@ def step_kernels(rec: Recorder, deadline: float) -> None:
 
 
 def _scenes(count: int, start: int = 0):
-    from bench.bench_executor import scene_lines, scenes
+    from edgefleet.bench.bench_executor import scene_lines, scenes
 
     return scenes(count, start), [scene_lines(i) for i in range(start, start + count)]
 
@@ -143,7 +149,7 @@ def _p(latencies: list[float], q: float) -> float:
 
 
 def _settings(backends: list[str], **update):
-    from shared.executor.settings import BatcherSettings, ExecutionSettings
+    from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 
     batching = update.pop("batching", BatcherSettings(enabled=False))
     return ExecutionSettings(backends=backends, batching=batching, **update)
@@ -151,7 +157,7 @@ def _settings(backends: list[str], **update):
 
 def _probe() -> dict[str, str | None]:
     need("numpy", "cv2", "onnxruntime", "pynvml", "rapidocr_onnxruntime")
-    from shared.executor.registry import probe_backends
+    from edgefleet.shared.executor.registry import probe_backends
 
     return probe_backends()
 
@@ -164,8 +170,8 @@ def _active_providers(backend: str) -> list[str]:
     to the CPU (logging only) when the CUDA or TensorRT libraries fail to load."""
     import onnxruntime as ort
 
-    from shared.executor.onnxruntime_backend import _PROVIDERS
-    from shared.models.registry import ModelRegistry
+    from edgefleet.shared.executor.onnxruntime_backend import _PROVIDERS
+    from edgefleet.shared.models.registry import ModelRegistry
 
     registry = ModelRegistry.default()
     blob = registry.read_verified(registry.get("ppocr-det"))
@@ -175,7 +181,7 @@ def _active_providers(backend: str) -> list[str]:
 
 def step_onnxruntime(rec: Recorder, deadline: float) -> None:
     """ppocr on ONNX Runtime's CUDA and TensorRT providers: accuracy and latency."""
-    from shared.models import load_model
+    from edgefleet.shared.models import load_model
 
     available = _probe()
     images, truths = _scenes(EVAL_SCENES)
@@ -227,10 +233,10 @@ def step_tensorrt(rec: Recorder, deadline: float) -> None:
         raise MissingPackage(f"TensorRT backend not usable: {available['tensorrt']}")
     if not cuda_python_installed():
         raise MissingPackage("not installed here: cuda-python (the TensorRT backend's memory)")
-    from shared.executor.settings import TensorRTSettings
-    from shared.executor.tensorrt_backend import build_or_load_engine
-    from shared.models import load_model
-    from shared.models.registry import ModelRegistry
+    from edgefleet.shared.executor.settings import TensorRTSettings
+    from edgefleet.shared.executor.tensorrt_backend import build_or_load_engine
+    from edgefleet.shared.models import load_model
+    from edgefleet.shared.models.registry import ModelRegistry
 
     shutil.rmtree(CACHE_DIR / "engines", ignore_errors=True)  # builds are what is measured
     calib = CACHE_DIR / "calibration"
@@ -296,9 +302,9 @@ def step_tensorrt(rec: Recorder, deadline: float) -> None:
 
 def step_batching(rec: Recorder, deadline: float) -> None:
     """8 concurrent callers: batch 1 (`predict_many([image])`) vs the dynamic batcher."""
-    from bench.bench_executor import run_callers
-    from shared.executor.settings import BatcherSettings
-    from shared.models import load_model
+    from edgefleet.bench.bench_executor import run_callers
+    from edgefleet.shared.executor.settings import BatcherSettings
+    from edgefleet.shared.models import load_model
 
     available = _probe()
     engines = CACHE_DIR / "engines"
@@ -356,11 +362,11 @@ def step_nvml(rec: Recorder, deadline: float) -> None:
     need("pynvml", "psutil", "pydantic")
     import pynvml
 
-    from edge.telemetry import NvmlProbe as TelemetryProbe
-    from shared.errors import MemoryBudgetExceeded
-    from shared.executor.memory import MemoryBudget, NvmlProbe
-    from shared.executor.settings import MemorySettings
-    from shared.messages import DeviceTelemetry, EscalationCounters
+    from edgefleet.edge.telemetry import NvmlProbe as TelemetryProbe
+    from edgefleet.shared.errors import MemoryBudgetExceeded
+    from edgefleet.shared.executor.memory import MemoryBudget, NvmlProbe
+    from edgefleet.shared.executor.settings import MemorySettings
+    from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
 
     try:
         probe = NvmlProbe(0)
@@ -383,7 +389,7 @@ def step_nvml(rec: Recorder, deadline: float) -> None:
     available = _probe()
     gpu = [b for b in ("onnxruntime-cuda", "tensorrt") if available.get(b) is None]
     if gpu:
-        from shared.models import load_model
+        from edgefleet.shared.models import load_model
 
         tight = MemorySettings(limit_mb=snap.used // MiB + 1, watermark=0.85)
         try:

@@ -1,10 +1,10 @@
-"""The steps of the GPU check, one per subprocess: `python -m bench.gpu_steps NAME --result F`.
+"""The steps of the GPU check, one per subprocess: `python -m edgefleet.bench.gpu_steps NAME --result F`.
 
 Each step writes its outcome (status, reason, figures, goals) to the result file as it
 goes, so figures measured before a timeout survive it. A package the step needs that is
 not installed makes it `skipped` with the package named; any other error makes it
 `failed` with the error (the traceback is in the step's log). Setup and the test-marker
-run live here; the measurements of the GPU paths are in `bench.gpu_paths`.
+run live here; the measurements of the GPU paths are in `edgefleet.bench.gpu_paths`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.gpu_check import ROOT, STATUSES
+from edgefleet.bench.gpu_check import ROOT, STATUSES
 
 # The engine cache the tensorrt step fills (emptied first, so builds are measured) and the
 # batching step reuses: outside $OUT, so engines are not copied back with the report.
@@ -95,7 +95,7 @@ TORCH_NOTE = (
 
 
 def _base_ready() -> bool:
-    mods = ("numpy", "cv2", "pydantic", "onnxruntime", "pynvml", "shared.kernels._native")
+    mods = ("numpy", "cv2", "pydantic", "onnxruntime", "pynvml", "edgefleet.shared.kernels._native")
     return all(installed(m) for m in mods)
 
 
@@ -298,7 +298,7 @@ def step_markers(rec: Recorder, deadline: float) -> None:
 
 
 def _paths(name: str) -> Callable[[Recorder, float], None]:
-    from bench import gpu_paths
+    from edgefleet.bench import gpu_paths
 
     return getattr(gpu_paths, f"step_{name}")
 
@@ -333,7 +333,7 @@ def run(name: str, result: Path, cap_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_steps")
+    parser = argparse.ArgumentParser(prog="python -m edgefleet.bench.gpu_steps")
     parser.add_argument("step", choices=sorted(STEPS))
     parser.add_argument("--result", type=Path, required=True, help="outcome JSON file")
     parser.add_argument(
@@ -344,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # run the imported module, not this `__main__` copy: `bench.gpu_paths` raises the
+    # run the imported module, not this `__main__` copy: `edgefleet.bench.gpu_paths` raises the
     # imported module's MissingPackage, which this copy's `run` would not recognise
-    from bench import gpu_steps
+    from edgefleet.bench import gpu_steps
 
     raise SystemExit(gpu_steps.main())

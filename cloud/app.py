@@ -19,13 +19,18 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cloud.api import escalations, feedback, health, infer
-from cloud.auth import require_operator
-from cloud.middleware import BodyLimitMiddleware, TraceMiddleware, error_body, error_headers
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from fleet.api import build_router
-from shared.errors import EdgefleetError
+from edgefleet.cloud.api import escalations, feedback, health, infer
+from edgefleet.cloud.auth import require_operator
+from edgefleet.cloud.middleware import (
+    BodyLimitMiddleware,
+    TraceMiddleware,
+    error_body,
+    error_headers,
+)
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.fleet.api import build_router
+from edgefleet.shared.errors import EdgefleetError
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from typing import Literal
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from cloud.directory import DeviceDirectory
-from cloud.settings import OperatorKey
-from shared.errors import AuthError, Forbidden
-from shared.hashing import same_hex
+from edgefleet.cloud.directory import DeviceDirectory
+from edgefleet.cloud.settings import OperatorKey
+from edgefleet.shared.errors import AuthError, Forbidden
+from edgefleet.shared.hashing import same_hex
 
 SIGNATURE_HEADER = "X-EF-Signature"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from shared.messages import Detection
+from edgefleet.shared.messages import Detection
 
 CACHE_LOOKUPS = Counter("ef_cloud_cache_lookups_total", "Verdict cache lookups", ["result"])
 CACHE_SIZE = Gauge("ef_cloud_cache_entries", "Verdicts in the cache")

@@ -3,7 +3,7 @@
 Chain: primary model (level 0) → lighter model (1) → rule-based answer (2) → "busy" (3).
 A level that times out or fails hands the case to the next; each level used is counted
 and recorded on the verdict as `fallback_level`. Models are loaded through
-`shared.models.load_model` (dynamic batching + the shared memory budget); each call runs
+`edgefleet.shared.models.load_model` (dynamic batching + the shared memory budget); each call runs
 on a bounded thread pool with its own deadline, so even a model that hangs inside its
 runtime costs a case no more than the route's timeout.
 """
@@ -24,11 +24,11 @@ from typing import Any, Protocol
 import numpy as np
 from prometheus_client import Counter, Histogram
 
-from cloud.cache import Cached, CacheKey, VerdictCache
-from cloud.router import BUSY, RULES, Route
-from cloud.tiles import read_tiles
-from shared.errors import EdgefleetError, InferenceTimeout, ModelNotFound
-from shared.messages import Detection, EscalationCase, ModelInfo
+from edgefleet.cloud.cache import Cached, CacheKey, VerdictCache
+from edgefleet.cloud.router import BUSY, RULES, Route
+from edgefleet.cloud.tiles import read_tiles
+from edgefleet.shared.errors import EdgefleetError, InferenceTimeout, ModelNotFound
+from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ LEVEL_NAMES = {0: "primary", 1: "lighter", 2: "rules", 3: "busy"}
 
 
 class CloudModel(Protocol):
-    """What the orchestrator uses of a `shared.models.Model`."""
+    """What the orchestrator uses of a `edgefleet.shared.models.Model`."""
 
     info: ModelInfo
 

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from shared.config import load_settings
-from shared.errors import EdgefleetError
+from edgefleet.shared.config import load_settings
+from edgefleet.shared.errors import EdgefleetError
 
 app = typer.Typer(
     help="The cloud orchestrator: REST + MQTT ingest, cascade, feedback store.\n\n"
@@ -23,7 +23,7 @@ ConfigOption = Annotated[
 
 
 def _settings(config: Path | None):
-    from cloud.settings import CloudSettings
+    from edgefleet.cloud.settings import CloudSettings
 
     try:
         return load_settings(CloudSettings, config)
@@ -46,8 +46,8 @@ def serve(
     """
     import uvicorn
 
-    from cloud.app import create_app
-    from shared.logs import configure_logging
+    from edgefleet.cloud.app import create_app
+    from edgefleet.shared.logs import configure_logging
 
     settings = serve_settings(_settings(config), host=host, port=port)
     configure_logging(settings.log_level)
@@ -84,7 +84,7 @@ def serve(
 def serve_settings(settings, *, host: str | None = None, port: int | None = None):
     """The settings with `--host/--port` written into `http`, so everything built from
     them (download links from `resolved_public_url`, logs) names where uvicorn listens."""
-    from cloud.settings import HttpSettings
+    from edgefleet.cloud.settings import HttpSettings
 
     update = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
     if not update:
@@ -122,8 +122,8 @@ def export(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from cloud.store import FeedbackStore
-    from shared.db import Database
+    from edgefleet.cloud.store import FeedbackStore
+    from edgefleet.shared.db import Database
 
     settings = _settings(config)
     db = Database.connect(settings.resolved_database_url())
@@ -157,7 +157,7 @@ def hash_key(key: Annotated[str, typer.Argument(help="an operator API key")]) ->
 
     Example: edgefleet cloud hash-key "$(openssl rand -hex 24)"
     """
-    from cloud.auth import key_digest
+    from edgefleet.cloud.auth import key_digest
 
     typer.echo(key_digest(key))
 

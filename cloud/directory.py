@@ -1,4 +1,4 @@
-"""The seam between the orchestrator and the device registry (fleet.registry.DeviceRegistry).
+"""The seam between the orchestrator and the device registry (edgefleet.fleet.registry.DeviceRegistry).
 
 The cloud needs only these calls of a registry: the HMAC key of a device (wire signatures),
 the device a REST token belongs to, and hooks for status/telemetry/reported messages.
@@ -11,7 +11,7 @@ import hmac
 import threading
 from typing import Protocol, runtime_checkable
 
-from shared.messages import DeviceStatus, DeviceTelemetry, ReportedState
+from edgefleet.shared.messages import DeviceStatus, DeviceTelemetry, ReportedState
 
 
 @runtime_checkable

@@ -16,8 +16,8 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 from prometheus_client import Gauge
 
-from cloud.settings import DriftSettings
-from cloud.store import FeedbackStore
+from edgefleet.cloud.settings import DriftSettings
+from edgefleet.cloud.store import FeedbackStore
 
 log = logging.getLogger(__name__)
 

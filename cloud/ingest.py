@@ -22,10 +22,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import Counter, Gauge
 
-from cloud.directory import DeviceDirectory
-from cloud.processor import BACKPRESSURE, CaseProcessor
-from shared.errors import EdgefleetError, PayloadRejected
-from shared.messages import (
+from edgefleet.cloud.directory import DeviceDirectory
+from edgefleet.cloud.processor import BACKPRESSURE, CaseProcessor
+from edgefleet.shared.errors import EdgefleetError, PayloadRejected
+from edgefleet.shared.messages import (
     CloudStatus,
     CloudVerdict,
     DeviceStatus,
@@ -33,9 +33,9 @@ from shared.messages import (
     EscalationCase,
     ReportedState,
 )
-from shared.mqtt import MqttSettings, from_paho, make_client, publish
-from shared.topics import Channel, Topics
-from shared.wire import ReplayedMessage, Verified, Verifier, WireMessage, encode
+from edgefleet.shared.mqtt import MqttSettings, from_paho, make_client, publish
+from edgefleet.shared.topics import Channel, Topics
+from edgefleet.shared.wire import ReplayedMessage, Verified, Verifier, WireMessage, encode
 
 log = logging.getLogger(__name__)
 

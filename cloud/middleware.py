@@ -14,9 +14,9 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.errors import EdgefleetError, PayloadTooLarge
-from shared.logs import trace_id_from_traceparent, trace_id_var
-from shared.messages import new_trace_id
+from edgefleet.shared.errors import EdgefleetError, PayloadTooLarge
+from edgefleet.shared.logs import trace_id_from_traceparent, trace_id_var
+from edgefleet.shared.messages import new_trace_id
 
 log = logging.getLogger(__name__)
 

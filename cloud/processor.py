@@ -26,13 +26,13 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from cloud.cascade import Cascade
-from cloud.router import Route, Router
-from cloud.store import ClaimState, FeedbackStore
-from shared.db import StoreUnavailable
-from shared.errors import EdgefleetError, Overloaded
-from shared.logs import trace_id_var
-from shared.messages import CloudStatus, CloudVerdict, EscalationCase
+from edgefleet.cloud.cascade import Cascade
+from edgefleet.cloud.router import Route, Router
+from edgefleet.cloud.store import ClaimState, FeedbackStore
+from edgefleet.shared.db import StoreUnavailable
+from edgefleet.shared.errors import EdgefleetError, Overloaded
+from edgefleet.shared.logs import trace_id_var
+from edgefleet.shared.messages import CloudStatus, CloudVerdict, EscalationCase
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import re
 import secrets
 from pathlib import Path
 
-from shared.errors import ConfigError
+from edgefleet.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ import yaml
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.errors import ConfigError
-from shared.messages import EscalationCase
+from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.messages import EscalationCase
 
 log = logging.getLogger(__name__)
 

@@ -14,26 +14,26 @@ from typing import Any
 
 import numpy as np
 
-from cloud.auth import Authenticator
-from cloud.cache import VerdictCache
-from cloud.cascade import Cascade, ModelLoader, ModelPool
-from cloud.directory import DeviceDirectory
-from cloud.drift import DriftWatch
-from cloud.ingest import Ingest
-from cloud.processor import CaseProcessor
-from cloud.replica import ReplicaIdentity
-from cloud.router import Router, RouteSpec
-from cloud.settings import CloudSettings
-from cloud.store import FeedbackStore
-from shared.db import Database
-from shared.imaging import ImageLimits, decode_image
-from shared.private import private_dir
+from edgefleet.cloud.auth import Authenticator
+from edgefleet.cloud.cache import VerdictCache
+from edgefleet.cloud.cascade import Cascade, ModelLoader, ModelPool
+from edgefleet.cloud.directory import DeviceDirectory
+from edgefleet.cloud.drift import DriftWatch
+from edgefleet.cloud.ingest import Ingest
+from edgefleet.cloud.processor import CaseProcessor
+from edgefleet.cloud.replica import ReplicaIdentity
+from edgefleet.cloud.router import Router, RouteSpec
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.store import FeedbackStore
+from edgefleet.shared.db import Database
+from edgefleet.shared.imaging import ImageLimits, decode_image
+from edgefleet.shared.private import private_dir
 
 log = logging.getLogger(__name__)
 
 
 def default_loader(settings: CloudSettings) -> ModelLoader:
-    from shared.models import ModelRegistry, load_model
+    from edgefleet.shared.models import ModelRegistry, load_model
 
     registry = ModelRegistry.default()
     if settings.models.manifest is not None:
@@ -61,9 +61,9 @@ class CloudServices:
     replica: str
     identity: ReplicaIdentity
     ingest: Ingest | None = None
-    registry: Any = None  # fleet.registry.DeviceRegistry when the fleet is in this store
-    rollouts: Any = None  # fleet.rollout.RolloutController
-    model_store: Any = None  # fleet.models.ModelStore: files devices download by NAME@VER
+    registry: Any = None  # edgefleet.fleet.registry.DeviceRegistry when the fleet is in this store
+    rollouts: Any = None  # edgefleet.fleet.rollout.RolloutController
+    model_store: Any = None  # edgefleet.fleet.models.ModelStore: files devices download by NAME@VER
     _started: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -88,7 +88,7 @@ class CloudServices:
         store = FeedbackStore(db, settings.data_dir / "images")
         registry = rollouts = None
         if directory is None:
-            from fleet.registry import DeviceRegistry
+            from edgefleet.fleet.registry import DeviceRegistry
 
             master = settings.device_master_key
             registry = DeviceRegistry(
@@ -177,8 +177,8 @@ class CloudServices:
             processor.publish = services.ingest.publish_verdict
             processor.publish_status = services.ingest.publish_status
         if registry is not None:
-            from fleet.models import ModelStore
-            from fleet.rollout import RolloutController
+            from edgefleet.fleet.models import ModelStore
+            from edgefleet.fleet.rollout import RolloutController
 
             # the directory `edgefleet fleet model-add` writes to (FleetSettings.data_dir
             # defaults to the cloud's), so NAME@VER deployments resolve to its files

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from shared.config import EdgefleetSettings
-from shared.executor.settings import ExecutionSettings
-from shared.mqtt import MqttSettings
+from edgefleet.shared.config import EdgefleetSettings
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.mqtt import MqttSettings
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 

@@ -1,9 +1,9 @@
 """The feedback store: cases, edge and cloud results, verdicts and signed feedback.
 
 Telemetry history lives beside it in the same database, kept by the device registry
-(fleet.registry: last message in full plus one downsampled sample per bucket).
+(edgefleet.fleet.registry: last message in full plus one downsampled sample per bucket).
 
-One schema for SQLite and PostgreSQL through shared.db; images live on disk beside the
+One schema for SQLite and PostgreSQL through edgefleet.shared.db; images live on disk beside the
 database, content-addressed by SHA-256 (a case sent twice stores its image once).
 
 Idempotency across replicas is a row claim: the first replica to insert a case owns it;
@@ -24,9 +24,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from shared.db import Database
-from shared.errors import NotFound
-from shared.messages import CloudVerdict, EscalationCase, Feedback
+from edgefleet.shared.db import Database
+from edgefleet.shared.errors import NotFound
+from edgefleet.shared.messages import CloudVerdict, EscalationCase, Feedback
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from shared.messages import Detection, EscalationCase, ModelInfo
-from shared.topics import Topics
-from shared.wire import WireMessage, encode
+from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import WireMessage, encode
 
 
 def free_port() -> int:
@@ -97,7 +97,7 @@ def escalation_wire(
 
 def publish_cases(client, device_id: str, key: bytes, count: int, image: bytes) -> list[str]:
     """Publish `count` signed escalations of one device (QoS 1, waited for); their case ids."""
-    from shared.mqtt import publish
+    from edgefleet.shared.mqtt import publish
 
     cases = [escalation_case(device_id, frame_index=i, edge=[("X", 0.9)]) for i in range(count)]
     infos = [publish(client, escalation_wire(case, key, image), qos=1) for case in cases]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shared.messages import Detection, EscalationCase
+from edgefleet.shared.messages import Detection, EscalationCase
 
 Reader = Callable[[np.ndarray], list[Detection]]
 

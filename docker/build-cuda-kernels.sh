@@ -9,7 +9,7 @@
 set -euo pipefail
 archs="${1:?usage: build-cuda-kernels.sh ARCHS [SRC_DIR]}"
 src="${2:-shared/kernels/cuda}"
-site="${3:-$(python -c 'import os, shared.kernels as k; print(os.path.dirname(k.__file__))')/cuda}"
+site="${3:-$(python -c 'import os, edgefleet.shared.kernels as k; print(os.path.dirname(k.__file__))')/cuda}"
 mkdir -p "${site}"
 gencode=()
 for a in ${archs//;/ }; do

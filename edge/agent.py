@@ -19,20 +19,20 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from edge.model import Predictor, edge_execution, open_model
-from edge.outbox import Outbox
-from edge.pipeline import Pipeline, Work
-from edge.policy import Escalation, EscalationPolicy
-from edge.settings import EdgeSettings, SourceSettings
-from edge.sources import VideoSource, make_source
-from edge.sources.capture import Capture
-from edge.telemetry import WindowStats, gpu_probe, host_usage
-from edge.tracks import TrackReport, report
-from edge.updater import DesiredStateApplier, runtime_from_settings
-from edge.uplink import Uplink
-from edge.verdicts import MatchedVerdict, VerdictBook
-from shared.errors import EdgefleetError
-from shared.messages import (
+from edgefleet.edge.model import Predictor, edge_execution, open_model
+from edgefleet.edge.outbox import Outbox
+from edgefleet.edge.pipeline import Pipeline, Work
+from edgefleet.edge.policy import Escalation, EscalationPolicy
+from edgefleet.edge.settings import EdgeSettings, SourceSettings
+from edgefleet.edge.sources import VideoSource, make_source
+from edgefleet.edge.sources.capture import Capture
+from edgefleet.edge.telemetry import WindowStats, gpu_probe, host_usage
+from edgefleet.edge.tracks import TrackReport, report
+from edgefleet.edge.updater import DesiredStateApplier, runtime_from_settings
+from edgefleet.edge.uplink import Uplink
+from edgefleet.edge.verdicts import MatchedVerdict, VerdictBook
+from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.messages import (
     CloudStatus,
     CloudVerdict,
     DesiredState,
@@ -45,8 +45,8 @@ from shared.messages import (
     ReportedState,
     StreamTelemetry,
 )
-from shared.topics import Channel
-from shared.wire import Verified, fit_meta
+from edgefleet.shared.topics import Channel
+from edgefleet.shared.wire import Verified, fit_meta
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ TrackCallback = Callable[[str, int, list[TrackReport]], None]
 
 
 class Agent:
-    """One edge agent process. Implements `edge.control.AgentControl` for the updater."""
+    """One edge agent process. Implements `edgefleet.edge.control.AgentControl` for the updater."""
 
     def __init__(
         self,
@@ -110,7 +110,7 @@ class Agent:
     def _start(self) -> Agent:
         s = self.settings
         if s.health.enabled:  # bind first: a taken port fails before anything runs
-            from edge.health import HealthServer
+            from edgefleet.edge.health import HealthServer
 
             self.health = HealthServer(
                 s.health.host,
@@ -335,8 +335,8 @@ class Agent:
 
     def swap_model(self, name: str, path: Path, sha256: str) -> ModelInfo:
         """Load + warm the new model beside the old one; swap only once it answers."""
-        from shared.models import load_model
-        from shared.models.registry import ModelRegistry
+        from edgefleet.shared.models import load_model
+        from edgefleet.shared.models.registry import ModelRegistry
 
         with self._swap_lock:
             registry = ModelRegistry.default()

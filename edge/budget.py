@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.settings import BudgetSettings
+from edgefleet.edge.settings import BudgetSettings
 
 
 def bucket_of(score: float, buckets: int) -> int:

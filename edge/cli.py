@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from shared.errors import EdgefleetError
+from edgefleet.shared.errors import EdgefleetError
 
 app = typer.Typer(
     help="The edge agent: reads the cameras or videos in edge.yaml, runs the model on the "
@@ -40,10 +40,10 @@ def run(
 
     Example: edgefleet edge run -c edge.yaml --log-level DEBUG --no-json-logs
     """
-    from edge.agent import Agent
-    from edge.settings import EdgeSettings
-    from shared.config import load_settings
-    from shared.logs import configure_logging
+    from edgefleet.edge.agent import Agent
+    from edgefleet.edge.settings import EdgeSettings
+    from edgefleet.shared.config import load_settings
+    from edgefleet.shared.logs import configure_logging
 
     configure_logging(log_level, json_format=json_logs)
     try:

@@ -1,4 +1,4 @@
-"""The seam between the agent and the fleet updater (`edge.updater`).
+"""The seam between the agent and the fleet updater (`edgefleet.edge.updater`).
 
 Pinned: the updater only sees this protocol, so it can be tested with its own fake and
 the agent can change inside without breaking it.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from shared.messages import ModelInfo, ModelRef, ReportedState
+from edgefleet.shared.messages import ModelInfo, ModelRef, ReportedState
 
 
 @runtime_checkable

@@ -7,9 +7,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from edge.settings import ModelSettings
-from shared.executor.settings import BatcherSettings, ExecutionSettings
-from shared.messages import Detection, ModelInfo
+from edgefleet.edge.settings import ModelSettings
+from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+from edgefleet.shared.messages import Detection, ModelInfo
 
 
 @runtime_checkable
@@ -45,6 +45,6 @@ def edge_execution(workers: int) -> ExecutionSettings:
 
 def open_model(settings: ModelSettings, workers: int = 2) -> Predictor:
     """Load and warm the configured model through the shared registry."""
-    from shared.models import load_model  # the registry pulls in the executor backends
+    from edgefleet.shared.models import load_model  # the registry pulls in the executor backends
 
     return load_model(name=settings.name, settings=settings.execution or edge_execution(workers))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
-from shared.errors import ConfigError, EdgefleetError
-from shared.private import private_dir, private_file
+from edgefleet.shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared.private import private_dir, private_file
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 import cv2
 from prometheus_client import Counter, Histogram
 
-from edge.model import Predictor
-from edge.policy import Escalation, EscalationPolicy
-from edge.settings import PipelineSettings
-from edge.sources.base import Frame
-from edge.sources.capture import Capture
-from edge.telemetry import WindowStats
-from shared.errors import Overloaded
-from shared.messages import Detection, ModelInfo
+from edgefleet.edge.model import Predictor
+from edgefleet.edge.policy import Escalation, EscalationPolicy
+from edgefleet.edge.settings import PipelineSettings
+from edgefleet.edge.sources.base import Frame
+from edgefleet.edge.sources.capture import Capture
+from edgefleet.edge.telemetry import WindowStats
+from edgefleet.shared.errors import Overloaded
+from edgefleet.shared.messages import Detection, ModelInfo
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ import cv2
 import numpy as np
 from prometheus_client import Counter
 
-from edge.budget import EscalationBudget
-from edge.settings import PolicySettings
-from edge.tracks import Track, Tracker
-from shared.messages import Detection, Tile
+from edgefleet.edge.budget import EscalationBudget
+from edgefleet.edge.settings import PolicySettings
+from edgefleet.edge.tracks import Track, Tracker
+from edgefleet.shared.messages import Detection, Tile
 
 CANDIDATES = Counter("ef_edge_escalation_candidates_total", "Frames that qualified", ["reason"])
 SUPPRESSED = Counter(

@@ -14,11 +14,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.config import EdgefleetSettings
-from shared.errors import ConfigError
-from shared.executor.settings import ExecutionSettings
-from shared.messages import DEVICE_ID_PATTERN
-from shared.mqtt import MqttSettings
+from edgefleet.shared.config import EdgefleetSettings
+from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.messages import DEVICE_ID_PATTERN
+from edgefleet.shared.mqtt import MqttSettings
 
 SourceKind = Literal["auto", "file", "rtsp", "udp", "http", "v4l2", "gstreamer"]
 
@@ -66,7 +66,7 @@ class ModelSettings(_Closed):
     execution: ExecutionSettings | None = Field(
         None,
         description="executor settings; none = one session thread per core share, a "
-        "batcher worker per inference worker (see edge.model.edge_execution)",
+        "batcher worker per inference worker (see edgefleet.edge.model.edge_execution)",
     )
 
 

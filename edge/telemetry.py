@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from shared.messages import GpuTelemetry, Latency
+from edgefleet.shared.messages import GpuTelemetry, Latency
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from edge.settings import TrackSettings
-from shared.messages import Detection
-from shared.models.ocr import vote
+from edgefleet.edge.settings import TrackSettings
+from edgefleet.shared.messages import Detection
+from edgefleet.shared.models.ocr import vote
 
 Box = tuple[float, float, float, float]
 

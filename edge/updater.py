@@ -32,13 +32,13 @@ import yaml
 from prometheus_client import Counter
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from shared.errors import EdgefleetError, ModelIntegrityError
-from shared.hashing import sha256_file
-from shared.messages import DesiredState, ModelRef, ReportedState
+from edgefleet.shared.errors import EdgefleetError, ModelIntegrityError
+from edgefleet.shared.hashing import sha256_file
+from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState
 
 if TYPE_CHECKING:
-    from edge.control import AgentControl
-    from edge.settings import RuntimeSettings
+    from edgefleet.edge.control import AgentControl
+    from edgefleet.edge.settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from datetime import timedelta
 import paho.mqtt.client as mqtt
 from prometheus_client import Counter, Gauge
 
-from edge.outbox import Outbox, OutboxItem
-from edge.settings import UplinkSettings
-from shared import mqtt as ef_mqtt
-from shared.errors import PayloadRejected
-from shared.messages import MESSAGE_TYPES, DeviceStatus, Message, utcnow
-from shared.topics import Channel, Topics
-from shared.wire import ReplayGuard, Verified, Verifier, WireMessage, encode
+from edgefleet.edge.outbox import Outbox, OutboxItem
+from edgefleet.edge.settings import UplinkSettings
+from edgefleet.shared import mqtt as ef_mqtt
+from edgefleet.shared.errors import PayloadRejected
+from edgefleet.shared.messages import MESSAGE_TYPES, DeviceStatus, Message, utcnow
+from edgefleet.shared.topics import Channel, Topics
+from edgefleet.shared.wire import ReplayGuard, Verified, Verifier, WireMessage, encode
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +319,6 @@ def _schema_of(body: bytes) -> str:
 
 
 def _channel_of(message: Message) -> Channel:
-    from shared.topics import CHANNEL_SCHEMA
+    from edgefleet.shared.topics import CHANNEL_SCHEMA
 
     return next(ch for ch, ids in CHANNEL_SCHEMA.items() if message.schema_id in ids)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from edge.budget import EscalationBudget
-from edge.tracks import Tracker
-from shared.messages import CloudVerdict, Detection
+from edgefleet.edge.budget import EscalationBudget
+from edgefleet.edge.tracks import Tracker
+from edgefleet.shared.messages import CloudVerdict, Detection
 
 log = logging.getLogger(__name__)
 

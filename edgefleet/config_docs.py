@@ -44,19 +44,19 @@ class SettingsDoc:
 SETTINGS: tuple[SettingsDoc, ...] = (
     SettingsDoc(
         "Edge agent",
-        "edge.settings:EdgeSettings",
+        "edgefleet.edge.settings:EdgeSettings",
         "edgefleet edge run -c edge.yaml",
         "One edge agent: its identity, streams, model, escalation policy, outbox and uplink.",
     ),
     SettingsDoc(
         "Cloud orchestrator",
-        "cloud.settings:CloudSettings",
+        "edgefleet.cloud.settings:CloudSettings",
         "edgefleet cloud serve -c cloud.yaml",
         "The REST API, the MQTT ingest, the cascade, the cache and the feedback store.",
     ),
     SettingsDoc(
         "Fleet commands",
-        "fleet.settings:FleetSettings",
+        "edgefleet.fleet.settings:FleetSettings",
         "edgefleet fleet ... -c fleet.yaml",
         "Where the device registry lives and what enrollment bundles point at.",
     ),

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared.errors import ConfigError, EdgefleetError
 
 if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
     from rich.console import Console

@@ -1,6 +1,6 @@
 """`python -m edgefleet.demo_agent EDGE_YAML RESULTS`: an edge agent that keeps a record.
 
-It is the real agent (`edge.agent.Agent`, the one `edgefleet edge run` starts) plus the
+It is the real agent (`edgefleet.edge.agent.Agent`, the one `edgefleet edge run` starts) plus the
 demo's local application: it writes every frame's result and every cloud verdict, through
 the agent's public callbacks, to a JSONL file so the demo can score the edge against the
 ground truth afterwards.
@@ -22,11 +22,11 @@ def run_agent_recording(config: Path, results: Path) -> None:
     it is safely in the outbox (the case carries its stream and frame index, which the
     cloud's answer is scored against later), and each verdict the cloud sends back.
     """
-    from edge.agent import Agent
-    from edge.settings import EdgeSettings
-    from shared.config import load_settings
-    from shared.logs import configure_logging
-    from shared.messages import EscalationCase
+    from edgefleet.edge.agent import Agent
+    from edgefleet.edge.settings import EdgeSettings
+    from edgefleet.shared.config import load_settings
+    from edgefleet.shared.logs import configure_logging
+    from edgefleet.shared.messages import EscalationCase
 
     configure_logging("WARNING")
     settings = load_settings(EdgeSettings, config)

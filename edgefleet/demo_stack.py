@@ -26,8 +26,8 @@ from typing import Any
 from rich.console import Console
 
 from edgefleet.demo_video import GroundTruth
-from shared.errors import ConfigError, EdgefleetError
-from shared.topics import Channel, Topics
+from edgefleet.shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared.topics import Channel, Topics
 
 MOSQUITTO_MISSING = (
     "The demo needs the Mosquitto MQTT broker (the `mosquitto` binary), which is not installed.\n"
@@ -188,7 +188,7 @@ def edgefleet_argv(*args: str) -> list[str]:
 def write_cloud_config(
     workdir: Path, http_port: int, broker_port: int, operator_key: str, service_password: str
 ) -> Path:
-    from cloud.auth import key_digest
+    from edgefleet.cloud.auth import key_digest
 
     config = {
         "http": {"host": "127.0.0.1", "port": http_port},

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.errors import ConfigError
+from edgefleet.shared.errors import ConfigError
 
 Kind = Literal["container", "plate", "sign"]
 Background = Literal["gradient", "noise", "texture"]

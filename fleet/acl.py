@@ -18,7 +18,7 @@ another client's session.
 
 The files are regenerated in full from the registry on every change (enroll, revoke) and
 written atomically; a running broker gets the same change live through its control API
-(`fleet.broker_control`), since the plugin reads its file only at start.
+(`edgefleet.fleet.broker_control`), since the plugin reads its file only at start.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet.credentials import parse_mosquitto_hash
-from fleet.registry import DeviceRegistry
-from shared.errors import ConfigError
-from shared.mqtt import device_client_id
-from shared.topics import Channel, Topics
+from edgefleet.fleet.credentials import parse_mosquitto_hash
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.mqtt import device_client_id
+from edgefleet.shared.topics import Channel, Topics
 
 log = logging.getLogger(__name__)
 

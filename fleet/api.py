@@ -1,7 +1,7 @@
 """The fleet's REST routes, live event stream, model downloads and the dashboard page.
 
 `build_router` is included by the cloud app (which maps EdgefleetError to JSON errors in
-its one handler); `fleet.app.create_app` wraps it for standalone use and tests.
+its one handler); `edgefleet.fleet.app.create_app` wraps it for standalone use and tests.
 
 Live updates: one SSE stream per dashboard (`GET /v1/events`). Every `interval_s` it
 sends one `devices` event with all devices changed since the last one (a batch, not a
@@ -27,12 +27,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 from sse_starlette.sse import EventSourceResponse
 
-from fleet.deployment import parse_request
-from fleet.models import ModelStore, capability
-from fleet.registry import DeviceRegistry
-from fleet.rollout import RolloutController
-from shared.errors import AuthError, InvalidInput, NotFound
-from shared.hashing import same_hex
+from edgefleet.fleet.deployment import parse_request
+from edgefleet.fleet.models import ModelStore, capability
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.fleet.rollout import RolloutController
+from edgefleet.shared.errors import AuthError, InvalidInput, NotFound
+from edgefleet.shared.hashing import same_hex
 
 log = logging.getLogger(__name__)
 

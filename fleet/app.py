@@ -1,6 +1,6 @@
 """A standalone fleet app: the fleet router behind operator API keys, with JSON errors.
 
-The cloud includes `fleet.api.build_router` in its own app; this wrapper serves the same
+The cloud includes `edgefleet.fleet.api.build_router` in its own app; this wrapper serves the same
 routes on their own (`edgefleet fleet serve`, and the fleet's own tests).
 """
 
@@ -17,13 +17,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fleet.api import build_router
-from fleet.models import ModelStore
-from fleet.registry import DeviceRegistry
-from fleet.rollout import RolloutController
-from shared.errors import AuthError, EdgefleetError
-from shared.logs import trace_id_from_traceparent, trace_id_var
-from shared.messages import new_trace_id
+from edgefleet.fleet.api import build_router
+from edgefleet.fleet.models import ModelStore
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.fleet.rollout import RolloutController
+from edgefleet.shared.errors import AuthError, EdgefleetError
+from edgefleet.shared.logs import trace_id_from_traceparent, trace_id_var
+from edgefleet.shared.messages import new_trace_id
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from fleet.acl import CONTROL_RESPONSE, CONTROL_TOPIC, device_acls, device_role
-from shared.errors import EdgefleetError
-from shared.mqtt import device_client_id
-from shared.topics import Topics
+from edgefleet.fleet.acl import CONTROL_RESPONSE, CONTROL_TOPIC, device_acls, device_role
+from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.mqtt import device_client_id
+from edgefleet.shared.topics import Topics
 
 log = logging.getLogger(__name__)
 

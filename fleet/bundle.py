@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from fleet.acl import write_private
-from fleet.devices import Enrollment
+from edgefleet.fleet.acl import write_private
+from edgefleet.fleet.devices import Enrollment
 
 
 def write_bundle(

@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fleet.acl import write_private
-from fleet.devices import validate_device_id
-from shared.errors import ConfigError, NotFound
+from edgefleet.fleet.acl import write_private
+from edgefleet.fleet.devices import validate_device_id
+from edgefleet.shared.errors import ConfigError, NotFound
 
 
 def _now() -> dt.datetime:

@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from shared.config import load_settings
-from shared.errors import EdgefleetError, InvalidInput, NotFound
+from edgefleet.shared.config import load_settings
+from edgefleet.shared.errors import EdgefleetError, InvalidInput, NotFound
 
 app = typer.Typer(
     help="Fleet: enroll devices, broker credentials and ACLs, rollouts, status.\n\n"
@@ -57,7 +57,7 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 def _settings(config: Path | None, db: str | None, **overrides: Any):
-    from fleet.settings import FleetSettings
+    from edgefleet.fleet.settings import FleetSettings
 
     if db:
         overrides["database_url"] = db
@@ -68,8 +68,8 @@ class _Store:
     """The registry (and friends) on the store named by the settings."""
 
     def __init__(self, config: Path | None, db: str | None, **overrides: Any):
-        from fleet.registry import DeviceRegistry
-        from shared.db import Database
+        from edgefleet.fleet.registry import DeviceRegistry
+        from edgefleet.shared.db import Database
 
         self.settings = _settings(config, db, **overrides)
         self.db = Database.connect(self.settings.resolved_database_url())
@@ -80,7 +80,7 @@ class _Store:
         return self.settings.resolved_broker_dir()
 
     def write_broker_files(self, *, readable_by_gid: int | None = None) -> Path:
-        from fleet.acl import BrokerListener, write_broker_files
+        from edgefleet.fleet.acl import BrokerListener, write_broker_files
 
         s = self.settings
         listener = BrokerListener(s.broker_port, s.broker_bind, s.broker_plugin, s.broker_user)
@@ -91,7 +91,7 @@ class _Store:
 
     def broker_control(self):
         """The running broker's control API as `ef-admin`; None before `broker-files` ran."""
-        from fleet.broker_control import BrokerControl
+        from edgefleet.fleet.broker_control import BrokerControl
 
         secret = self.broker_dir / "admin.secret"
         if not secret.is_file():
@@ -106,7 +106,7 @@ class _Store:
         No broker answering is fine (it loads the rewritten file when it starts); a broker
         that answers and refuses raises BrokerRefused.
         """
-        from fleet.broker_control import BrokerUnreachable
+        from edgefleet.fleet.broker_control import BrokerUnreachable
 
         control = self.broker_control()
         if control is None:
@@ -148,8 +148,8 @@ def enroll(
 
     Example: edgefleet fleet enroll cam-01 --group dock
     """
-    from fleet.broker_control import BrokerRefused
-    from fleet.bundle import write_bundle
+    from edgefleet.fleet.broker_control import BrokerRefused
+    from edgefleet.fleet.bundle import write_bundle
 
     with _open_store(config, db) as store:
         enrollment = store.registry.enroll(device, group=group)
@@ -195,10 +195,10 @@ def revoke(
 
     Example: edgefleet fleet revoke cam-01
     """
-    from fleet.acl import reload_broker
-    from fleet.broker_control import BrokerRefused
-    from fleet.bundle import remove_bundle
-    from fleet.ca import DeviceCA
+    from edgefleet.fleet.acl import reload_broker
+    from edgefleet.fleet.broker_control import BrokerRefused
+    from edgefleet.fleet.bundle import remove_bundle
+    from edgefleet.fleet.ca import DeviceCA
 
     with _open_store(config, db) as store:
         store.registry.revoke(device)
@@ -255,7 +255,7 @@ def broker_files(
       edgefleet fleet broker-files -c fleet.yaml
       edgefleet fleet broker-files --readable-by-gid 1883 --emqx
     """
-    from fleet.acl import ADMIN_ACCOUNT, CLOUD_ACCOUNT, write_emqx_files, write_private
+    from edgefleet.fleet.acl import ADMIN_ACCOUNT, CLOUD_ACCOUNT, write_emqx_files, write_private
 
     with _open_store(config, db, **({"broker_dir": out} if out else {})) as store:
         target = store.broker_dir
@@ -290,7 +290,7 @@ def model_add(
 
     Example: edgefleet fleet model-add det 3 det-3.onnx
     """
-    from fleet.models import ModelStore
+    from edgefleet.fleet.models import ModelStore
 
     try:
         s = _settings(config, None)
@@ -553,7 +553,7 @@ def ca_init(
 
     Example: edgefleet fleet ca-init --directory /etc/edgefleet/ca
     """
-    from fleet.ca import DeviceCA
+    from edgefleet.fleet.ca import DeviceCA
 
     try:
         path = DeviceCA(directory).init()
@@ -575,7 +575,7 @@ def ca_issue(
     Example:
       edgefleet fleet ca-issue cam-01 --directory /etc/edgefleet/ca --out cam-01
     """
-    from fleet.ca import DeviceCA
+    from edgefleet.fleet.ca import DeviceCA
 
     try:
         cert, key = DeviceCA(directory).issue_device(device, out)
@@ -599,7 +599,7 @@ def ca_broker(
     Example:
       edgefleet fleet ca-broker broker.lan 10.0.0.5 --out /etc/mosquitto/tls
     """
-    from fleet.ca import DeviceCA, mosquitto_tls_listener
+    from edgefleet.fleet.ca import DeviceCA, mosquitto_tls_listener
 
     try:
         ca = DeviceCA(directory)

@@ -21,7 +21,7 @@ import secrets
 
 from cryptography.fernet import Fernet, InvalidToken
 
-from shared.errors import ConfigError
+from edgefleet.shared.errors import ConfigError
 
 MOSQUITTO_ITERATIONS = 101  # mosquitto_passwd's default; the secrets are 256-bit random
 _SALT_CHARS = 9  # token_urlsafe(9) is 12 printable bytes: valid for Mosquitto and EMQX alike

@@ -1,6 +1,6 @@
 """A deployment as operators see it: the request they send, its validation, and its view.
 
-`fleet.rollout.RolloutController` turns a `DeploymentRequest` into desired states and
+`edgefleet.fleet.rollout.RolloutController` turns a `DeploymentRequest` into desired states and
 reports progress as a `DeploymentView`; the REST API and the CLI speak these models.
 """
 
@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shared.errors import InvalidInput
-from shared.messages import MODEL_PART_PATTERN, ModelRef
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.messages import MODEL_PART_PATTERN, ModelRef
 
 # A docker image reference with an explicit tag or digest (no implicit `latest` in a rollout).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"

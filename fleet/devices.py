@@ -1,8 +1,8 @@
 """A device as the fleet names and shows it: id and group rules, the once-shown enrollment
 secrets, and the summary/detail/history views the API and dashboard serve.
 
-`fleet.registry.DeviceRegistry` stores devices and returns these; they stay importable
-from `fleet.registry`.
+`edgefleet.fleet.registry.DeviceRegistry` stores devices and returns these; they stay importable
+from `edgefleet.fleet.registry`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.errors import InvalidInput
-from shared.messages import DEVICE_ID_PATTERN
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.messages import DEVICE_ID_PATTERN
 
 RESERVED_NAMES = frozenset({"cloud", "admin", "operator", "ef-admin"})
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"

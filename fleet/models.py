@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
-from shared.errors import InvalidInput, ModelNotFound
-from shared.hashing import sha256_file
-from shared.messages import MODEL_PART_PATTERN, ModelRef
+from edgefleet.shared.errors import InvalidInput, ModelNotFound
+from edgefleet.shared.hashing import sha256_file
+from edgefleet.shared.messages import MODEL_PART_PATTERN, ModelRef
 
 _PART_RE = re.compile(MODEL_PART_PATTERN)
 

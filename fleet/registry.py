@@ -1,7 +1,7 @@
 """The device registry: who is enrolled, with which credentials, and how each device is doing.
 
-It lives in the cloud's store (`shared.db.Database`, SQLite or PostgreSQL) so every
-orchestrator replica sees the same fleet. Secrets are kept as `fleet.credentials` says:
+It lives in the cloud's store (`edgefleet.shared.db.Database`, SQLite or PostgreSQL) so every
+orchestrator replica sees the same fleet. Secrets are kept as `edgefleet.fleet.credentials` says:
 hashes where only verification is needed, the sealed HMAC key where the cloud must sign
 and verify with it. Telemetry is kept twice: the last message in full (for the device
 view) and a downsampled history, one sample per device per bucket (for the charts).
@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 
 from prometheus_client import Counter, Gauge
 
-from fleet.credentials import (
+from edgefleet.fleet.credentials import (
     KeySealer,
     mosquitto_hash,
     new_device_key,
@@ -27,7 +27,7 @@ from fleet.credentials import (
     new_token,
     token_digest,
 )
-from fleet.devices import (
+from edgefleet.fleet.devices import (
     GROUP_PATTERN,
     RESERVED_NAMES,
     DeviceDetail,
@@ -37,11 +37,11 @@ from fleet.devices import (
     validate_device_id,
     validate_group,
 )
-from shared.db import Database
-from shared.errors import Conflict, NotFound
-from shared.messages import DesiredState, DeviceStatus, DeviceTelemetry, ReportedState
+from edgefleet.shared.db import Database
+from edgefleet.shared.errors import Conflict, NotFound
+from edgefleet.shared.messages import DesiredState, DeviceStatus, DeviceTelemetry, ReportedState
 
-# The device models and id/group rules live in fleet.devices; they stay importable from here.
+# The device models and id/group rules live in edgefleet.fleet.devices; they stay importable from here.
 __all__ = [
     "DEVICES",
     "ENROLLED",

@@ -27,7 +27,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from fleet.deployment import (
+from edgefleet.fleet.deployment import (
     IMAGE_RE,
     SHA256_RE,
     DeploymentRequest,
@@ -37,16 +37,16 @@ from fleet.deployment import (
     TargetView,
     parse_request,
 )
-from fleet.devices import validate_group
-from fleet.models import ModelStore
-from fleet.registry import DeviceRegistry
-from shared.db import Database
-from shared.errors import Conflict, InvalidInput, NotFound
-from shared.messages import DesiredState, ModelRef, ReportedState
-from shared.topics import Topics
-from shared.wire import WireMessage, encode
+from edgefleet.fleet.devices import validate_group
+from edgefleet.fleet.models import ModelStore
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.shared.db import Database
+from edgefleet.shared.errors import Conflict, InvalidInput, NotFound
+from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import WireMessage, encode
 
-# The request/view models live in fleet.deployment; they stay importable from here.
+# The request/view models live in edgefleet.fleet.deployment; they stay importable from here.
 __all__ = [
     "ACTIVE",
     "DESIRED_SENT",

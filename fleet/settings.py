@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.config import EdgefleetSettings
+from edgefleet.shared.config import EdgefleetSettings
 
 
 class FleetSettings(EdgefleetSettings):

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from shared.messages import MESSAGE_TYPES, json_schemas
+from edgefleet.shared.messages import MESSAGE_TYPES, json_schemas
 
 
 def schema(

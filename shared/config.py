@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from shared.errors import ConfigError
+from edgefleet.shared.errors import ConfigError
 
 S = TypeVar("S", bound="EdgefleetSettings")
 

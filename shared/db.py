@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlparse
 
-from shared.errors import Conflict, EdgefleetError
-from shared.private import private_dir, private_file
+from edgefleet.shared.errors import Conflict, EdgefleetError
+from edgefleet.shared.private import private_dir, private_file
 
 log = logging.getLogger(__name__)
 

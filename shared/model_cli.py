@@ -12,9 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared.errors import EdgefleetError
-from shared.executor.settings import BatcherSettings, ExecutionSettings
-from shared.models.registry import ModelRegistry
+from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+from edgefleet.shared.models.registry import ModelRegistry
 
 app = typer.Typer(
     help="Model files: check a file against the trusted manifest, list the known models, "
@@ -113,7 +113,7 @@ def build_engine_command(
 
     Example: edgefleet model build-engine ppocr-det --precision fp16 --max-batch 8
     """
-    from shared.executor import tensorrt_backend as trtb
+    from edgefleet.shared.executor import tensorrt_backend as trtb
 
     if not trtb.tensorrt_available():
         raise _fail(
@@ -179,11 +179,11 @@ def infer(
 
     Example: edgefleet infer photo.jpg --json
     """
-    from shared.imaging.decode import decode_file
-    from shared.models import load_model
+    from edgefleet.shared.imaging.decode import decode_file
+    from edgefleet.shared.models import load_model
 
     if not logging.getLogger().handlers:  # the typed error line says it; no second line
-        logging.getLogger("shared").addHandler(logging.NullHandler())
+        logging.getLogger("edgefleet.shared").addHandler(logging.NullHandler())
     settings = ExecutionSettings(batching=BatcherSettings(enabled=False))
     try:
         loaded = load_model(model, settings=settings, registry=_registry(manifest))

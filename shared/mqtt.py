@@ -10,8 +10,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.topics import DEFAULT_ROOT
-from shared.wire import WireMessage
+from edgefleet.shared.topics import DEFAULT_ROOT
+from edgefleet.shared.wire import WireMessage
 
 
 class MqttSettings(BaseModel):

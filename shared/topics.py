@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from shared.errors import PayloadRejected
-from shared.messages import DEVICE_ID_PATTERN
+from edgefleet.shared.errors import PayloadRejected
+from edgefleet.shared.messages import DEVICE_ID_PATTERN
 
 DEFAULT_ROOT = "ef/v1"
 _DEVICE_RE = re.compile(DEVICE_ID_PATTERN)

@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from shared.errors import PayloadRejected
-from shared.hashing import same_hex
-from shared.messages import MESSAGE_TYPES, DeviceTelemetry, EscalationCase, Message
-from shared.topics import CHANNEL_SCHEMA, Topics
+from edgefleet.shared.errors import PayloadRejected
+from edgefleet.shared.hashing import same_hex
+from edgefleet.shared.messages import MESSAGE_TYPES, DeviceTelemetry, EscalationCase, Message
+from edgefleet.shared.topics import CHANNEL_SCHEMA, Topics
 
 SCHEMA_PROP = "ef-schema"
 SIG_PROP = "ef-sig"

@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, Field, ValidationError
 
-from cloud.services import CloudServices
-from shared.errors import InvalidInput, UnsupportedMediaType
+from edgefleet.cloud.services import CloudServices
+from edgefleet.shared.errors import InvalidInput, UnsupportedMediaType
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -11,17 +11,17 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
-from cloud.api.deps import (
+from edgefleet.cloud.api.deps import (
     error_responses,
     parse_json_object,
     require_media_type,
     services,
     validate_model,
 )
-from cloud.auth import Principal, require_device_or_operator, require_device_scope
-from shared.errors import Conflict, NotFound, UnsupportedMediaType
-from shared.imaging import sniff_format
-from shared.messages import CloudVerdict, EscalationCase
+from edgefleet.cloud.auth import Principal, require_device_or_operator, require_device_scope
+from edgefleet.shared.errors import Conflict, NotFound, UnsupportedMediaType
+from edgefleet.shared.imaging import sniff_format
+from edgefleet.shared.messages import CloudVerdict, EscalationCase
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
 

@@ -10,22 +10,22 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from cloud.api.deps import parse_json_object, require_media_type, services, validate_model
-from cloud.auth import (
+from edgefleet.cloud.api.deps import parse_json_object, require_media_type, services, validate_model
+from edgefleet.cloud.auth import (
     SIGNATURE_HEADER,
     Principal,
     require_device_or_operator,
     require_device_scope,
     require_operator,
 )
-from shared.errors import NotFound
-from shared.messages import CaseId, Feedback, TraceId
+from edgefleet.shared.errors import NotFound
+from edgefleet.shared.messages import CaseId, Feedback, TraceId
 
 router = APIRouter(tags=["feedback"])
 
 
 class FeedbackIn(BaseModel):
-    """The body of POST /v1/feedback; sign its exact bytes (see cloud.auth)."""
+    """The body of POST /v1/feedback; sign its exact bytes (see edgefleet.cloud.auth)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 

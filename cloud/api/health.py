@@ -8,8 +8,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from cloud.api.deps import services
-from cloud.auth import Principal, require_operator
+from edgefleet.cloud.api.deps import services
+from edgefleet.cloud.auth import Principal, require_operator
 
 router = APIRouter(tags=["health"])
 

@@ -12,11 +12,11 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
-from cloud.api.deps import error_responses, require_media_type, services
-from cloud.auth import Principal, require_device_or_operator
-from shared.errors import ImageRejected, ModelNotFound
-from shared.imaging.headers import MEDIA_TYPES
-from shared.messages import Detection
+from edgefleet.cloud.api.deps import error_responses, require_media_type, services
+from edgefleet.cloud.auth import Principal, require_device_or_operator
+from edgefleet.shared.errors import ImageRejected, ModelNotFound
+from edgefleet.shared.imaging.headers import MEDIA_TYPES
+from edgefleet.shared.messages import Detection
 
 router = APIRouter(prefix="/v1/infer", tags=["inference"])
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from edge.settings import SourceSettings
-from edge.sources.base import Frame, VideoSource
-from edge.sources.opencv import OpenCvSource, guess_kind
+from edgefleet.edge.settings import SourceSettings
+from edgefleet.edge.sources.base import Frame, VideoSource
+from edgefleet.edge.sources.opencv import OpenCvSource, guess_kind
 
 
 def make_source(settings: SourceSettings) -> VideoSource:

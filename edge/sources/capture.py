@@ -16,9 +16,9 @@ from collections.abc import Callable
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
-from edge.settings import SourceSettings
-from edge.sources.base import Frame, VideoSource
-from shared.errors import SourceDisconnected
+from edgefleet.edge.settings import SourceSettings
+from edgefleet.edge.sources.base import Frame, VideoSource
+from edgefleet.shared.errors import SourceDisconnected
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edge.settings import SourceSettings
-from edge.sources.base import VideoSource
-from shared.errors import SourceDisconnected
-from shared.logs import redact_url
+from edgefleet.edge.settings import SourceSettings
+from edgefleet.edge.sources.base import VideoSource
+from edgefleet.shared.errors import SourceDisconnected
+from edgefleet.shared.logs import redact_url
 
 log = logging.getLogger(__name__)
 

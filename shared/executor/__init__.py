@@ -1,11 +1,11 @@
 """The execution layer: backends behind one `Executor` protocol, memory budget, batching.
 
-It only runs forward passes; loading goes through `shared.models` (hash-checked files).
+It only runs forward passes; loading goes through `edgefleet.shared.models` (hash-checked files).
 """
 
 from __future__ import annotations
 
-from shared.executor.base import (
+from edgefleet.shared.executor.base import (
     Capabilities,
     Executor,
     InferenceFailed,
@@ -13,11 +13,11 @@ from shared.executor.base import (
     ModelLoadError,
     TensorSpec,
 )
-from shared.executor.batcher import BatcherClosed, DynamicBatcher
-from shared.executor.memory import Footprint, MemoryBudget, MemorySnapshot
-from shared.executor.registry import create_executor, probe_backends
-from shared.executor.selection import NoBackendAvailable, explain, select_backend
-from shared.executor.settings import (
+from edgefleet.shared.executor.batcher import BatcherClosed, DynamicBatcher
+from edgefleet.shared.executor.memory import Footprint, MemoryBudget, MemorySnapshot
+from edgefleet.shared.executor.registry import create_executor, probe_backends
+from edgefleet.shared.executor.selection import NoBackendAvailable, explain, select_backend
+from edgefleet.shared.executor.settings import (
     BatcherSettings,
     ExecutionSettings,
     MemorySettings,

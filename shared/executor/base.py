@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from shared.errors import EdgefleetError
+from edgefleet.shared.errors import EdgefleetError
 
 
 class ModelLoadError(EdgefleetError):

@@ -20,9 +20,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from shared.errors import EdgefleetError, InferenceTimeout, Overloaded
-from shared.executor.metrics import BATCH_SIZE, QUEUE_DEPTH, REJECTED
-from shared.executor.settings import BatcherSettings
+from edgefleet.shared.errors import EdgefleetError, InferenceTimeout, Overloaded
+from edgefleet.shared.executor.metrics import BATCH_SIZE, QUEUE_DEPTH, REJECTED
+from edgefleet.shared.executor.settings import BatcherSettings
 
 log = logging.getLogger(__name__)
 

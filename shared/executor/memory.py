@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from shared.errors import MemoryBudgetExceeded
-from shared.executor.metrics import MEMORY_REFUSED, MEMORY_RESERVED
-from shared.executor.settings import MemorySettings
+from edgefleet.shared.errors import MemoryBudgetExceeded
+from edgefleet.shared.executor.metrics import MEMORY_REFUSED, MEMORY_RESERVED
+from edgefleet.shared.executor.settings import MemorySettings
 
 log = logging.getLogger(__name__)
 

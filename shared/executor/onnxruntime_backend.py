@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from shared.errors import EdgefleetError
-from shared.executor.base import (
+from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.executor.base import (
     Capabilities,
     InferenceFailed,
     ModelBlob,
@@ -16,8 +16,8 @@ from shared.executor.base import (
     TensorSpec,
     runtime_message,
 )
-from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
-from shared.executor.settings import ExecutionSettings
+from edgefleet.shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from edgefleet.shared.executor.settings import ExecutionSettings
 
 log = logging.getLogger(__name__)
 

@@ -8,21 +8,21 @@ import importlib.util
 import logging
 from collections.abc import Callable
 
-from shared.executor.base import Executor
-from shared.executor.settings import ExecutionSettings
+from edgefleet.shared.executor.base import Executor
+from edgefleet.shared.executor.settings import ExecutionSettings
 
 log = logging.getLogger(__name__)
 
-_ORT = "shared.executor.onnxruntime_backend"
+_ORT = "edgefleet.shared.executor.onnxruntime_backend"
 
 # name -> (module, factory attribute, keyword arguments)
 BACKENDS: dict[str, tuple[str, str, dict]] = {
     "onnxruntime-cpu": (_ORT, "OnnxRuntimeExecutor", {"device": "cpu"}),
     "onnxruntime-cuda": (_ORT, "OnnxRuntimeExecutor", {"device": "cuda"}),
     "onnxruntime-tensorrt": (_ORT, "OnnxRuntimeExecutor", {"device": "tensorrt"}),
-    "tensorrt": ("shared.executor.tensorrt_backend", "TensorRTExecutor", {}),
-    "torch-cpu": ("shared.executor.torch_backend", "TorchExecutor", {"device": "cpu"}),
-    "torch-cuda": ("shared.executor.torch_backend", "TorchExecutor", {"device": "cuda"}),
+    "tensorrt": ("edgefleet.shared.executor.tensorrt_backend", "TensorRTExecutor", {}),
+    "torch-cpu": ("edgefleet.shared.executor.torch_backend", "TorchExecutor", {"device": "cpu"}),
+    "torch-cuda": ("edgefleet.shared.executor.torch_backend", "TorchExecutor", {"device": "cuda"}),
 }
 
 
@@ -73,7 +73,7 @@ def probe_backends() -> dict[str, str | None]:
 
 def _gpu_reason() -> str | None:
     """None when NVML sees a GPU (or this is a Jetson, where NVML is absent), else why not."""
-    from shared.executor.memory import is_jetson
+    from edgefleet.shared.executor.memory import is_jetson
 
     if is_jetson():
         return None

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from shared.errors import EdgefleetError
+from edgefleet.shared.errors import EdgefleetError
 
 
 @dataclass(frozen=True)

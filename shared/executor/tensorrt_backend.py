@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.errors import ConfigError, EdgefleetError
-from shared.executor.base import Capabilities, InferenceFailed, ModelBlob, TensorSpec
-from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
-from shared.executor.settings import ExecutionSettings
-from shared.executor.tensorrt_plan import (
+from edgefleet.shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared.executor.base import Capabilities, InferenceFailed, ModelBlob, TensorSpec
+from edgefleet.shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.executor.tensorrt_plan import (
     EngineKey,
     calibration_batches,
     image_files,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.errors import ConfigError, EdgefleetError
-from shared.executor.base import TensorSpec
+from edgefleet.shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared.executor.base import TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +172,9 @@ def letterbox_loader(
     """Image file -> CHW float32 as the model sees it (letterboxed, normalised, its order)."""
 
     def load(path: Path) -> np.ndarray:
-        from shared.imaging.decode import decode_file
-        from shared.imaging.letterbox import LetterboxTransform
-        from shared.models.preprocess import letterbox_into, pad_norm_value
+        from edgefleet.shared.imaging.decode import decode_file
+        from edgefleet.shared.imaging.letterbox import LetterboxTransform
+        from edgefleet.shared.models.preprocess import letterbox_into, pad_norm_value
 
         rgb = decode_file(path)
         plan = LetterboxTransform.plan(rgb.shape[:2], hw)

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from shared.errors import EdgefleetError, ModelIntegrityError
-from shared.executor.base import (
+from edgefleet.shared.errors import EdgefleetError, ModelIntegrityError
+from edgefleet.shared.executor.base import (
     Capabilities,
     InferenceFailed,
     ModelBlob,
@@ -22,8 +22,8 @@ from shared.executor.base import (
     TensorSpec,
     runtime_message,
 )
-from shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
-from shared.executor.settings import ExecutionSettings
+from edgefleet.shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from edgefleet.shared.executor.settings import ExecutionSettings
 
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 

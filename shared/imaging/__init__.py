@@ -6,7 +6,7 @@ RGB (`nv12_to_rgb`, ...), and `letterbox` + `to_tensor` make the model input.
 `preprocess_reference` is the definition the fused kernels are tested against.
 """
 
-from shared.imaging.colour import (
+from edgefleet.shared.imaging.colour import (
     bgr_to_rgb,
     i420_to_rgb,
     nv12_to_rgb,
@@ -14,7 +14,7 @@ from shared.imaging.colour import (
     yuv_to_rgb_bt601,
     yuyv_to_rgb,
 )
-from shared.imaging.decode import (
+from edgefleet.shared.imaging.decode import (
     ImageLimits,
     check_limits,
     decode_file,
@@ -24,8 +24,8 @@ from shared.imaging.decode import (
     image_size,
     sniff_format,
 )
-from shared.imaging.letterbox import LetterboxTransform, letterbox
-from shared.imaging.tensor import preprocess_reference, to_tensor
+from edgefleet.shared.imaging.letterbox import LetterboxTransform, letterbox
+from edgefleet.shared.imaging.tensor import preprocess_reference, to_tensor
 
 __all__ = [
     "ImageLimits",

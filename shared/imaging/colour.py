@@ -17,7 +17,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from shared.errors import InvalidInput
+from edgefleet.shared.errors import InvalidInput
 
 BT601_CY = 1220542
 BT601_CVR = 1673527

@@ -8,7 +8,7 @@ Order of checks, each with its own typed error:
    bytes is refused here, before any allocation;
 4. structural truncation (no JPEG EOI, no PNG IEND), then the decode itself, where any
    decoder complaint becomes ImageRejected.
-Pixel rules (16-bit, alpha on black, EXIF orientation) are in `shared.imaging.pixels`.
+Pixel rules (16-bit, alpha on black, EXIF orientation) are in `edgefleet.shared.imaging.pixels`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from PIL import Image
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.errors import (
+from edgefleet.shared.errors import (
     EdgefleetError,
     ImageRejected,
     InvalidInput,
@@ -34,9 +34,9 @@ from shared.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from shared.imaging.headers import describe_unknown, image_size, jpeg_scan, sniff_format
-from shared.imaging.pixels import apply_orientation, pil_to_rgb
-from shared.imaging.tiff import ByteSource, decode_raw_tiff, parse_tiff
+from edgefleet.shared.imaging.headers import describe_unknown, image_size, jpeg_scan, sniff_format
+from edgefleet.shared.imaging.pixels import apply_orientation, pil_to_rgb
+from edgefleet.shared.imaging.tiff import ByteSource, decode_raw_tiff, parse_tiff
 
 __all__ = [
     "ImageLimits",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 import zlib
 
-from shared.errors import ImageRejected, UnsupportedMediaType
-from shared.imaging.tiff import ByteSource, parse_tiff
+from edgefleet.shared.errors import ImageRejected, UnsupportedMediaType
+from edgefleet.shared.imaging.tiff import ByteSource, parse_tiff
 
 FORMATS = ("jpeg", "png", "bmp", "webp", "tiff")
 # The media types of those formats: what an HTTP endpoint that decodes images accepts.

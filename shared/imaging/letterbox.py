@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from shared.errors import InvalidInput
+from edgefleet.shared.errors import InvalidInput
 
 
 @dataclass(frozen=True)

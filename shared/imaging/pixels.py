@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from shared.errors import UnsupportedMediaType
+from edgefleet.shared.errors import UnsupportedMediaType
 
 
 def u16_to_u8(a: np.ndarray) -> np.ndarray:

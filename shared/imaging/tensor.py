@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shared.errors import InvalidInput
-from shared.imaging.colour import nv12_to_rgb
-from shared.imaging.letterbox import LetterboxTransform, letterbox
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging.colour import nv12_to_rgb
+from edgefleet.shared.imaging.letterbox import LetterboxTransform, letterbox
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 

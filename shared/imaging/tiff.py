@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.errors import ImageRejected
-from shared.imaging.pixels import (
+from edgefleet.shared.errors import ImageRejected
+from edgefleet.shared.imaging.pixels import (
     apply_orientation,
     composite_gray_alpha,
     composite_rgba_on_black,

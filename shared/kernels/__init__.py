@@ -17,8 +17,8 @@ from types import ModuleType
 import numpy as np
 from prometheus_client import Gauge
 
-from shared.errors import InvalidInput
-from shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
 
 __all__ = [
     "BackendChoice",
@@ -54,12 +54,12 @@ def _probe(candidate: str) -> tuple[ModuleType | None, str]:
     """Import one backend; (module, '') or (None, why not)."""
     try:
         if candidate == "cuda":
-            mod = importlib.import_module("shared.kernels.cuda_backend")
+            mod = importlib.import_module("edgefleet.shared.kernels.cuda_backend")
             ok, why = mod.available()
             return (mod, "") if ok else (None, why)
         if candidate == "native":
-            return importlib.import_module("shared.kernels.native"), ""
-        return importlib.import_module("shared.kernels.reference"), ""
+            return importlib.import_module("edgefleet.shared.kernels.native"), ""
+        return importlib.import_module("edgefleet.shared.kernels.reference"), ""
     except ImportError as exc:  # extension not built, pycuda missing, ...
         return None, f"{type(exc).__name__}: {exc}"
 
@@ -175,7 +175,7 @@ def crop_resize(
     Returns (batch, placements); `placements[i].boxes_to_frame` maps slot i's model
     coordinates back to frame pixels. Crops are cut on whole (even, for 4:2:0) pixels.
     """
-    from shared.kernels.crops import crop_resize as run
+    from edgefleet.shared.kernels.crops import crop_resize as run
 
     module = _active().module
     return run(module.frame_to_tensor, frame, fmt, boxes, size, mean, std, pad, dtype, out)

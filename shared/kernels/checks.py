@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.errors import InvalidInput
+from edgefleet.shared.errors import InvalidInput
 
 MAX_SIDE = 16384
 FORMATS = ("nv12", "i420", "bgr", "rgb")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.errors import InvalidInput
-from shared.imaging.letterbox import LetterboxTransform
-from shared.kernels import checks
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.kernels import checks
 
 
 @dataclass(frozen=True)

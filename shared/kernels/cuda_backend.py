@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.errors import InvalidInput
-from shared.imaging.letterbox import LetterboxTransform
-from shared.kernels import checks
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.kernels import checks
 
 CUDA_DIR = Path(__file__).with_name("cuda")
 NVCC_OPTIONS = ["--fmad=false", "-std=c++14"]
@@ -156,7 +156,7 @@ def nms(boxes, scores, iou_threshold, score_threshold=0.0, class_ids=None, max_d
     if n == 0 or a.max_det == 0:
         return np.empty(0, np.int64)
     if n > MAX_NMS_BOXES:
-        from shared.kernels import native
+        from edgefleet.shared.kernels import native
 
         return native.nms(
             a.boxes, a.scores, a.iou_threshold, a.score_threshold, a.class_ids, a.max_det
@@ -193,7 +193,7 @@ def keypoint_nms(
     keypoints, scores, oks_threshold=0.5, score_threshold=0.0, boxes=None, sigmas=None, max_det=300
 ):
     """OKS NMS handles tens of poses: the native C code does it (no GPU launch pays)."""
-    from shared.kernels import native
+    from edgefleet.shared.kernels import native
 
     return native.keypoint_nms(
         _host(keypoints),

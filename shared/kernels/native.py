@@ -1,4 +1,4 @@
-"""The native C backend: validates in Python, then runs `shared.kernels._native`.
+"""The native C backend: validates in Python, then runs `edgefleet.shared.kernels._native`.
 
 Everything the C code relies on (dtype, shape, contiguity, finite values) is checked
 here with typed errors; the extension repeats the length checks as a second line.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.errors import InvalidInput
-from shared.imaging.letterbox import LetterboxTransform
-from shared.kernels import _native, checks
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.kernels import _native, checks
 
 FORMAT_CODES = {"nv12": 0, "i420": 1, "bgr": 2, "rgb": 3}
 IMPL_AUTO, IMPL_PORTABLE = 0, 1

@@ -14,8 +14,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from shared.imaging.letterbox import LetterboxTransform
-from shared.kernels import checks
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.kernels import checks
 
 _CVT = {
     "nv12": cv2.COLOR_YUV2RGB_NV12,

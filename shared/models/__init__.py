@@ -1,16 +1,16 @@
 """Models: the registry of trusted files and `load_model`, the one way to get a model.
 
 model = load_model("ppocr")              # edge default: PP-OCRv4, det at 640
-lines = model.predict(image_rgb)         # list[shared.messages.Detection]
+lines = model.predict(image_rgb)         # list[edgefleet.shared.messages.Detection]
 """
 
 from __future__ import annotations
 
-from shared.errors import ConfigError
-from shared.executor.memory import MemoryBudget
-from shared.executor.settings import ExecutionSettings
-from shared.models.base import Model
-from shared.models.registry import ModelRegistry, ModelSpec
+from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.executor.memory import MemoryBudget
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.models.base import Model
+from edgefleet.shared.models.registry import ModelRegistry, ModelSpec
 
 __all__ = ["ExecutionSettings", "Model", "ModelRegistry", "ModelSpec", "load_model"]
 
@@ -31,11 +31,11 @@ def load_model(
     registry = registry or ModelRegistry.default()
     spec = registry.get(name)
     if spec.task == "ocr":
-        from shared.models.ocr import OcrModel
+        from edgefleet.shared.models.ocr import OcrModel
 
         return OcrModel(spec, registry, settings, budget)
     if spec.task in {"yolo", "classification"}:
-        from shared.models.vision import build_vision_model
+        from edgefleet.shared.models.vision import build_vision_model
 
         return build_vision_model(spec, registry, settings, budget)
     raise ConfigError(

@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from shared.errors import EdgefleetError
-from shared.executor.batcher import BatcherClosed, DynamicBatcher
-from shared.executor.memory import MemoryBudget
-from shared.executor.metrics import PREDICT_SECONDS, PREDICTIONS
-from shared.executor.settings import ExecutionSettings
-from shared.messages import Detection, ModelInfo
-from shared.models.preprocess import check_image
-from shared.models.registry import ModelSpec
-from shared.models.session import Session
+from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.executor.batcher import BatcherClosed, DynamicBatcher
+from edgefleet.shared.executor.memory import MemoryBudget
+from edgefleet.shared.executor.metrics import PREDICT_SECONDS, PREDICTIONS
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.messages import Detection, ModelInfo
+from edgefleet.shared.models.preprocess import check_image
+from edgefleet.shared.models.registry import ModelSpec
+from edgefleet.shared.models.session import Session
 
 log = logging.getLogger(__name__)
 

@@ -18,18 +18,18 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from shared.errors import ConfigError
-from shared.executor.memory import MemoryBudget
-from shared.executor.settings import ExecutionSettings
-from shared.imaging.letterbox import LetterboxTransform
-from shared.messages import Detection
-from shared.models.base import Model
-from shared.models.decoders.angle import angle_flips
-from shared.models.decoders.ctc import ctc_greedy, ppocr_charset
-from shared.models.decoders.db import DBParams, db_boxes, order_quad
-from shared.models.preprocess import det_plan, normalise, stack_canvases
-from shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
-from shared.models.session import Session, open_session
+from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.executor.memory import MemoryBudget
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.messages import Detection
+from edgefleet.shared.models.base import Model
+from edgefleet.shared.models.decoders.angle import angle_flips
+from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
+from edgefleet.shared.models.decoders.db import DBParams, db_boxes, order_quad
+from edgefleet.shared.models.preprocess import det_plan, normalise, stack_canvases
+from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
+from edgefleet.shared.models.session import Session, open_session
 
 KEYS_FILE = Path(__file__).with_name("ppocr_keys_v4.txt")
 

@@ -10,8 +10,8 @@ import math
 import cv2
 import numpy as np
 
-from shared.errors import InvalidInput
-from shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
 
 MAX_SIDE = 16384
 

@@ -15,9 +15,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
-from shared.executor.base import ModelBlob
-from shared.hashing import sha256_bytes
+from edgefleet.shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
+from edgefleet.shared.executor.base import ModelBlob
+from edgefleet.shared.hashing import sha256_bytes
 
 log = logging.getLogger(__name__)
 

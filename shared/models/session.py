@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.executor.base import Executor, InferenceFailed, ModelLoadError
-from shared.executor.memory import Footprint, MemoryBudget, detect_probe
-from shared.executor.metrics import MODEL_WARMUP_SECONDS
-from shared.executor.registry import create_executor, probe_backends
-from shared.executor.selection import TRAITS, explain, select_backend
-from shared.executor.settings import ExecutionSettings
-from shared.models.registry import ModelRegistry, ModelSpec
+from edgefleet.shared.executor.base import Executor, InferenceFailed, ModelLoadError
+from edgefleet.shared.executor.memory import Footprint, MemoryBudget, detect_probe
+from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
+from edgefleet.shared.executor.registry import create_executor, probe_backends
+from edgefleet.shared.executor.selection import TRAITS, explain, select_backend
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.models.registry import ModelRegistry, ModelSpec
 
 log = logging.getLogger(__name__)
 

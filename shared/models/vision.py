@@ -8,24 +8,24 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from shared.errors import ConfigError
-from shared.executor.memory import MemoryBudget
-from shared.executor.metrics import MODEL_WARMUP_SECONDS
-from shared.executor.settings import ExecutionSettings
-from shared.imaging.letterbox import LetterboxTransform
-from shared.messages import Detection
-from shared.models.base import Model
-from shared.models.decoders.classification import top_k
-from shared.models.decoders.yolo import decode_yolo
-from shared.models.preprocess import normalise, pad_norm_value, stack_canvases
-from shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
-from shared.models.session import Session, open_session, warmup_guard
+from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.executor.memory import MemoryBudget
+from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.messages import Detection
+from edgefleet.shared.models.base import Model
+from edgefleet.shared.models.decoders.classification import top_k
+from edgefleet.shared.models.decoders.yolo import decode_yolo
+from edgefleet.shared.models.preprocess import normalise, pad_norm_value, stack_canvases
+from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
+from edgefleet.shared.models.session import Session, open_session, warmup_guard
 
 
 def _fused_kernel():
-    """`shared.kernels.native.frame_to_tensor` when the native extension is built."""
+    """`edgefleet.shared.kernels.native.frame_to_tensor` when the native extension is built."""
     try:
-        from shared.kernels.native import frame_to_tensor
+        from edgefleet.shared.kernels.native import frame_to_tensor
     except ImportError:
         return None
     return frame_to_tensor

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.messages import (
+from edgefleet.shared.messages import (
     DeviceStatus,
     DeviceTelemetry,
     EscalationCounters,
@@ -180,11 +180,11 @@ def test_dashboard_in_the_cloud_shows_a_case_with_its_thumbnail_and_verdict(
     import httpx
     import numpy as np
 
-    from cloud.app import create_app
-    from cloud.auth import key_digest
-    from cloud.settings import CloudSettings
-    from cloud.testing import ServerThread, escalation_case, free_port
-    from shared.imaging import encode_jpeg
+    from edgefleet.cloud.app import create_app
+    from edgefleet.cloud.auth import key_digest
+    from edgefleet.cloud.settings import CloudSettings
+    from edgefleet.cloud.testing import ServerThread, escalation_case, free_port
+    from edgefleet.shared.imaging import encode_jpeg
 
     rules = tmp_path / "rules.yaml"
     rules.write_text("default: {model: rules, timeout_s: 30}\n")

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def _missing() -> str | None:
     if not (shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists()):
         return "mosquitto is not installed (apt-get install mosquitto)"
-    for module in ("edge.cli", "cloud.cli", "fleet.cli"):
+    for module in ("edgefleet.edge.cli", "edgefleet.cloud.cli", "edgefleet.fleet.cli"):
         if importlib.util.find_spec(module) is None:
             return f"{module} does not exist yet: the demo needs its command"
     return None

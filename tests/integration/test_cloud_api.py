@@ -20,16 +20,16 @@ import paho.mqtt.client as mqtt
 import pytest
 from typer.testing import CliRunner
 
-from cloud.app import create_app
-from cloud.auth import key_digest, sign_body
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from cloud.testing import ServerThread, escalation_case, escalation_wire
-from shared.imaging import encode_jpeg, encode_png
-from shared.messages import CloudVerdict
-from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
-from shared.topics import Topics
-from shared.wire import Verifier, WireMessage
+from edgefleet.cloud.app import create_app
+from edgefleet.cloud.auth import key_digest, sign_body
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import ServerThread, escalation_case, escalation_wire
+from edgefleet.shared.imaging import encode_jpeg, encode_png
+from edgefleet.shared.messages import CloudVerdict
+from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import Verifier, WireMessage
 
 OP_KEY = "op-test-key-" + "x" * 20
 TEXT = "EF-2048"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from cloud.testing import free_port
+from edgefleet.cloud.testing import free_port
 
 
 def _serve(tmp: Path, mqtt_port: int) -> tuple[subprocess.Popen, str]:
@@ -98,8 +98,8 @@ def test_port_flag_is_the_port_served_and_the_one_download_links_name(tmp_path: 
     # given: a device and a model in the store, and a config that names another port
     from typer.testing import CliRunner
 
-    from cloud.auth import key_digest
-    from fleet.cli import app as fleet_cli
+    from edgefleet.cloud.auth import key_digest
+    from edgefleet.fleet.cli import app as fleet_cli
 
     data_dir, key = tmp_path / "data", "op-serve-key-" + "s" * 20
     fleet_env = {

@@ -16,12 +16,12 @@ import httpx
 import numpy as np
 import pytest
 
-from cloud.testing import free_port, publish_cases
-from fleet.registry import DeviceRegistry
-from shared.db import Database
-from shared.imaging import encode_png
-from shared.messages import CloudVerdict
-from shared.mqtt import MqttSettings, connect, device_client_id, make_client
+from edgefleet.cloud.testing import free_port, publish_cases
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.shared.db import Database
+from edgefleet.shared.imaging import encode_png
+from edgefleet.shared.messages import CloudVerdict
+from edgefleet.shared.mqtt import MqttSettings, connect, device_client_id, make_client
 
 N_CASES = 60
 

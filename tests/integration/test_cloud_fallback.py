@@ -14,14 +14,14 @@ import httpx
 import numpy as np
 import pytest
 
-from cloud.app import create_app
-from cloud.auth import key_digest
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from cloud.testing import ServerThread, escalation_case
-from shared.imaging import encode_png
-from shared.messages import Detection, ModelInfo
-from shared.models import load_model
+from edgefleet.cloud.app import create_app
+from edgefleet.cloud.auth import key_digest
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import ServerThread, escalation_case
+from edgefleet.shared.imaging import encode_png
+from edgefleet.shared.messages import Detection, ModelInfo
+from edgefleet.shared.models import load_model
 
 OP_KEY = "op-fallback-key-0123456789"
 

@@ -1,7 +1,7 @@
 """The fleet inside the real cloud app: the model store behind NAME@VER deployments and
 model downloads, and the dashboard's recent escalated cases with their images.
 
-Real Mosquitto, uvicorn serving `cloud.app.create_app`, SQLite on disk; the route is the
+Real Mosquitto, uvicorn serving `edgefleet.cloud.app.create_app`, SQLite on disk; the route is the
 rule-based level so no OCR model is loaded."""
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import paho.mqtt.client as mqtt
 import pytest
 from typer.testing import CliRunner
 
-from cloud.app import create_app
-from cloud.auth import key_digest
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from cloud.testing import ServerThread, escalation_case, free_port
-from fleet.cli import app as fleet_cli
-from shared.imaging import encode_jpeg
-from shared.messages import DesiredState
-from shared.mqtt import MqttSettings, connect, from_paho, make_client
-from shared.topics import Topics
-from shared.wire import Verifier
+from edgefleet.cloud.app import create_app
+from edgefleet.cloud.auth import key_digest
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import ServerThread, escalation_case, free_port
+from edgefleet.fleet.cli import app as fleet_cli
+from edgefleet.shared.imaging import encode_jpeg
+from edgefleet.shared.messages import DesiredState
+from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import Verifier
 
 OP_KEY = "op-wiring-key-" + "w" * 20
 DEVICE = "cam-w1"
@@ -219,7 +219,7 @@ def test_recent_cases_list_an_escalation_with_its_image(env: Env) -> None:
 def test_drift_of_a_device_is_served_to_operators(env: Env) -> None:
     from datetime import datetime, timedelta, timezone
 
-    from cloud.testing import escalation_case as case_for
+    from edgefleet.cloud.testing import escalation_case as case_for
 
     # given: 25 sure cases of another device three weeks ago and 25 unsure ones now
     store = env.services.store

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from cloud.testing import escalation_case, escalation_wire
-from shared.imaging import encode_png
-from shared.messages import (
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import escalation_case, escalation_wire
+from edgefleet.shared.imaging import encode_png
+from edgefleet.shared.messages import (
     CloudVerdict,
     DeviceStatus,
     DeviceTelemetry,
@@ -24,9 +24,9 @@ from shared.messages import (
     ModelInfo,
     ReportedState,
 )
-from shared.mqtt import MqttSettings, connect, make_client, publish
-from shared.topics import Topics
-from shared.wire import encode
+from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import encode
 
 
 class GateModel:

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from cloud.testing import publish_cases
-from fleet.registry import DeviceRegistry
-from shared.db import Database
-from shared.imaging import encode_png
-from shared.messages import CloudVerdict
-from shared.mqtt import MqttSettings, connect, make_client
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import publish_cases
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.shared.db import Database
+from edgefleet.shared.imaging import encode_png
+from edgefleet.shared.messages import CloudVerdict
+from edgefleet.shared.mqtt import MqttSettings, connect, make_client
 
 N_CASES = 1000
 

@@ -10,10 +10,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
-from cloud.app import create_app
-from cloud.auth import key_digest
-from cloud.settings import CloudSettings
-from cloud.testing import ServerThread
+from edgefleet.cloud.app import create_app
+from edgefleet.cloud.auth import key_digest
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import ServerThread
 
 OP_KEY = "op-fuzz-key-0123456789abcdef"
 STREAMS = {"/v1/events"}  # server-sent events never end; a fuzzer would wait on each one

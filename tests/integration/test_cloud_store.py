@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cloud.store import ClaimState, FeedbackStore
-from cloud.testing import escalation_case
-from shared.db import Database
-from shared.messages import CloudVerdict, Detection, Feedback
+from edgefleet.cloud.store import ClaimState, FeedbackStore
+from edgefleet.cloud.testing import escalation_case
+from edgefleet.shared.db import Database
+from edgefleet.shared.messages import CloudVerdict, Detection, Feedback
 from tests.integration.test_db import pg_url  # noqa: F401 - the fixture, reused
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"fake pixels"
@@ -141,8 +141,8 @@ def test_stale_claim_is_taken_over(store: FeedbackStore) -> None:
 
 
 def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
-    from cloud.services import CloudServices
-    from cloud.settings import CloudSettings
+    from edgefleet.cloud.services import CloudServices
+    from edgefleet.cloud.settings import CloudSettings
 
     rules = tmp_path / "rules.yaml"
     rules.write_text("default: {model: rules, timeout_s: 10}\n")
@@ -169,8 +169,8 @@ def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> Non
 def test_drift_compares_this_week_with_the_reference_window(store: FeedbackStore) -> None:
     from prometheus_client import REGISTRY
 
-    from cloud.drift import DriftWatch
-    from cloud.settings import DriftSettings
+    from edgefleet.cloud.drift import DriftWatch
+    from edgefleet.cloud.settings import DriftSettings
 
     # given 30 confident cases three weeks ago and 30 unsure ones this week
     old = datetime.now(timezone.utc) - timedelta(days=21)

@@ -10,14 +10,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from cloud.testing import escalation_case, escalation_wire
-from edge.policy import tile_crops
-from shared.imaging import encode_png
-from shared.messages import CloudStatus, CloudVerdict, Tile
-from shared.mqtt import MqttSettings, connect, make_client, publish
-from shared.topics import Topics
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import escalation_case, escalation_wire
+from edgefleet.edge.policy import tile_crops
+from edgefleet.shared.imaging import encode_png
+from edgefleet.shared.messages import CloudStatus, CloudVerdict, Tile
+from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish
+from edgefleet.shared.topics import Topics
 
 TEXT = "EGLU7436450"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import Database, StoreUnavailable, to_pg_placeholders
-from shared.errors import Conflict
+from edgefleet.shared.db import Database, StoreUnavailable, to_pg_placeholders
+from edgefleet.shared.errors import Conflict
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.agent import Agent
-from edge.settings import SourceSettings
-from edge.sources import VideoSource, make_source
+from edgefleet.edge.agent import Agent
+from edgefleet.edge.settings import SourceSettings
+from edgefleet.edge.sources import VideoSource, make_source
 from tests.integration.test_edge_support import (
     Collector,
     build_settings,

@@ -10,10 +10,10 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from edge.agent import Agent
-from shared.messages import DesiredState, ModelRef
-from shared.models.registry import ModelRegistry
-from shared.topics import Topics
+from edgefleet.edge.agent import Agent
+from edgefleet.shared.messages import DesiredState, ModelRef
+from edgefleet.shared.models.registry import ModelRegistry
+from edgefleet.shared.topics import Topics
 from tests.integration.test_edge_support import (
     DEVICE,
     Collector,

@@ -14,9 +14,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edge.agent import Agent
-from shared.messages import CloudVerdict, Detection, EscalationCase
-from shared.topics import Topics
+from edgefleet.edge.agent import Agent
+from edgefleet.shared.messages import CloudVerdict, Detection, EscalationCase
+from edgefleet.shared.topics import Topics
 from tests.integration.test_edge_support import (
     DEVICE,
     Collector,
@@ -170,8 +170,8 @@ def test_forged_verdicts_are_rejected(broker: MosquittoBroker, tmp_path: Path) -
             fallback_level=0,
             latency_ms=1.0,
         )
-        from shared.mqtt import publish
-        from shared.wire import encode
+        from edgefleet.shared.mqtt import publish
+        from edgefleet.shared.wire import encode
 
         bad = encode(forged, b"not the key", Topics().results(DEVICE))
         publish(collector.client, bad, qos=1).wait_for_publish(10)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.agent import Agent
+from edgefleet.edge.agent import Agent
 from tests.integration.test_edge_support import (
     Collector,
     build_settings,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from edge.agent import Agent
-from edge.outbox import Outbox, OutboxItem
-from shared.messages import EscalationCase
+from edgefleet.edge.agent import Agent
+from edgefleet.edge.outbox import Outbox, OutboxItem
+from edgefleet.shared.messages import EscalationCase
 from tests.integration.test_edge_support import build_settings, wait_for, write_video
 from tests.support.broker import free_port
 

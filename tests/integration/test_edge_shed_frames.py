@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.agent import Agent
-from shared.errors import Overloaded
-from shared.messages import Detection, ModelInfo
+from edgefleet.edge.agent import Agent
+from edgefleet.shared.errors import Overloaded
+from edgefleet.shared.messages import Detection, ModelInfo
 from tests.integration.test_edge_support import build_settings, wait_for, write_video
 from tests.support.broker import free_port
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.agent import Agent
-from shared.errors import EdgefleetError
+from edgefleet.edge.agent import Agent
+from edgefleet.shared.errors import EdgefleetError
 from tests.integration.test_edge_support import build_settings, write_video
 from tests.support.broker import free_port
 

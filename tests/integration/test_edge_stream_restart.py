@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.agent import Agent
-from shared.messages import StreamTelemetry
+from edgefleet.edge.agent import Agent
+from edgefleet.shared.messages import StreamTelemetry
 from tests.integration.test_edge_support import Collector, build_settings, edge_settings, wait_for
 from tests.support.broker import MosquittoBroker
 

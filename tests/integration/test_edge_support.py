@@ -18,17 +18,17 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edge.settings import EdgeSettings
-from shared.messages import (
+from edgefleet.edge.settings import EdgeSettings
+from edgefleet.shared.messages import (
     DeviceStatus,
     DeviceTelemetry,
     EscalationCase,
     Message,
     ReportedState,
 )
-from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
-from shared.topics import Topics
-from shared.wire import ReplayedMessage, Verifier, encode
+from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import ReplayedMessage, Verifier, encode
 from tests.support.broker import MosquittoBroker
 
 DEVICE = "cam-01"

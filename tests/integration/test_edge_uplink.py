@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from edge.outbox import Outbox
-from edge.settings import UplinkSettings
-from edge.uplink import NACKED, Uplink
-from shared.messages import DeviceTelemetry, EscalationCounters
-from shared.mqtt import MqttSettings
+from edgefleet.edge.outbox import Outbox
+from edgefleet.edge.settings import UplinkSettings
+from edgefleet.edge.uplink import NACKED, Uplink
+from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
+from edgefleet.shared.mqtt import MqttSettings
 from tests.integration.test_edge_support import DEVICE, KEY, Collector, wait_for
 from tests.support.broker import MosquittoBroker
 

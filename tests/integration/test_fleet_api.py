@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.messages import DeviceStatus, DeviceTelemetry, EscalationCounters
+from edgefleet.shared.messages import DeviceStatus, DeviceTelemetry, EscalationCounters
 from tests.support.fleet import OPERATOR_KEY, FleetServer, tiny_onnx, wait_until
 
 AUTH = {"Authorization": f"Bearer {OPERATOR_KEY}"}

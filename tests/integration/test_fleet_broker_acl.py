@@ -14,10 +14,10 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from fleet.broker_control import BrokerControl
-from fleet.registry import DeviceRegistry
-from shared.db import Database
-from shared.mqtt import device_client_id
+from edgefleet.fleet.broker_control import BrokerControl
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.shared.db import Database
+from edgefleet.shared.mqtt import device_client_id
 from tests.support.fleet import fleet_broker
 
 NOT_AUTHORIZED = 135

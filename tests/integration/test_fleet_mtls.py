@@ -9,11 +9,11 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from fleet.acl import reload_broker
-from fleet.ca import DeviceCA, mosquitto_tls_listener
-from fleet.registry import DeviceRegistry
-from shared.db import Database
-from shared.mqtt import device_client_id
+from edgefleet.fleet.acl import reload_broker
+from edgefleet.fleet.ca import DeviceCA, mosquitto_tls_listener
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.shared.db import Database
+from edgefleet.shared.mqtt import device_client_id
 from tests.support.broker import free_port, wait_for_port
 from tests.support.fleet import fleet_broker, wait_until
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import EdgefleetError
-from shared.messages import DeviceStatus, ReportedState
-from shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
-from shared.topics import Channel, Topics
-from shared.wire import Verifier, WireMessage
+from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.messages import DeviceStatus, ReportedState
+from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
+from edgefleet.shared.topics import Channel, Topics
+from edgefleet.shared.wire import Verifier, WireMessage
 from tests.support.fleet import FleetServer, fleet_broker, tiny_onnx, wait_until
 
 DEVICES = [f"cam-{i:02d}" for i in range(5)]

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edge.updater import DesiredStateApplier, ProcessRuntime
-from shared.messages import DesiredState, ModelRef, ReportedState
+from edgefleet.edge.updater import DesiredStateApplier, ProcessRuntime
+from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState
 from tests.support.fleet import FleetServer, OnnxControl, tiny_onnx, wait_until
 
 

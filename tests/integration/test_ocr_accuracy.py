@@ -15,8 +15,8 @@ import cv2
 import numpy as np
 import pytest
 
-from shared.executor.settings import BatcherSettings, ExecutionSettings
-from shared.models import load_model
+from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+from edgefleet.shared.models import load_model
 
 FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_TRIPLEX]
 

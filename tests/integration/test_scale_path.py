@@ -17,15 +17,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from cloud.app import create_app
-from cloud.auth import key_digest
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from cloud.testing import ServerThread, publish_cases
-from shared.db import Database
-from shared.imaging import encode_png
-from shared.messages import CloudVerdict
-from shared.mqtt import MqttSettings, connect, make_client
+from edgefleet.cloud.app import create_app
+from edgefleet.cloud.auth import key_digest
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import ServerThread, publish_cases
+from edgefleet.shared.db import Database
+from edgefleet.shared.imaging import encode_png
+from edgefleet.shared.messages import CloudVerdict
+from edgefleet.shared.mqtt import MqttSettings, connect, make_client
 from tests.integration.test_db import pg_url  # noqa: F401 - the fixture, reused
 
 N_CASES = 300

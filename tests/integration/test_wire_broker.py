@@ -12,12 +12,12 @@ import uuid
 
 import pytest
 
-from shared import mqtt as efmqtt
-from shared.errors import PayloadRejected
-from shared.messages import DeviceTelemetry, EscalationCase, EscalationCounters, ModelInfo
-from shared.mqtt import MqttSettings
-from shared.topics import Channel, Topics
-from shared.wire import Verifier, WireMessage, encode
+from edgefleet.shared import mqtt as efmqtt
+from edgefleet.shared.errors import PayloadRejected
+from edgefleet.shared.messages import DeviceTelemetry, EscalationCase, EscalationCounters, ModelInfo
+from edgefleet.shared.mqtt import MqttSettings
+from edgefleet.shared.topics import Channel, Topics
+from edgefleet.shared.wire import Verifier, WireMessage, encode
 
 KEY = b"device-key-of-cam-01-32-bytes!!!"
 TOPICS = Topics()

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import uvicorn
 
-from fleet.app import create_app
-from fleet.models import ModelStore
-from fleet.registry import DeviceRegistry
-from fleet.rollout import RolloutController
-from shared.db import Database
-from shared.wire import WireMessage
+from edgefleet.fleet.app import create_app
+from edgefleet.fleet.models import ModelStore
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.fleet.rollout import RolloutController
+from edgefleet.shared.db import Database
+from edgefleet.shared.wire import WireMessage
 from tests.support.broker import MosquittoBroker, free_port, wait_for_port
 
 OPERATOR_KEY = "op-test-key-0123456789"
@@ -23,7 +23,7 @@ OPERATOR_KEY = "op-test-key-0123456789"
 def fleet_broker(registry: DeviceRegistry, folder: Path) -> MosquittoBroker:
     """A real Mosquitto run exactly as `fleet broker-files` configures it (dynamic-security
     plugin, per-device ACLs, bound client ids), on a free port of 127.0.0.1."""
-    from fleet.acl import BrokerListener, write_broker_files
+    from edgefleet.fleet.acl import BrokerListener, write_broker_files
 
     port = free_port()
     files = write_broker_files(registry, folder, BrokerListener(port, "127.0.0.1"))
@@ -131,7 +131,7 @@ def tiny_onnx(path: Path, scale: float = 2.0) -> Path:
 
 
 class OnnxControl:
-    """An `edge.control.AgentControl` that loads and warms models with ONNX Runtime.
+    """An `edgefleet.edge.control.AgentControl` that loads and warms models with ONNX Runtime.
 
     Used where a whole edge agent is not needed: the swap is real (a file that is not a
     working ONNX model fails warm-up and the old model stays), reports go to `publish`.
@@ -150,8 +150,8 @@ class OnnxControl:
         import numpy as np
         import onnxruntime as ort
 
-        from shared.errors import EdgefleetError
-        from shared.messages import ModelInfo, ModelRef
+        from edgefleet.shared.errors import EdgefleetError
+        from edgefleet.shared.messages import ModelInfo, ModelRef
 
         try:
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

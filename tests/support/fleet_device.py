@@ -4,7 +4,7 @@
 --state DIR` connects to the broker with the device's credentials, publishes a signed
 `online` status (last will: `offline`), subscribes to its retained `desired` topic,
 verifies each desired state's signature, applies it with the real
-`edge.updater.DesiredStateApplier` (ONNX Runtime loads and warms the models; the
+`edgefleet.edge.updater.DesiredStateApplier` (ONNX Runtime loads and warms the models; the
 "image" runs as a process through `ProcessRuntime`) and publishes each signed
 `reported` state, retained. It is the agent minus video: what a rollout touches.
 """
@@ -19,12 +19,19 @@ import sys
 import threading
 from pathlib import Path
 
-from edge.updater import DesiredStateApplier, ProcessRuntime
-from shared.errors import PayloadRejected
-from shared.messages import DesiredState, DeviceStatus
-from shared.mqtt import MqttSettings, connect, device_client_id, from_paho, make_client, publish
-from shared.topics import Topics
-from shared.wire import Verifier, encode
+from edgefleet.edge.updater import DesiredStateApplier, ProcessRuntime
+from edgefleet.shared.errors import PayloadRejected
+from edgefleet.shared.messages import DesiredState, DeviceStatus
+from edgefleet.shared.mqtt import (
+    MqttSettings,
+    connect,
+    device_client_id,
+    from_paho,
+    make_client,
+    publish,
+)
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import Verifier, encode
 from tests.support.fleet import OnnxControl
 
 log = logging.getLogger("fleet_device")

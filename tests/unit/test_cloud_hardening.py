@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud.replica import ReplicaIdentity
-from cloud.services import CloudServices
-from cloud.settings import CloudSettings
-from cloud.testing import escalation_case
-from shared.errors import Overloaded
-from shared.imaging import encode_png
-from shared.messages import CloudVerdict
+from edgefleet.cloud.replica import ReplicaIdentity
+from edgefleet.cloud.services import CloudServices
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.cloud.testing import escalation_case
+from edgefleet.shared.errors import Overloaded
+from edgefleet.shared.imaging import encode_png
+from edgefleet.shared.messages import CloudVerdict
 
 PNG = encode_png(np.full((8, 8, 3), 90, np.uint8))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloud.testing import escalation_case
-from cloud.tiles import fuse, main_line, read_tiles, tile_images
-from shared.messages import Detection, Tile
+from edgefleet.cloud.testing import escalation_case
+from edgefleet.cloud.tiles import fuse, main_line, read_tiles, tile_images
+from edgefleet.shared.messages import Detection, Tile
 
 
 def _tile(y: int, h: int = 20, w: int = 80) -> Tile:

@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud.auth import Authenticator, Principal, key_digest, sign_body
-from cloud.cache import Cached, CacheKey, VerdictCache
-from cloud.cascade import Cascade, ModelPool
-from cloud.directory import StaticDirectory
-from cloud.drift import ks_statistic
-from cloud.router import Route, Router, RouteSpec
-from cloud.settings import CloudSettings, OperatorKey
-from cloud.testing import escalation_case
-from shared.config import load_settings
-from shared.errors import AuthError, ConfigError, ModelNotFound
-from shared.messages import Detection, ModelInfo
+from edgefleet.cloud.auth import Authenticator, Principal, key_digest, sign_body
+from edgefleet.cloud.cache import Cached, CacheKey, VerdictCache
+from edgefleet.cloud.cascade import Cascade, ModelPool
+from edgefleet.cloud.directory import StaticDirectory
+from edgefleet.cloud.drift import ks_statistic
+from edgefleet.cloud.router import Route, Router, RouteSpec
+from edgefleet.cloud.settings import CloudSettings, OperatorKey
+from edgefleet.cloud.testing import escalation_case
+from edgefleet.shared.config import load_settings
+from edgefleet.shared.errors import AuthError, ConfigError, ModelNotFound
+from edgefleet.shared.messages import Detection, ModelInfo
 
 RULES = """
 default: {model: ppocr-heavy, timeout_s: 9}
@@ -237,7 +237,7 @@ def test_settings_from_yaml_with_line_numbers(tmp_path: Path) -> None:
 
 
 def test_the_example_config_and_rules_load() -> None:
-    import cloud
+    from edgefleet import cloud
 
     folder = Path(cloud.__file__).parent
     settings = load_settings(CloudSettings, folder / "cloud.example.yaml")
@@ -249,7 +249,7 @@ def test_the_example_config_and_rules_load() -> None:
 def test_unknown_errors_are_a_logged_500_with_the_json_body(tmp_path: Path, caplog) -> None:
     from fastapi.testclient import TestClient
 
-    from cloud.app import create_app
+    from edgefleet.cloud.app import create_app
 
     settings = CloudSettings(
         data_dir=tmp_path, ingest={"enabled": False}, models={"preload": False}
@@ -275,7 +275,7 @@ def test_unknown_errors_are_a_logged_500_with_the_json_body(tmp_path: Path, capl
 def test_a_store_outage_is_a_503_with_retry_after_and_readyz_says_why(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from cloud.app import create_app
+    from edgefleet.cloud.app import create_app
 
     key = "op-outage-key-" + "o" * 20
     settings = CloudSettings(
@@ -303,7 +303,7 @@ def test_a_store_outage_is_a_503_with_retry_after_and_readyz_says_why(tmp_path: 
 
 
 def test_openapi_documents_the_error_body_the_409_and_the_wait_202(tmp_path: Path) -> None:
-    from cloud.app import create_app
+    from edgefleet.cloud.app import create_app
 
     app = create_app(
         CloudSettings(data_dir=tmp_path, ingest={"enabled": False}, models={"preload": False})
@@ -330,7 +330,7 @@ def test_openapi_documents_the_error_body_the_409_and_the_wait_202(tmp_path: Pat
 def test_readyz_reports_a_rejected_rules_file_before_any_case_arrives(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from cloud.app import create_app
+    from edgefleet.cloud.app import create_app
 
     rules = tmp_path / "rules.yaml"
     rules.write_text("default: {model: rules}\n")

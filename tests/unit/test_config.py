@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.config import EdgefleetSettings, load_settings
-from shared.errors import ConfigError
+from edgefleet.shared.config import EdgefleetSettings, load_settings
+from edgefleet.shared.errors import ConfigError
 
 
 class Inner(BaseModel):

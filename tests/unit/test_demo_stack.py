@@ -18,7 +18,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from cloud.settings import CloudSettings
+from edgefleet.cloud.settings import CloudSettings
 from edgefleet.demo_stack import (
     Device,
     Interrupted,
@@ -32,9 +32,9 @@ from edgefleet.demo_stack import (
     wait_until,
     write_cloud_config,
 )
-from shared.config import load_settings
-from shared.errors import EdgefleetError
-from shared.mqtt import device_client_id
+from edgefleet.shared.config import load_settings
+from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.mqtt import device_client_id
 from tests.unit.test_docker_files import EDGE, assert_env_sets_real_settings
 
 

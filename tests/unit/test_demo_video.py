@@ -27,7 +27,7 @@ from edgefleet.demo_video import (
     render_video,
     truth_path,
 )
-from shared.errors import ConfigError
+from edgefleet.shared.errors import ConfigError
 
 SMALL = VideoSpec(width=320, height=180, fps=5, duration_s=2, seed=3)
 

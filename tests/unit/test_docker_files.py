@@ -27,10 +27,10 @@ from dockerfile_parse import DockerfileParser
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 
-from cloud.settings import CloudSettings
-from edge.settings import EdgeSettings
-from fleet.settings import FleetSettings
-from shared.config import load_settings
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.edge.settings import EdgeSettings
+from edgefleet.fleet.settings import FleetSettings
+from edgefleet.shared.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -664,9 +664,9 @@ def test_production_mosquitto_conf_runs_with_the_fleets_generated_files(tmp_path
     import os
     import signal
 
-    from fleet.acl import find_plugin, write_broker_files
-    from fleet.registry import DeviceRegistry
-    from shared.db import Database
+    from edgefleet.fleet.acl import find_plugin, write_broker_files
+    from edgefleet.fleet.registry import DeviceRegistry
+    from edgefleet.shared.db import Database
     from tests.support.broker import free_port, wait_for_port
 
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"

@@ -62,7 +62,7 @@ def test_env_var_names_are_the_ones_pydantic_settings_reads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a nested setting set only through the variable the reference names
-    from edge.settings import EdgeSettings
+    from edgefleet.edge.settings import EdgeSettings
 
     env = {
         f.key: f.env
@@ -84,14 +84,14 @@ def test_env_var_names_are_the_ones_pydantic_settings_reads(
 @pytest.mark.parametrize(
     ("import_path", "key", "value", "read"),
     [
-        ("cloud.settings:CloudSettings", "http.port", "9123", lambda s: s.http.port),
+        ("edgefleet.cloud.settings:CloudSettings", "http.port", "9123", lambda s: s.http.port),
         (
-            "cloud.settings:CloudSettings",
+            "edgefleet.cloud.settings:CloudSettings",
             "ingest.share_group",
             "g2",
             lambda s: s.ingest.share_group,
         ),
-        ("fleet.settings:FleetSettings", "broker_port", "8883", lambda s: s.broker_port),
+        ("edgefleet.fleet.settings:FleetSettings", "broker_port", "8883", lambda s: s.broker_port),
     ],
 )
 def test_cloud_and_fleet_variables_are_read_as_documented(
@@ -134,9 +134,9 @@ def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
 
 
 SETTINGS_BY_FILE = {
-    "edge.yaml": "edge.settings:EdgeSettings",
-    "cloud.yaml": "cloud.settings:CloudSettings",
-    "fleet.yaml": "fleet.settings:FleetSettings",
+    "edge.yaml": "edgefleet.edge.settings:EdgeSettings",
+    "cloud.yaml": "edgefleet.cloud.settings:CloudSettings",
+    "fleet.yaml": "edgefleet.fleet.settings:FleetSettings",
 }
 YAML_BLOCK = re.compile(r"```yaml\n# (edge|cloud|fleet)\.yaml\n(.*?)```", re.DOTALL)
 
@@ -149,8 +149,8 @@ def test_settings_examples_in_the_docs_are_valid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # given every ```yaml block in the docs that starts with `# edge.yaml` (cloud, fleet)
-    from shared.config import load_settings
-    from shared.errors import ConfigError
+    from edgefleet.shared.config import load_settings
+    from edgefleet.shared.errors import ConfigError
 
     for name in list(os.environ):
         if name.upper().startswith(("EDGEFLEET_", "HTTP__", "MQTT__", "DATABASE_URL")):
@@ -175,7 +175,7 @@ def test_settings_examples_in_the_docs_are_valid(
 
 
 def test_contracts_page_covers_every_message_and_field() -> None:
-    from shared.messages import MESSAGE_TYPES
+    from edgefleet.shared.messages import MESSAGE_TYPES
 
     text = (ROOT / "docs" / "contracts.md").read_text()
     for schema_id, model in MESSAGE_TYPES.items():
@@ -224,8 +224,8 @@ def test_command_help_is_complete_with_an_example(path: list[str]) -> None:
 
 def test_contracts_page_lists_every_rest_endpoint(tmp_path: Path) -> None:
     # given the orchestrator's real routes (no broker, models loaded lazily)
-    from cloud.app import create_app
-    from cloud.settings import CloudSettings
+    from edgefleet.cloud.app import create_app
+    from edgefleet.cloud.settings import CloudSettings
 
     settings = CloudSettings(
         data_dir=tmp_path, ingest={"enabled": False}, models={"preload": False}

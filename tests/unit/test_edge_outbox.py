@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.outbox import Outbox
-from shared.errors import ConfigError, EdgefleetError
+from edgefleet.edge.outbox import Outbox
+from edgefleet.shared.errors import ConfigError, EdgefleetError
 
 
 def _put(box: Outbox, kind: str, n: int, size: int = 100) -> list[int]:
@@ -166,7 +166,7 @@ def test_outbox_and_store_files_are_private(tmp_path: Path) -> None:
     import os
     import stat
 
-    from shared.db import Database
+    from edgefleet.shared.db import Database
 
     def mode(path: Path) -> int:
         return stat.S_IMODE(path.stat().st_mode)

@@ -10,13 +10,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edge.pipeline import Pipeline, Work
-from edge.policy import Escalation, EscalationPolicy
-from edge.settings import PipelineSettings, PolicySettings, SourceSettings
-from edge.sources import OpenCvSource
-from edge.sources.capture import Capture
-from edge.telemetry import WindowStats
-from shared.messages import Detection, ModelInfo
+from edgefleet.edge.pipeline import Pipeline, Work
+from edgefleet.edge.policy import Escalation, EscalationPolicy
+from edgefleet.edge.settings import PipelineSettings, PolicySettings, SourceSettings
+from edgefleet.edge.sources import OpenCvSource
+from edgefleet.edge.sources.capture import Capture
+from edgefleet.edge.telemetry import WindowStats
+from edgefleet.shared.messages import Detection, ModelInfo
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:

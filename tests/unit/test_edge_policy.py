@@ -5,9 +5,9 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from edge.policy import EscalationPolicy, TokenBucket, dhash, hamming
-from edge.settings import PolicySettings
-from shared.messages import Detection
+from edgefleet.edge.policy import EscalationPolicy, TokenBucket, dhash, hamming
+from edgefleet.edge.settings import PolicySettings
+from edgefleet.shared.messages import Detection
 
 
 class FakeClock:

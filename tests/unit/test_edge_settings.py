@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from edge.settings import EdgeSettings
-from shared.config import load_settings
-from shared.errors import ConfigError
+from edgefleet.edge.settings import EdgeSettings
+from edgefleet.shared.config import load_settings
+from edgefleet.shared.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,11 +12,11 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.settings import SourceSettings
-from edge.sources import OpenCvSource, VideoSource, guess_kind
-from edge.sources.capture import Backoff, Capture, valid_frame
-from edge.sources.opencv import has_gstreamer, open_params
-from shared.errors import SourceDisconnected
+from edgefleet.edge.settings import SourceSettings
+from edgefleet.edge.sources import OpenCvSource, VideoSource, guess_kind
+from edgefleet.edge.sources.capture import Backoff, Capture, valid_frame
+from edgefleet.edge.sources.opencv import has_gstreamer, open_params
+from edgefleet.shared.errors import SourceDisconnected
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge.telemetry import NoGpu, WindowStats, gpu_probe, latency_of, parse_tegrastats
+from edgefleet.edge.telemetry import NoGpu, WindowStats, gpu_probe, latency_of, parse_tegrastats
 
 # Lines in the format tegrastats prints on each board (JetPack 6 / L4T 36 prefixes a date).
 ORIN_NANO = (
@@ -82,7 +82,7 @@ def test_cpu_host_reports_no_gpu() -> None:
 
 @pytest.mark.gpu
 def test_nvml_probe_reads_the_gpu() -> None:
-    from edge.telemetry import NvmlProbe
+    from edgefleet.edge.telemetry import NvmlProbe
 
     probe = gpu_probe()
     assert isinstance(probe, NvmlProbe)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from edge.budget import EscalationBudget
-from edge.policy import EscalationPolicy
-from edge.settings import BudgetSettings, PolicySettings, TrackSettings
-from edge.tracks import Tracker, similarity
-from edge.verdicts import VerdictBook
-from shared.messages import CloudVerdict, Detection
+from edgefleet.edge.budget import EscalationBudget
+from edgefleet.edge.policy import EscalationPolicy
+from edgefleet.edge.settings import BudgetSettings, PolicySettings, TrackSettings
+from edgefleet.edge.tracks import Tracker, similarity
+from edgefleet.edge.verdicts import VerdictBook
+from edgefleet.shared.messages import CloudVerdict, Detection
 
 
 class FakeClock:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from edge.verdicts import MatchedVerdict, VerdictBook, result_key
-from shared.messages import CloudVerdict, Detection
+from edgefleet.edge.verdicts import MatchedVerdict, VerdictBook, result_key
+from edgefleet.shared.messages import CloudVerdict, Detection
 
 
 def _verdict(case_id: str, *texts: str) -> CloudVerdict:

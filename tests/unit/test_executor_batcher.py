@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from shared.errors import InferenceTimeout, Overloaded
-from shared.executor.batcher import BatcherClosed, DynamicBatcher
-from shared.executor.settings import BatcherSettings
+from edgefleet.shared.errors import InferenceTimeout, Overloaded
+from edgefleet.shared.executor.batcher import BatcherClosed, DynamicBatcher
+from edgefleet.shared.executor.settings import BatcherSettings
 
 
 def wait_until(predicate, timeout_s: float = 20.0) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.errors import MemoryBudgetExceeded, Overloaded
-from shared.executor.memory import (
+from edgefleet.shared.errors import MemoryBudgetExceeded, Overloaded
+from edgefleet.shared.executor.memory import (
     Footprint,
     HostProbe,
     JetsonProbe,
@@ -16,7 +16,7 @@ from shared.executor.memory import (
     MemorySnapshot,
     parse_meminfo,
 )
-from shared.executor.settings import MemorySettings
+from edgefleet.shared.executor.settings import MemorySettings
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -113,7 +113,7 @@ def test_host_probe_reads_this_machine():
 
 @pytest.mark.gpu
 def test_nvml_probe_reads_the_gpu():
-    from shared.executor.memory import NvmlProbe
+    from edgefleet.shared.executor.memory import NvmlProbe
 
     snap = NvmlProbe(0).snapshot()
     assert snap.device == "cuda:0" and snap.total > 0 and 0 <= snap.used <= snap.total
@@ -123,7 +123,7 @@ def test_nvml_probe_reads_the_gpu():
 
 
 def test_load_model_is_refused_before_loading_when_it_does_not_fit():
-    from shared.models import load_model
+    from edgefleet.shared.models import load_model
 
     # given a device with 100 MiB and nothing used: PP-OCR needs far more at batch 8
     budget = MemoryBudget(FixedProbe(100 * MiB, 0), cache_s=0)
@@ -134,8 +134,8 @@ def test_load_model_is_refused_before_loading_when_it_does_not_fit():
 
 
 def test_a_tight_budget_caps_the_batch_of_a_loaded_model():
-    from shared.executor.settings import BatcherSettings, ExecutionSettings
-    from shared.models import load_model
+    from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+    from edgefleet.shared.models import load_model
 
     probe = FixedProbe(64 * GiB, 0)
     budget = MemoryBudget(probe, cache_s=0)

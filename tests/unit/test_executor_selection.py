@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from shared.executor.registry import BACKENDS, create_executor, probe_backends
-from shared.executor.selection import TRAITS, NoBackendAvailable, explain, select_backend
-from shared.executor.settings import DEFAULT_BACKENDS, ExecutionSettings
+from edgefleet.shared.executor.registry import BACKENDS, create_executor, probe_backends
+from edgefleet.shared.executor.selection import TRAITS, NoBackendAvailable, explain, select_backend
+from edgefleet.shared.executor.settings import DEFAULT_BACKENDS, ExecutionSettings
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,10 @@ def test_registry_names_match_traits_and_probe_covers_all():
 
 def test_registry_is_lazy_tensorrt_and_torch_not_imported():
     code = (
-        "import sys; import shared.executor, shared.models; "
-        "from shared.executor.registry import probe_backends; probe_backends(); "
+        "import sys; import edgefleet.shared.executor, edgefleet.shared.models; "
+        "from edgefleet.shared.executor.registry import probe_backends; probe_backends(); "
         "print('tensorrt' in sys.modules, 'torch' in sys.modules, "
-        "'shared.executor.tensorrt_backend' in sys.modules)"
+        "'edgefleet.shared.executor.tensorrt_backend' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False", "False"]
@@ -97,7 +97,7 @@ def test_create_executor_runs_a_tiny_onnx_graph():
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    from shared.executor.base import ModelBlob
+    from edgefleet.shared.executor.base import ModelBlob
 
     graph = helper.make_graph(
         [helper.make_node("Mul", ["x", "two"], ["y"])],
@@ -118,7 +118,7 @@ def test_create_executor_runs_a_tiny_onnx_graph():
     assert caps.dynamic_shapes and caps.max_batch_size is None
     assert executor.inputs[0].name == "x" and executor.inputs[0].shape == (None, 3)
     # what the runtime refuses (wrong input name, wrong shape) is one typed error
-    from shared.executor.base import InferenceFailed
+    from edgefleet.shared.executor.base import InferenceFailed
 
     with pytest.raises(InferenceFailed, match=r"double: .*missing from input feed"):
         executor.infer({"wrong": np.ones((2, 3), np.float32)})
@@ -135,7 +135,7 @@ def test_create_executor_runs_a_tiny_onnx_graph():
 def test_cuda_provider_runs_on_a_gpu():
     from onnx import TensorProto, helper
 
-    from shared.executor.base import ModelBlob
+    from edgefleet.shared.executor.base import ModelBlob
 
     probe_backends.cache_clear()
     assert probe_backends()["onnxruntime-cuda"] is None, probe_backends()["onnxruntime-cuda"]
@@ -171,7 +171,7 @@ def test_onnxruntime_session_options_come_from_the_settings(config, level):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from shared.executor.base import ModelBlob
+    from edgefleet.shared.executor.base import ModelBlob
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],

@@ -8,10 +8,10 @@ import cv2
 import numpy as np
 import pytest
 
-from shared.errors import ConfigError
-from shared.executor.base import TensorSpec
-from shared.executor.settings import ExecutionSettings
-from shared.executor.tensorrt_plan import (
+from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.executor.base import TensorSpec
+from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.executor.tensorrt_plan import (
     EngineKey,
     ProfileShape,
     calibration_batches,
@@ -133,9 +133,9 @@ def test_build_engine_caches_and_runs(tmp_path: Path):
     import onnx
     from onnx import TensorProto, helper
 
-    from shared.executor.base import ModelBlob
-    from shared.executor.tensorrt_backend import TensorRTExecutor, build_or_load_engine
-    from shared.models.registry import sha256_bytes
+    from edgefleet.shared.executor.base import ModelBlob
+    from edgefleet.shared.executor.tensorrt_backend import TensorRTExecutor, build_or_load_engine
+    from edgefleet.shared.models.registry import sha256_bytes
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from shared.executor.settings import BatcherSettings, ExecutionSettings
-from shared.models import ModelRegistry, load_model
+from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+from edgefleet.shared.models import ModelRegistry, load_model
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -83,7 +83,7 @@ def test_torch_pickle_checkpoint_is_refused_by_the_loader(tmp_path):
     buffer = io.BytesIO()
     torch.save(Colour(), buffer)
     registry = registry_for(tmp_path, "colour.pt", buffer.getvalue())
-    from shared.errors import ModelIntegrityError
+    from edgefleet.shared.errors import ModelIntegrityError
 
     with pytest.raises(ModelIntegrityError) as err:
         load_model("colour", registry=registry)
@@ -104,8 +104,8 @@ def test_torchscript_on_cuda_in_fp16(tmp_path):
 
 
 def test_a_tensor_the_program_refuses_is_a_typed_error():
-    from shared.executor.base import InferenceFailed, ModelBlob
-    from shared.executor.registry import create_executor
+    from edgefleet.shared.executor.base import InferenceFailed, ModelBlob
+    from edgefleet.shared.executor.registry import create_executor
 
     executor = create_executor("torch-cpu", ExecutionSettings())
     executor.load(ModelBlob("colour", torchscript_bytes(), "0" * 64, "torchscript"))

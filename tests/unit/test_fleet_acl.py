@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.acl import (
+from edgefleet.fleet.acl import (
     BrokerListener,
     emqx_users,
     render_dynsec,
@@ -21,10 +21,10 @@ from fleet.acl import (
     write_emqx_files,
     write_private,
 )
-from fleet.credentials import mosquitto_hash, parse_mosquitto_hash
-from fleet.registry import DeviceRegistry
-from shared.db import Database
-from shared.errors import ConfigError
+from edgefleet.fleet.credentials import mosquitto_hash, parse_mosquitto_hash
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.shared.db import Database
+from edgefleet.shared.errors import ConfigError
 
 
 def _acls(state: dict, role: str) -> list[tuple[str, str]]:

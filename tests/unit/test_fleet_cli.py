@@ -182,7 +182,7 @@ def test_status_table_is_coloured_by_health() -> None:
 
     from rich.console import Console
 
-    from fleet.cli import status_table
+    from edgefleet.fleet.cli import status_table
 
     devices = [
         {"device_id": "cam-up", "group": "dock", "online": True, "deployment_id": "dep-1",
@@ -212,8 +212,8 @@ def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
     import sys
     import threading
 
-    from fleet.registry import DeviceRegistry
-    from shared.db import Database
+    from edgefleet.fleet.registry import DeviceRegistry
+    from edgefleet.shared.db import Database
     from tests.support.fleet import wait_until
 
     db_url = f"sqlite:///{tmp_path}/cloud.db"

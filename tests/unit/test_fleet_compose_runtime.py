@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edge.updater import ComposeRuntime, UpdateFailed
+from edgefleet.edge.updater import ComposeRuntime, UpdateFailed
 
 
 def fake_docker(tmp_path: Path, fail_on: str | None = None) -> tuple[Path, Path]:
@@ -63,9 +63,9 @@ def test_missing_docker_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_the_agent_settings_choose_the_runtime(tmp_path: Path) -> None:
-    from edge.settings import EdgeSettings
-    from edge.updater import NullRuntime, runtime_from_settings
-    from shared.config import load_settings
+    from edgefleet.edge.settings import EdgeSettings
+    from edgefleet.edge.updater import NullRuntime, runtime_from_settings
+    from edgefleet.shared.config import load_settings
 
     # given: an edge.yaml that hands image changes to docker compose
     config = tmp_path / "edge.yaml"

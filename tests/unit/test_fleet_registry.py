@@ -8,12 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from fleet.credentials import KeySealer, mosquitto_hash, verify_mosquitto_hash
-from fleet.registry import DeviceRegistry
-from fleet.rollout import RolloutController
-from shared.db import Database
-from shared.errors import ConfigError, Conflict, InvalidInput, NotFound
-from shared.messages import DeviceStatus, DeviceTelemetry, EscalationCounters, ReportedState
+from edgefleet.fleet.credentials import KeySealer, mosquitto_hash, verify_mosquitto_hash
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.fleet.rollout import RolloutController
+from edgefleet.shared.db import Database
+from edgefleet.shared.errors import ConfigError, Conflict, InvalidInput, NotFound
+from edgefleet.shared.messages import (
+    DeviceStatus,
+    DeviceTelemetry,
+    EscalationCounters,
+    ReportedState,
+)
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet.registry import DeviceRegistry
-from fleet.rollout import RolloutController
-from shared.db import Database
-from shared.errors import Conflict, InvalidInput, NotFound
-from shared.messages import (
+from edgefleet.fleet.registry import DeviceRegistry
+from edgefleet.fleet.rollout import RolloutController
+from edgefleet.shared.db import Database
+from edgefleet.shared.errors import Conflict, InvalidInput, NotFound
+from edgefleet.shared.messages import (
     DesiredState,
     DeviceTelemetry,
     EscalationCounters,
@@ -19,7 +19,7 @@ from shared.messages import (
     ReportedState,
     StreamTelemetry,
 )
-from shared.wire import Verifier, WireMessage
+from edgefleet.shared.wire import Verifier, WireMessage
 
 GOOD = "a" * 64
 BAD_MODEL = "b" * 64

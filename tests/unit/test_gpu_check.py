@@ -14,8 +14,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from bench import gpu_check, gpu_steps
-from bench.gpu_check import (
+from edgefleet.bench import gpu_check, gpu_steps
+from edgefleet.bench.gpu_check import (
     PLAN,
     REPORT_SCHEMA,
     TOTAL_CAP_S,
@@ -32,8 +32,8 @@ from bench.gpu_check import (
     select_steps,
     write_report,
 )
-from bench.gpu_paths import INT8_MAX_DROP, int8_gate
-from bench.gpu_steps import junit_counts, marker_test_files
+from edgefleet.bench.gpu_paths import INT8_MAX_DROP, int8_gate
+from edgefleet.bench.gpu_steps import junit_counts, marker_test_files
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSUMED_GPU = GpuInfo(True, "assumed by the test: the runner's path with a GPU")
@@ -186,7 +186,7 @@ def test_make_gpu_check_is_wired_to_the_script():
         timeout=60,
     )
     assert dry.returncode == 0, dry.stderr
-    assert "-m bench.gpu_check --dry-run" in dry.stdout
+    assert "-m edgefleet.bench.gpu_check --dry-run" in dry.stdout
     assert "--system-site-packages" in dry.stdout  # preinstalled GPU wheels stay visible
     assert "apt-get" not in dry.stdout
 
@@ -307,7 +307,7 @@ def test_junit_counts_of_a_real_pytest_run(tmp_path):
 def test_edgefleet_bench_gpu_check_runs_the_same_script():
     from typer.testing import CliRunner
 
-    from bench.cli import app
+    from edgefleet.bench.cli import app
 
     result = CliRunner().invoke(app, ["gpu-check", "--dry-run", "--steps", "nvml"])
     assert result.exit_code == 0, result.output

@@ -6,8 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from shared.errors import InvalidInput
-from shared.imaging import (
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging import (
     bgr_to_rgb,
     i420_to_rgb,
     nv12_to_rgb,

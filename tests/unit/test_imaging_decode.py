@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 from prometheus_client import REGISTRY
 
-from shared.errors import (
+from edgefleet.shared.errors import (
     EdgefleetError,
     ImageRejected,
     InvalidInput,
@@ -27,7 +27,7 @@ from shared.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from shared.imaging import (
+from edgefleet.shared.imaging import (
     ImageLimits,
     decode_file,
     decode_image,
@@ -257,7 +257,7 @@ def test_zero_height_jpeg_frame_is_rejected():
 )
 def test_jpeg_with_corrupt_exif_still_decodes(payload, caplog):
     clean = encode_jpeg(gradient())
-    with caplog.at_level(logging.WARNING, logger="shared.imaging.decode"):
+    with caplog.at_level(logging.WARNING, logger="edgefleet.shared.imaging.decode"):
         decoded = decode_image(jpeg_with_app1(clean, payload))
     assert np.array_equal(decoded, decode_image(clean))  # EXIF ignored, pixels intact
     if len(payload) > 6:

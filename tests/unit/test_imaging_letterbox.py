@@ -6,8 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from shared.errors import InvalidInput
-from shared.imaging import LetterboxTransform, letterbox, preprocess_reference, to_tensor
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging import LetterboxTransform, letterbox, preprocess_reference, to_tensor
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

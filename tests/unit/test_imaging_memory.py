@@ -18,8 +18,8 @@ import psutil
 import pytest
 from PIL import Image
 
-from shared.errors import EdgefleetError, PayloadTooLarge
-from shared.imaging import ImageLimits, decode_file, decode_image, encode_jpeg, image_size
+from edgefleet.shared.errors import EdgefleetError, PayloadTooLarge
+from edgefleet.shared.imaging import ImageLimits, decode_file, decode_image, encode_jpeg, image_size
 
 MB = 1 << 20
 SIDE = 8000  # 8000x8000 gray: a 64 MB file that decodes to 192 MB of RGB

@@ -13,9 +13,9 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from shared.model_cli import app as model_app
-from shared.model_cli import infer
-from shared.models import ModelRegistry
+from edgefleet.shared.model_cli import app as model_app
+from edgefleet.shared.model_cli import infer
+from edgefleet.shared.models import ModelRegistry
 
 cli = typer.Typer()
 cli.command("infer")(infer)
@@ -134,7 +134,7 @@ def test_model_verify_and_list(tmp_path):
 
 
 def test_build_engine_without_tensorrt_says_so():
-    from shared.executor.tensorrt_backend import tensorrt_available
+    from edgefleet.shared.executor.tensorrt_backend import tensorrt_available
 
     if tensorrt_available():
         pytest.skip("TensorRT is installed here")

@@ -17,8 +17,8 @@ import prometheus_client
 import pytest
 import yaml
 
-from cloud.settings import CloudSettings
-from shared.config import load_settings
+from edgefleet.cloud.settings import CloudSettings
+from edgefleet.shared.config import load_settings
 from tests.unit.test_docker_files import (
     IMAGES,
     assert_env_sets_real_settings,
@@ -151,7 +151,7 @@ def test_autoscaling_follows_queue_depth_exported_by_the_cloud() -> None:
     assert [m["type"] for m in metrics] == ["Pods"]  # not CPU
     metric = metrics[0]["pods"]["metric"]["name"]
     # the cloud really exports this gauge on /metrics
-    importlib.import_module("cloud.processor")
+    importlib.import_module("edgefleet.cloud.processor")
     exported = {m.name for m in prometheus_client.REGISTRY.collect()}
     assert metric in exported
     # and the adapter rule turns that series into the metric the HPA asks for

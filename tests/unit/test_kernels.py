@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-import shared.kernels as kernels
-from shared.errors import InvalidInput
-from shared.imaging.letterbox import LetterboxTransform
-from shared.kernels import _native, native, reference
+import edgefleet.shared.kernels as kernels
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.kernels import _native, native, reference
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -258,9 +258,9 @@ def test_extension_checks_lengths_itself():
     ("h", "w", "size"), [(1080, 1920, (640, 640)), (2, 2, (3, 9)), (98, 36, (64, 96))]
 )
 def test_both_references_agree_and_native_matches_imaging_reference(h, w, size):
-    # shared.imaging.tensor.preprocess_reference is the project-wide definition; ours
+    # edgefleet.shared.imaging.tensor.preprocess_reference is the project-wide definition; ours
     # (the 'reference' backend) must equal it, and the native kernel stays within one level.
-    from shared.imaging.tensor import preprocess_reference
+    from edgefleet.shared.imaging.tensor import preprocess_reference
 
     f = frame("nv12", h, w, seed=11)
     want, t_img = preprocess_reference(f, size, MEAN, STD, 114)
@@ -339,8 +339,8 @@ def test_no_read_past_the_end_of_the_frame(fmt, h, w):
 
 @pytest.mark.parametrize("fmt", ["nv12", "i420", "bgr", "rgb"])
 def test_crop_resize_matches_reference_per_slot(fmt):
-    from shared.kernels import checks
-    from shared.kernels.crops import crop_windows
+    from edgefleet.shared.kernels import checks
+    from edgefleet.shared.kernels.crops import crop_windows
 
     f = frame(fmt, 120, 200, seed=9)
     boxes = np.array(

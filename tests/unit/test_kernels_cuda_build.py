@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from shared.kernels import cuda_backend, reference
+from edgefleet.shared.kernels import cuda_backend, reference
 
 CU_FILES = sorted(cuda_backend.CUDA_DIR.glob("*.cu"))
 ARCHS = ["sm_87", "sm_90"]
@@ -88,7 +88,7 @@ STD = (0.229, 0.224, 0.225)
 @pytest.fixture
 def cuda_active():
     pytest.importorskip("pycuda", reason="the CUDA backend needs pycuda")
-    import shared.kernels as kernels
+    import edgefleet.shared.kernels as kernels
 
     assert kernels.use_backend("cuda") == "cuda"
     yield kernels

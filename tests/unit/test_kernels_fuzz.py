@@ -14,9 +14,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import shared.kernels as kernels
-from shared.errors import InvalidInput
-from shared.kernels import native, reference
+import edgefleet.shared.kernels as kernels
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.kernels import native, reference
 
 FUZZ = settings(
     max_examples=1500,

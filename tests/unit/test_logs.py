@@ -4,7 +4,7 @@ import json
 import logging
 import sys
 
-from shared.logs import (
+from edgefleet.shared.logs import (
     JsonFormatter,
     PlainFormatter,
     redact_url,

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from shared.messages import (
+from edgefleet.shared.messages import (
     MESSAGE_TYPES,
     CloudVerdict,
     Detection,

@@ -9,13 +9,13 @@ import cv2
 import numpy as np
 import pytest
 
-from shared.errors import InvalidInput
-from shared.executor.settings import BatcherSettings, ExecutionSettings
-from shared.models import load_model
-from shared.models.decoders.angle import angle_flips
-from shared.models.decoders.ctc import ctc_greedy, ppocr_charset
-from shared.models.decoders.db import DBParams, db_boxes, order_quad
-from shared.models.ocr import crop_quad, pad_quad
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+from edgefleet.shared.models import load_model
+from edgefleet.shared.models.decoders.angle import angle_flips
+from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
+from edgefleet.shared.models.decoders.db import DBParams, db_boxes, order_quad
+from edgefleet.shared.models.ocr import crop_quad, pad_quad
 
 CHARSET = ppocr_charset(list("ABC"))  # ["", "A", "B", "C", " "]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
-from shared.models import ModelRegistry, load_model
-from shared.models.registry import package_dir
+from edgefleet.shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
+from edgefleet.shared.models import ModelRegistry, load_model
+from edgefleet.shared.models.registry import package_dir
 
 
 def sha(data: bytes) -> str:
@@ -135,7 +135,7 @@ def test_a_malicious_pickle_is_refused_and_never_executed(tmp_path: Path, name: 
 
 def test_torch_weights_only_refuses_a_malicious_pickle(tmp_path: Path):
     torch = pytest.importorskip("torch")
-    from shared.executor.torch_backend import load_weights
+    from edgefleet.shared.executor.torch_backend import load_weights
 
     marker = tmp_path / "pwned"
     import io
@@ -203,7 +203,7 @@ def test_user_manifest_merges_over_the_default(tmp_path: Path):
 
 
 def test_a_pinned_but_corrupt_onnx_is_a_typed_load_error(tmp_path: Path):
-    from shared.executor.base import ModelLoadError
+    from edgefleet.shared.executor.base import ModelLoadError
 
     data = b"\x08\x07" + b"\xff" * 64  # passes the hash and the sniff, not a graph
     (tmp_path / "m.onnx").write_bytes(data)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from shared.errors import InvalidInput
-from shared.executor.settings import BatcherSettings, ExecutionSettings
-from shared.models import ModelRegistry, load_model
-from shared.models.decoders.classification import top_k
-from shared.models.decoders.yolo import decode_yolo, detect_layout
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+from edgefleet.shared.models import ModelRegistry, load_model
+from edgefleet.shared.models.decoders.classification import top_k
+from edgefleet.shared.models.decoders.yolo import decode_yolo, detect_layout
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
@@ -177,7 +177,7 @@ def test_top_k_keeps_probabilities_and_checks_labels():
 
 
 def test_yolo_pre_processing_matches_the_reference_path(tmp_path):
-    from shared.models.preprocess import stack_canvases
+    from edgefleet.shared.models.preprocess import stack_canvases
 
     registry = registry_with(
         tmp_path,
@@ -203,7 +203,7 @@ def test_yolo_pre_processing_matches_the_reference_path(tmp_path):
 def test_a_closed_model_refuses_with_a_typed_retryable_error(tmp_path):
     import asyncio
 
-    from shared.models.base import ModelClosed
+    from edgefleet.shared.models.base import ModelClosed
 
     registry = registry_with(
         tmp_path,
@@ -244,7 +244,7 @@ def test_load_warms_up_records_load_and_warmup_times_and_logs_the_backend_choice
     # been timed loading and has run its warm-up inference, and the start log names the
     # chosen backend and why every other lost
     with (
-        caplog.at_level("INFO", logger="shared"),
+        caplog.at_level("INFO", logger="edgefleet.shared"),
         load_model("tiny-warm", settings=SETTINGS, registry=registry),
     ):
         assert count("edgefleet_model_load_seconds", "tiny-warm") == 1

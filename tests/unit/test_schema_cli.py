@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared.messages import DeviceStatus
+from edgefleet.shared.messages import DeviceStatus
 
 
 def edgefleet(*args: str) -> subprocess.CompletedProcess[str]:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.errors import PayloadRejected
-from shared.topics import Channel, Topics
+from edgefleet.shared.errors import PayloadRejected
+from edgefleet.shared.topics import Channel, Topics
 
 
 def test_builders_and_parse_agree():

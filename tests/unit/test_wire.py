@@ -9,16 +9,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.errors import PayloadRejected
-from shared.messages import (
+from edgefleet.shared.errors import PayloadRejected
+from edgefleet.shared.messages import (
     DeviceStatus,
     DeviceTelemetry,
     EscalationCase,
     EscalationCounters,
     ModelInfo,
 )
-from shared.topics import Topics
-from shared.wire import (
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import (
     META_PROP,
     REJECTED,
     SCHEMA_PROP,
@@ -184,8 +184,8 @@ def test_oversize_payload_and_meta_are_rejected():
 
 
 def test_a_case_too_large_for_one_user_property_is_trimmed_to_its_least_sure_lines():
-    from shared.messages import Detection
-    from shared.wire import MAX_META_BYTES, fit_meta
+    from edgefleet.shared.messages import Detection
+    from edgefleet.shared.wire import MAX_META_BYTES, fit_meta
 
     lines = [
         Detection(label=f"line {i:03d} " + "x" * 120, score=0.5 + (i % 50) / 100, box=(0, 0, 9, 9))

@@ -37,8 +37,8 @@ def detect_layout(output: np.ndarray, num_classes: int | None) -> str:
 
 
 def _kernel_nms():
-    """The project's NMS kernel (`shared.kernels.nms`) when it is built, else None."""
-    for module_name in ("shared.kernels.nms", "shared.kernels", "shared.kernels.native"):
+    """The project's NMS kernel (`edgefleet.shared.kernels.nms`) when it is built, else None."""
+    for module_name in ("edgefleet.shared.kernels.nms", "edgefleet.shared.kernels", "edgefleet.shared.kernels.native"):
         try:
             module = importlib.import_module(module_name)
         except ImportError:
