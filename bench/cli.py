@@ -32,6 +32,10 @@ BENCHMARKS = {
         "edgefleet.bench.bench_fleet_load",
         "N enrolled devices against R cloud replicas: stored/s, CPU, latency, loss, RSS",
     ),
+    "cascade": (
+        "edgefleet.bench.bench_cascade",
+        "edge-only vs cloud-only vs the cascade at 4 budgets",
+    ),
     "gpu-check": ("edgefleet.bench.gpu_check", "every GPU path run and measured, each step capped"),
 }
 

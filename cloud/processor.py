@@ -32,7 +32,7 @@ from edgefleet.cloud.store import ClaimState, FeedbackStore
 from edgefleet.shared.db import StoreUnavailable
 from edgefleet.shared.errors import EdgefleetError, Overloaded
 from edgefleet.shared.logs import trace_id_var
-from edgefleet.shared.messages import CaseId, CloudVerdict, EscalationCase, Sha256
+from edgefleet.shared.messages import CaseId, CloudStatus, CloudVerdict, EscalationCase, Sha256
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ CASE_SECONDS = Histogram(
 )
 
 Publisher = Callable[[CloudVerdict], None]
+StatusPublisher = Callable[[CloudStatus], None]
 Decoder = Callable[[bytes], np.ndarray]
 
 
@@ -111,6 +112,11 @@ class CaseProcessor:
         self._waiting: collections.Counter[str] = collections.Counter()
         self._served = 0
         self._stopping = threading.Event()
+        self._service_s = 0.0
+        self.publish_status: StatusPublisher | None = None
+        self.status_every_s = 2.0
+        self._status_sent: dict[str, float] = {}
+        self._worker_count = max(1, workers)
         self._workers = [
             threading.Thread(target=self._loop, name=f"case-worker-{i}", daemon=True)
             for i in range(workers)
@@ -123,6 +129,18 @@ class CaseProcessor:
     @property
     def depth(self) -> int:
         return self._queue.qsize()
+
+    def _observe_service(self, seconds: float) -> None:
+        """Moving average of how long one case takes a worker."""
+        with self._fair_lock:
+            self._service_s = 0.8 * self._service_s + 0.2 * seconds
+
+    def expected_wait_s(self) -> float:
+        """How long a case queued now waits for its verdict: the queue ahead of it, served
+        by every worker, plus its own service time."""
+        with self._fair_lock:
+            service = self._service_s
+        return (self.depth / self._worker_count + 1) * service
 
     def submit(
         self,
@@ -294,9 +312,13 @@ class CaseProcessor:
                 return _LATER
             return None  # its owner stores and publishes the verdict
         self.store.mark_attempt(case.case_id)
+        started = time.monotonic()
         outcome = self.cascade.run(job.route, case, rgb, job.image_sha256)
+        self._observe_service(time.monotonic() - started)
         elapsed = time.monotonic() - job.enqueued
+        v1 = case.schema_id == "ef.escalation/1"  # an old device: answer in its version
         verdict = CloudVerdict(
+            schema_id="ef.verdict/1" if v1 else "ef.verdict/2",
             device_id=case.device_id,
             trace_id=case.trace_id,
             case_id=case.case_id,
@@ -306,6 +328,9 @@ class CaseProcessor:
             fallback_level=outcome.fallback_level,
             latency_ms=round(elapsed * 1000, 3),
             cached=outcome.cached,
+            track_id=None if v1 else case.track_id,
+            queue_depth=None if v1 else self.depth,
+            expected_wait_s=None if v1 else round(self.expected_wait_s(), 3),
         )
         self.store.save_verdict(verdict, replica=self.replica)
         CASE_SECONDS.observe(elapsed)
@@ -336,6 +361,29 @@ class CaseProcessor:
             self.publish(verdict)
         except Exception:  # the verdict is stored; a publish failure is logged, not fatal
             log.exception("publishing the verdict of %s failed", verdict.case_id)
+        if verdict.schema_id != "ef.verdict/1":  # only devices that speak /2 get a status
+            self._publish_status(verdict.device_id)
+
+    def _publish_status(self, device_id: str) -> None:
+        """Refresh the device's retained lag status, at most every `status_every_s`."""
+        now = time.monotonic()
+        with self._fair_lock:
+            if self.publish_status is None or (
+                now - self._status_sent.get(device_id, -1e9) < self.status_every_s
+            ):
+                return
+            self._status_sent[device_id] = now
+            if len(self._status_sent) > 10_000:
+                self._status_sent = {device_id: now}
+        status = CloudStatus(
+            device_id=device_id,
+            queue_depth=self.depth,
+            expected_wait_s=round(self.expected_wait_s(), 3),
+        )
+        try:
+            self.publish_status(status)
+        except Exception:  # a status is advice; failing to send it is logged, not fatal
+            log.exception("publishing the cloud status for %s failed", device_id)
 
     def wait_verdict(
         self, case_id: CaseId, timeout_s: float, poll_s: float = 0.05

@@ -6,14 +6,14 @@ match wins, else the default route. The file is re-read when its mtime/size chan
 logged and counted, and the previous rules stay in force.
 
 ```yaml
-default: {model: ppocr-heavy, timeout_s: 20, priority: 0}
+default: {model: ppocr6-cloud, timeout_s: 20, priority: 0}
 rules:
   - name: tiny-crops-by-rules
     when: {size_max: 2048}
     route: {model: rules, priority: 1}
   - name: unsure-gate-cams
     when: {device: "gate-*", reason: [unsure, disagreement], edge_score_max: 0.6}
-    route: {model: ppocr-heavy, timeout_s: 10, priority: 5}
+    route: {model: ppocr6-cloud, timeout_s: 10, priority: 5}
 ```
 """
 

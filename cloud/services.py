@@ -175,6 +175,7 @@ class CloudServices:
                 session_expiry_s=settings.ingest.session_expiry_s,
             )
             processor.publish = services.ingest.publish_verdict
+            processor.publish_status = services.ingest.publish_status
         if registry is not None:
             from edgefleet.fleet.service import ModelStore, RolloutController
 

@@ -99,10 +99,12 @@ class QueueSettings(Closed):
 
 
 class ModelsSettings(Closed):
-    primary: str = Field("ppocr-heavy", description="cloud model for escalations by default")
-    lighter: str = Field("ppocr", description="first fallback when the primary fails or times out")
+    primary: str = Field("ppocr6-cloud", description="cloud model for escalations by default")
+    lighter: str = Field(
+        "ppocr6-tiny", description="first fallback when the primary fails or times out"
+    )
     served: list[str] = Field(
-        default_factory=lambda: ["ppocr-heavy", "ppocr"],
+        default_factory=lambda: ["ppocr6-cloud", "ppocr6-tiny"],
         description="models POST /v1/infer/{model} may use",
     )
     preload: bool = Field(True, description="load and warm models at start (readyz waits)")

@@ -27,11 +27,13 @@ from edgefleet.edge.settings import EdgeSettings, SourceSettings
 from edgefleet.edge.sources import VideoSource, make_source
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.telemetry import GpuProbe, WindowStats, gpu_probe, host_usage
+from edgefleet.edge.tracks import TrackReport, report
 from edgefleet.edge.updater import DesiredStateApplier, runtime_from_settings
 from edgefleet.edge.uplink import Uplink
 from edgefleet.edge.verdicts import MatchedVerdict, VerdictBook
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.messages import (
+    CloudStatus,
     CloudVerdict,
     DesiredState,
     Detection,
@@ -57,6 +59,7 @@ META_TRIMMED = Counter(
 )
 
 ResultCallback = Callable[[str, int, list[Detection]], None]
+TrackCallback = Callable[[str, int, list[TrackReport]], None]
 
 
 class Agent:
@@ -79,9 +82,10 @@ class Agent:
         self._stopped = False
         self._started_at = time.monotonic()
         self.stats = WindowStats()
-        self.verdicts = VerdictBook()
         self.policy = EscalationPolicy(settings.policy)
-        self.on_result: list[ResultCallback] = []
+        self.verdicts = VerdictBook(tracker=self.policy.tracker, budget=self.policy.budget)
+        self.on_result: list[ResultCallback] = []  # each frame's own reads
+        self.on_tracks: list[TrackCallback] = []  # each frame's live tracks (cloud-corrected)
         self.on_escalation: list[Callable[[EscalationCase], None]] = []
         self.escalations_created = 0
         self.outbox: Outbox | None = None
@@ -217,21 +221,39 @@ class Agent:
         assert self._model is not None
         return self._model
 
-    def _sink(self, work: Work, escalation: Escalation | None) -> None:
+    def _sink(self, work: Work, escalations: list[Escalation]) -> None:
         frame = work.frame
         for callback in self.on_result:
             callback(frame.stream_id, frame.index, work.detections)
-        if escalation is None or self.outbox is None:
-            return
+        if self.on_tracks:
+            reports = [report(t) for t in self.policy.tracker.live(frame.stream_id)]
+            for track_callback in self.on_tracks:
+                track_callback(frame.stream_id, frame.index, reports)
+        if self.outbox is not None:
+            for escalation in escalations:
+                self._queue_case(work, escalation)
+        if escalations and self.uplink is not None:
+            self.uplink.wake()
+
+    def _queue_case(self, work: Work, escalation: Escalation) -> None:
+        assert self.outbox is not None
+        frame = work.frame
+        edge_result = (
+            list(escalation.edge_result)
+            if escalation.edge_result is not None
+            else work.detections[:1000]
+        )
         case = EscalationCase(
             device_id=self.settings.device_id,
             stream_id=frame.stream_id,
             frame_index=frame.index,
             reason=escalation.reason,
-            edge_result=work.detections[:1000],
+            edge_result=edge_result,
             model=work.model or self.current_model().info,
             content_type="image/jpeg",
             crop=escalation.crop,
+            track_id=escalation.track_id,
+            tiles=list(escalation.tiles),
         )
         fitted, meta = fit_meta(case)
         if len(fitted.edge_result) < len(case.edge_result):
@@ -247,12 +269,14 @@ class Agent:
         if self.outbox.put("escalation", topic, meta, escalation.jpeg):
             self.escalations_created += 1
             self.verdicts.expect(
-                case.case_id, frame.stream_id, case.edge_result, frame_index=frame.index
+                case.case_id,
+                frame.stream_id,
+                case.edge_result,
+                frame_index=frame.index,
+                score=escalation.score,
             )
-            for on_escalation in self.on_escalation:
-                on_escalation(case)
-        if self.uplink is not None:
-            self.uplink.wake()
+            for callback in self.on_escalation:
+                callback(case)
 
     # --- incoming: verdicts and desired state ------------------------------------------
 
@@ -260,6 +284,8 @@ class Agent:
         message = verified.message
         if channel is Channel.RESULTS and isinstance(message, CloudVerdict):
             self.verdicts.receive(message)
+        elif channel is Channel.RESULTS and isinstance(message, CloudStatus):
+            self.policy.budget.cloud_wait(message.expected_wait_s)
         elif channel is Channel.DESIRED and isinstance(message, DesiredState):
             assert self._desired_pool is not None  # made in start(), before the uplink
             self._desired_pool.submit(self._apply_desired, message)
@@ -293,6 +319,9 @@ class Agent:
                 if m.edge_result is None
                 else [d.model_dump(mode="json") for d in m.edge_result],
                 "agrees": m.agrees,
+                "track_id": m.track_id,
+                "track_result": m.track_result,
+                "track_known": m.track_known,
             }
             for m in list(self.verdicts.recent)
         ]
@@ -458,6 +487,13 @@ class Agent:
             "escalations_created": self.escalations_created,
             "suppressed": dict(self.policy.suppressed),
             "agreement_rate": self.verdicts.agreement_rate,
+            "agreement_by_score_bucket": self.policy.budget.agreement(),
+            "budget": {
+                "spent": self.policy.budget.spent,
+                "skipped_agreeing_buckets": self.policy.budget.skipped,
+                "over_budget": self.policy.budget.over,
+            },
+            "verdicts_for_unknown_tracks": self.verdicts.unknown_tracks,
         }
 
     def readiness(self) -> tuple[bool, list[str]]:

@@ -54,7 +54,7 @@ class Work:
     error: str | None = None
 
 
-Sink = Callable[[Work, Escalation | None], None]
+Sink = Callable[[Work, list[Escalation]], None]
 
 
 class Pipeline:
@@ -201,8 +201,9 @@ class Pipeline:
 
     def _post_one(self, work: Work) -> None:
         start = time.perf_counter()
-        escalation = self.policy.decide(
+        escalations = self.policy.decide_all(
             work.frame.stream_id,
+            work.frame.index,
             work.frame.image,
             work.detections,
             expect_result=work.expect_result,
@@ -210,7 +211,7 @@ class Pipeline:
         )
         mid = time.perf_counter()
         STAGE.labels("policy").observe(mid - start)
-        self._sink(work, escalation)
+        self._sink(work, escalations)
         end = time.perf_counter()
         STAGE.labels("uplink").observe(end - mid)
         latency = time.monotonic() - work.frame.captured

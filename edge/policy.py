@@ -1,9 +1,17 @@
-"""Escalation policy: which frames become cases, how often, and what image goes with them.
+"""Escalation policy: which frames and text tracks become cases, and what image goes.
 
-A frame is a candidate when the model was unsure (a score inside the band), found nothing
-where something is expected, failed, or was picked by the drift sample. Candidates then
-pass de-duplication (a 64-bit dHash within a time window: a parked car is sent once) and a
-per-stream token bucket (a flood of hard frames cannot saturate the uplink).
+`escalate: tracks` (the default): text seen across frames is one track (edge/tracks.py);
+a track is escalated at most once: from its `ready_frames`-th frame on, as soon as its
+voted confidence is under the budget's threshold and the budget has credit
+(edge/budget.py), as one case carrying its best crops tiled into one image. Its reason
+is `disagreement` when its own frames read it differently, else `unsure`. Frames are
+still escalated when the model failed, found nothing where something is expected, or
+were picked by the drift sample.
+`escalate: frames`: every frame with a score inside the unsure band, as before.
+
+Every candidate then passes de-duplication (a 64-bit dHash within a time window: a parked
+car is sent once) and a per-stream token bucket (a flood of hard frames cannot saturate
+the uplink): the hard ceiling under any budget.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ import cv2
 import numpy as np
 from prometheus_client import Counter
 
+from edgefleet.edge.budget import EscalationBudget
 from edgefleet.edge.settings import PolicySettings
-from edgefleet.shared.messages import Detection, EscalationReason
+from edgefleet.edge.tracks import Track, Tracker
+from edgefleet.shared.messages import Detection, EscalationReason, Tile
 
 CANDIDATES = Counter("ef_edge_escalation_candidates_total", "Frames that qualified", ["reason"])
 SUPPRESSED = Counter(
@@ -60,11 +70,39 @@ def hamming(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Escalation:
-    """A decision to send: why, the image bytes and the crop they show (None = frame)."""
+    """A decision to send: why, the image bytes and the crop they show (None = frame);
+    for a track, its id, its crops as tiles of the image, its voted reading and score."""
 
     reason: EscalationReason
     jpeg: bytes
     crop: tuple[int, int, int, int] | None
+    track_id: str | None = None
+    tiles: tuple[Tile, ...] = ()
+    edge_result: tuple[Detection, ...] | None = None
+    score: float | None = None
+
+
+def tile_crops(
+    crops: list[np.ndarray], max_side: int
+) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+    """Stack crops into one image, top to bottom, left-aligned on mid-grey; each crop's
+    (x, y, w, h) in it. Scaled down together when the strip would exceed `max_side`."""
+    extent = max(max(c.shape[1] for c in crops), sum(c.shape[0] for c in crops))
+    scale = min(1.0, max_side / extent)
+    sized = [
+        cv2.resize(c, (max(1, round(c.shape[1] * scale)), max(1, round(c.shape[0] * scale))))
+        if scale < 1.0
+        else c
+        for c in crops
+    ]
+    width = max(c.shape[1] for c in sized)
+    strip = np.full((sum(c.shape[0] for c in sized), width, 3), 128, np.uint8)
+    rects, y = [], 0
+    for c in sized:
+        strip[y : y + c.shape[0], : c.shape[1]] = c
+        rects.append((0, y, c.shape[1], c.shape[0]))
+        y += c.shape[0]
+    return strip, rects
 
 
 class EscalationPolicy:
@@ -78,6 +116,8 @@ class EscalationPolicy:
         self._recent: dict[str, deque[tuple[float, int]]] = {}
         self._lock = threading.Lock()
         self.suppressed: dict[str, int] = {"rate": 0, "duplicate": 0}
+        self.tracker = Tracker(settings.tracks)
+        self.budget = EscalationBudget(settings.budget, clock=clock)
 
     def reason(
         self, detections: list[Detection], *, expect_result: bool, failed: bool
@@ -86,7 +126,8 @@ class EscalationPolicy:
         s = self.settings
         if failed:
             return "error" if s.escalate_errors else None
-        if any(s.unsure_low <= d.score < s.unsure_high for d in detections):
+        band = s.escalate == "frames"
+        if band and any(s.unsure_low <= d.score < s.unsure_high for d in detections):
             return "unsure"
         if expect_result and s.escalate_empty and not detections:
             return "empty"
@@ -121,6 +162,64 @@ class EscalationPolicy:
         self.suppressed[why] += 1
         SUPPRESSED.labels(stream_id, why).inc()
 
+    def decide_all(
+        self,
+        stream_id: str,
+        frame_index: int,
+        image: np.ndarray,
+        detections: list[Detection],
+        *,
+        expect_result: bool = False,
+        failed: bool = False,
+    ) -> list[Escalation]:
+        """Every case this frame (BGR image) gives: its own, and its tracks' (tracks mode)."""
+        own = self.decide(stream_id, image, detections, expect_result=expect_result, failed=failed)
+        out = [own] if own is not None else []
+        if self.settings.escalate == "tracks":
+            tracks = self.tracker.update(stream_id, frame_index, image, detections)
+            out += self.escalations_for(stream_id, tracks)
+        return out
+
+    def escalations_for(self, stream_id: str, tracks: list[Track]) -> list[Escalation]:
+        """One frame's tracks (from `tracker.update`): the cases they give."""
+        self.budget.frame(stream_id)
+        out, seen = [], set()
+        for track in tracks:
+            if track.track_id in seen:
+                continue
+            seen.add(track.track_id)
+            escalation = self.consider_track(stream_id, track)
+            if escalation is not None:
+                out.append(escalation)
+        return out
+
+    def consider_track(self, stream_id: str, track: Track) -> Escalation | None:
+        """From `ready_frames` frames on, until it is sent: a case for the track, if the
+        budget picks it and the rate limit and de-duplication let it through."""
+        ready = self.settings.tracks.ready_frames
+        if track.escalated or track.frames < ready:
+            return None
+        text, score = track.reading()
+        reason: EscalationReason = "disagreement" if track.agreement() < 0.6 else "unsure"
+        if not self.budget.consider(stream_id, score, first=track.frames == ready):
+            return None
+        CANDIDATES.labels(reason).inc()
+        crops = sorted(track.crops, key=lambda c: -c.rank)
+        strip, rects = tile_crops([c.image for c in crops], self.settings.max_image_side)
+        if not self.admit(stream_id, strip):
+            self.budget.refund(stream_id)
+            return None
+        track.escalated = True
+        tiles = tuple(
+            Tile(x=x, y=y, w=w, h=h, frame_index=c.frame_index, crop=c.box)
+            for (x, y, w, h), c in zip(rects, crops, strict=True)
+        )
+        x1, y1, x2, y2 = (round(v, 1) for v in track.box)
+        reading = Detection(text=text, score=min(1.0, max(0.0, score)), box=(x1, y1, x2, y2))
+        return Escalation(
+            reason, self.encode(strip, None), None, track.track_id, tiles, (reading,), score
+        )
+
     def decide(
         self,
         stream_id: str,
@@ -130,7 +229,7 @@ class EscalationPolicy:
         expect_result: bool = False,
         failed: bool = False,
     ) -> Escalation | None:
-        """The escalation for this frame (BGR image), or None."""
+        """The frame's own escalation (BGR image), or None."""
         reason = self.reason(detections, expect_result=expect_result, failed=failed)
         if reason is None:
             return None

@@ -60,7 +60,9 @@ class SourceSettings(_Closed):
 
 
 class ModelSettings(_Closed):
-    name: str = Field("ppocr", min_length=1, description="model (pack) name in the registry")
+    name: str = Field(
+        "ppocr6-tiny", min_length=1, description="model (pack) name in the registry"
+    )
     execution: ExecutionSettings | None = Field(
         None,
         description="executor settings; none = one session thread per core share, a "
@@ -68,8 +70,68 @@ class ModelSettings(_Closed):
     )
 
 
+class TrackSettings(_Closed):
+    """How text seen in consecutive frames is joined into tracks."""
+
+    min_iou: float = Field(
+        0.3, gt=0, le=1, description="a box overlapping a track this much joins it"
+    )
+    min_similarity: float = Field(
+        0.6, ge=0, le=1, description="or, overlapping at all, when it reads at least this alike"
+    )
+    max_gap: int = Field(5, ge=0, description="a track unseen for more frames than this ends")
+    ready_frames: int = Field(
+        3, ge=1, description="frames a track is read on before it may be escalated"
+    )
+    max_reads: int = Field(50, ge=1, description="recent reads a track votes over")
+    max_crops: int = Field(3, ge=1, le=8, description="best crops (sharpest x largest) kept")
+    crop_margin: float = Field(
+        0.3, ge=0, le=2, description="crop margin around a line, share of the line's height"
+    )
+    keep_ended: int = Field(
+        2000, ge=1, description="ended tracks remembered, so that late verdicts still land"
+    )
+
+
+class BudgetSettings(_Closed):
+    """How many cases the edge may send: a share of frames and/or a rate per stream."""
+
+    share: float = Field(
+        0.1, ge=0, le=1, description="cases per frame of a stream (0.1: at most 10% of frames)"
+    )
+    per_min: float = Field(0.0, ge=0, description="plus this many cases per minute per stream")
+    burst: int = Field(3, ge=1, description="credit saved up per stream, in cases")
+    window_frames: int = Field(
+        600, ge=10, description="recent frames and track scores the threshold is chosen over"
+    )
+    fps_hint: float = Field(
+        10.0, gt=0, description="frames per second, to turn per_min into a share"
+    )
+    max_score: float = Field(
+        0.97, ge=0, le=1, description="tracks surer than this are never escalated"
+    )
+    buckets: int = Field(10, ge=1, le=100, description="score buckets for edge/cloud agreement")
+    agree_streak: int = Field(
+        8, ge=1, description="a bucket whose last this many verdicts all agreed is skipped"
+    )
+    explore_every: int = Field(
+        10, ge=1, description="one in this many candidates of a skipped bucket goes anyway"
+    )
+    max_wait_s: float = Field(
+        5.0, gt=0, description="while the cloud reports a longer wait, the budget shrinks"
+    )
+
+
 class PolicySettings(_Closed):
     """When a frame becomes an escalation case, and what is sent."""
+
+    escalate: Literal["tracks", "frames"] = Field(
+        "tracks",
+        description="tracks: one case per unsure text track, within the budget (the unsure "
+        "band is unused); frames: every frame with a score in the unsure band",
+    )
+    tracks: TrackSettings = Field(default_factory=TrackSettings, description="text tracks")
+    budget: BudgetSettings = Field(default_factory=BudgetSettings, description="case budget")
 
     unsure_low: float = Field(0.3, ge=0, le=1, description="lower edge of the unsure band")
     unsure_high: float = Field(0.7, ge=0, le=1, description="upper edge of the unsure band")

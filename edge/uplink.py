@@ -344,4 +344,4 @@ def _schema_of(body: bytes) -> str:
 def _channel_of(message: Message) -> Channel:
     from edgefleet.shared.topics import CHANNEL_SCHEMA
 
-    return next(ch for ch, schema in CHANNEL_SCHEMA.items() if schema == message.schema_id)
+    return next(ch for ch, ids in CHANNEL_SCHEMA.items() if message.schema_id in ids)

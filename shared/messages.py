@@ -7,6 +7,7 @@ One source for both sides: the edge builds these, the cloud validates them, and
 from __future__ import annotations
 
 import secrets
+import typing
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     StringConstraints,
+    model_validator,
 )
 
 DEVICE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -27,6 +29,7 @@ TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 CaseId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{8,64}$")]
 StreamId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+TrackId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
 def _require_utc(value: datetime) -> datetime:
@@ -169,10 +172,28 @@ EscalationReason = Literal["unsure", "empty", "sampled", "error", "disagreement"
 ImageContentType = Literal["image/jpeg", "image/png"]
 
 
-class EscalationCase(Message):
-    """Metadata of a hard case; the image travels beside it as raw bytes."""
+class Tile(Contract):
+    """One crop of a track, laid out in the case's image (a vertical strip of tiles)."""
 
-    schema_id: Literal["ef.escalation/1"] = Field(default="ef.escalation/1", alias="schema")
+    x: int = Field(ge=0, description="left of the tile in the case image, pixels")
+    y: int = Field(ge=0, description="top of the tile in the case image, pixels")
+    w: int = Field(ge=1, description="tile width, pixels")
+    h: int = Field(ge=1, description="tile height, pixels")
+    frame_index: int = Field(ge=0, description="the frame the crop was taken from")
+    crop: tuple[int, int, int, int] = Field(description="x1, y1, x2, y2 of the crop in its frame")
+
+
+class EscalationCase(Message):
+    """Metadata of a hard case; the image travels beside it as raw bytes.
+
+    `ef.escalation/2` (the edge's default) may name the text track the case is about and
+    carry its best crops as `tiles` of the one image; `ef.escalation/1` cases (one frame
+    or crop, no track) are still accepted and answered as before.
+    """
+
+    schema_id: Literal["ef.escalation/2", "ef.escalation/1"] = Field(
+        default="ef.escalation/2", alias="schema"
+    )
     trace_id: TraceId = Field(default_factory=new_trace_id)
     case_id: CaseId = Field(default_factory=new_case_id)
     stream_id: StreamId
@@ -184,10 +205,28 @@ class EscalationCase(Message):
     crop: tuple[int, int, int, int] | None = Field(
         default=None, description="x1, y1, x2, y2 of the crop in the frame; null for a frame"
     )
+    track_id: TrackId | None = Field(
+        default=None, description="v2: the text track this case is about; its verdict applies to it"
+    )
+    tiles: list[Tile] = Field(
+        default_factory=list,
+        max_length=8,
+        description="v2: the track's crops inside the image; empty = the image is one picture",
+    )
+
+    @model_validator(mode="after")
+    def _version(self) -> EscalationCase:
+        if self.schema_id == "ef.escalation/1" and (self.track_id or self.tiles):
+            raise ValueError("track_id and tiles need schema ef.escalation/2")
+        return self
 
 
 class CloudVerdict(Message):
-    schema_id: Literal["ef.verdict/1"] = Field(default="ef.verdict/1", alias="schema")
+    """The cloud's answer to one case; `/2` adds the track it applies to and the cloud's lag."""
+
+    schema_id: Literal["ef.verdict/2", "ef.verdict/1"] = Field(
+        default="ef.verdict/2", alias="schema"
+    )
     trace_id: TraceId
     case_id: CaseId
     result: list[Detection]
@@ -196,6 +235,31 @@ class CloudVerdict(Message):
     fallback_level: int = Field(ge=0, le=3, description="0 primary, 1 lighter, 2 rules, 3 busy")
     latency_ms: float = Field(ge=0)
     cached: bool = False
+    track_id: TrackId | None = Field(
+        default=None, description="v2: the case's text track; the verdict is its result"
+    )
+    queue_depth: int | None = Field(
+        default=None, ge=0, description="v2: cases waiting at the cloud when this one was answered"
+    )
+    expected_wait_s: float | None = Field(
+        default=None, ge=0, description="v2: how long a case sent now would wait for its verdict"
+    )
+
+    @model_validator(mode="after")
+    def _version(self) -> CloudVerdict:
+        v2_only = (self.track_id, self.queue_depth, self.expected_wait_s)
+        if self.schema_id == "ef.verdict/1" and any(v is not None for v in v2_only):
+            raise ValueError("track_id, queue_depth and expected_wait_s need ef.verdict/2")
+        return self
+
+
+class CloudStatus(Message):
+    """How far behind the cloud is, retained on a device's results topic (refreshed as it
+    answers), so a device that connects or waits knows before its next verdict."""
+
+    schema_id: Literal["ef.cloud-status/1"] = Field(default="ef.cloud-status/1", alias="schema")
+    queue_depth: int = Field(ge=0, description="cases waiting for a worker")
+    expected_wait_s: float = Field(ge=0, description="how long a case sent now would wait")
 
 
 # A model name or version is one path component on both sides (the cloud's store, the
@@ -242,17 +306,24 @@ class Feedback(Message):
     author: str | None = Field(default=None, max_length=128)
 
 
+def _schema_ids(model: type[Message]) -> tuple[str, ...]:
+    """Every schema id a model accepts (the current one first, older ones still read)."""
+    return typing.get_args(model.model_fields["schema_id"].annotation)
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    model.model_fields["schema_id"].default: model
+    schema_id: model
     for model in (
         DeviceStatus,
         DeviceTelemetry,
         EscalationCase,
         CloudVerdict,
+        CloudStatus,
         DesiredState,
         ReportedState,
         Feedback,
     )
+    for schema_id in _schema_ids(model)
 }
 
 

@@ -22,14 +22,15 @@ class Channel(str, Enum):
     REPORTED = "reported"
 
 
-# Which schema may appear on which channel: a message on the wrong channel is rejected.
-CHANNEL_SCHEMA = {
-    Channel.STATUS: "ef.status/1",
-    Channel.TELEMETRY: "ef.telemetry/1",
-    Channel.ESCALATIONS: "ef.escalation/1",
-    Channel.RESULTS: "ef.verdict/1",
-    Channel.DESIRED: "ef.desired/1",
-    Channel.REPORTED: "ef.reported/1",
+# Which schemas may appear on which channel (current first, older still accepted): a
+# message on the wrong channel is rejected.
+CHANNEL_SCHEMA: dict[Channel, tuple[str, ...]] = {
+    Channel.STATUS: ("ef.status/1",),
+    Channel.TELEMETRY: ("ef.telemetry/1",),
+    Channel.ESCALATIONS: ("ef.escalation/2", "ef.escalation/1"),
+    Channel.RESULTS: ("ef.verdict/2", "ef.verdict/1", "ef.cloud-status/1"),
+    Channel.DESIRED: ("ef.desired/1",),
+    Channel.REPORTED: ("ef.reported/1",),
 }
 
 

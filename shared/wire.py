@@ -175,7 +175,7 @@ class Verifier:
             )
         schema_id = wire.prop(SCHEMA_PROP)
         model = MESSAGE_TYPES.get(schema_id or "")
-        if model is None or CHANNEL_SCHEMA.get(channel) != schema_id:
+        if model is None or schema_id not in CHANNEL_SCHEMA.get(channel, ()):
             raise PayloadRejected("schema", f"schema {schema_id!r} not accepted on {channel.value}")
         sig = wire.prop(SIG_PROP)
         if not sig:

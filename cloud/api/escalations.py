@@ -71,7 +71,7 @@ async def post_escalation(
     principal: Annotated[Principal, Depends(require_device_or_operator)],
     image: Annotated[UploadFile, File(description="the crop or frame, JPEG or PNG")],
     metadata: Annotated[
-        str, Form(description="EscalationCase JSON (schema ef.escalation/1), without the image")
+        str, Form(description="EscalationCase JSON (ef.escalation/2 or /1), without the image")
     ],
     wait: Annotated[
         float | None, Query(ge=0, le=300, description="seconds to wait for the verdict")

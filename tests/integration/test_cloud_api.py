@@ -35,7 +35,7 @@ OP_KEY = "op-test-key-" + "x" * 20
 TEXT = "EF-2048"
 
 RULES_V1 = """
-default: {model: ppocr-heavy, timeout_s: 60}
+default: {model: ppocr6-cloud, timeout_s: 60}
 rules:
   - name: cheap-stream
     when: {stream: "cheap*"}
@@ -90,7 +90,7 @@ def env(broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         "api_keys": [{"name": "ops", "sha256": key_digest(OP_KEY)}],
         "rules": {"file": str(rules), "poll_s": 0.1},
         "http": {"max_upload_bytes": 1_000_000},
-        "models": {"timeout_s": 60},
+        "models": {"timeout_s": 60, "lighter": "ppocr", "served": ["ppocr6-cloud", "ppocr"]},
         "execution": {"batching": {"max_delay_ms": 2}},
     }
     config_path = tmp / "cloud.yaml"
@@ -163,7 +163,7 @@ def test_readyz_names_each_model_broker_and_store(env: Env) -> None:
     body = httpx.get(f"{env.url}/readyz", timeout=10).json()
     assert body["ready"] is True
     names = {m["name"]: m for m in body["models"]}
-    assert set(names) == {"ppocr-heavy", "ppocr"}
+    assert set(names) == {"ppocr6-cloud", "ppocr"}
     for model in names.values():
         assert model["warmed"] and len(model["sha256"]) == 64
         assert model["backend"].startswith("onnxruntime") and model["memory_bytes"] > 0
@@ -191,7 +191,7 @@ def test_rest_escalation_gives_verdict_and_results_message(env: Env) -> None:
     assert response.status_code == 200, response.text
     verdict = CloudVerdict.model_validate_json(response.text)
     assert [d.text for d in verdict.result] == [TEXT]
-    assert verdict.fallback_level == 0 and verdict.model == "ppocr-heavy@4.0"
+    assert verdict.fallback_level == 0 and verdict.model == "ppocr6-cloud@6.0"
     assert verdict.trace_id == trace and verdict.route == "default"
     # and the device got the same verdict, signed, on its results topic
     assert _next_verdict(env, case.case_id).result == verdict.result

@@ -74,6 +74,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Clou
         api_keys=[{"name": "ops", "sha256": key_digest(OP_KEY)}],
         rules={"file": rules},
         queue={"workers": 1, "max_pending": 2, "retry_after_s": 2},
+        models={"primary": "ppocr-heavy", "lighter": "ppocr", "served": ["ppocr-heavy", "ppocr"]},
     )
     hanging = HangingModel()
 

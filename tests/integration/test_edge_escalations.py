@@ -48,22 +48,30 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
     agent = Agent(build_settings(edge_settings(tmp_path, broker, str(video))))
     verdicts = []
     agent.add_verdict_callback(verdicts.append)
+    tracked: list = []
+    agent.on_tracks.append(lambda stream, index, reports: tracked.append((index, reports)))
     agent.start()
     try:
         # when the video has played
-        wait_for(lambda: len(collector.cases) >= len(TEXTS), 120, "all escalations")
+        wait_for(
+            lambda: sum(c.track_id is None for c, _ in collector.cases.values()) >= len(TEXTS),
+            120,
+            "all escalations",
+        )
         wait_for(lambda: collector.telemetry, 30, "telemetry")
 
         # then every frame arrived once as a verified case, with its image and metadata
         assert collector.rejected == []
-        cases = sorted(collector.cases.values(), key=lambda c: c[0].frame_index)
+        # (beside them, unsure text tracks may have been sent as track cases)
+        frames = [c for c in collector.cases.values() if c[0].track_id is None]
+        cases = sorted(frames, key=lambda c: c[0].frame_index)
         assert [c.frame_index for c, _ in cases] == list(range(len(TEXTS)))
         read_right = 0
         for case, image in cases:
             assert isinstance(case, EscalationCase)
             assert case.device_id == DEVICE and case.stream_id == "gate"
             assert case.reason == "sampled" and case.content_type == "image/jpeg"
-            assert case.model.name == "ppocr" and case.model.sha256
+            assert case.model.name == "ppocr6-tiny" and case.model.sha256
             decoded = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
             assert decoded.shape == (240, 320, 3)
             expected = text_frame(TEXTS[case.frame_index])
@@ -71,11 +79,14 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
             texts = [d.text for d in case.edge_result]
             read_right += texts == [TEXTS[case.frame_index]]
         assert read_right >= len(TEXTS) * 0.75  # the real OCR read most frames exactly
+        # and downstream, each frame reported its live tracks (the edge's vote so far)
+        assert sorted(index for index, _ in tracked) == list(range(len(TEXTS)))
+        assert all(r.source == "edge" and r.track_id for _, reports in tracked for r in reports)
 
         # telemetry and status follow the contract
         tel = collector.telemetry[-1]
         assert tel.streams[0].stream_id == "gate"
-        assert tel.model is not None and tel.model.name == "ppocr"
+        assert tel.model is not None and tel.model.name == "ppocr6-tiny"
         assert tel.gpu is None  # a CPU host
         seqs = [t.seq for t in collector.telemetry]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
@@ -119,6 +130,15 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
         assert local["agrees"] is True and local["frame_index"] == case.frame_index
         assert local["verdict"]["case_id"] == case.case_id and local["stream_id"] == "gate"
         assert health["agreement_rate"] == 1.0
+
+        # when a verdict names a track this agent does not know (ended long ago, or from
+        # before a restart), then it is recorded, not an error
+        stray = verdict.model_copy(update={"case_id": "case-stray-1", "track_id": "gate-x-1"})
+        collector.send(stray, Topics().results(DEVICE))
+        wait_for(lambda: len(verdicts) >= 2, 20, "second verdict callback")
+        assert verdicts[1].track_known is False and agent.verdicts.unknown_tracks == 1
+        status, body = _get(port, "/verdicts")
+        assert json.loads(body)["verdicts"][-1]["track_known"] is False
     finally:
         agent.stop()
     # graceful stop: `offline` is published and is what a newcomer gets, retained

@@ -241,7 +241,7 @@ def test_the_example_config_and_rules_load() -> None:
 
     folder = Path(cloud.__file__).parent
     settings = load_settings(CloudSettings, folder / "cloud.example.yaml")
-    assert settings.models.primary == "ppocr-heavy" and settings.api_keys[0].name == "ops"
+    assert settings.models.primary == "ppocr6-cloud" and settings.api_keys[0].name == "ops"
     router = Router(RouteSpec(model="ppocr-heavy"), path=folder / "rules.example.yaml")
     assert router.route(escalation_case("gate-2", edge=[("A", 0.5)]), 5000).name == "gate-unsure"
 

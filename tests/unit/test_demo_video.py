@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
+from edgefleet.bench.scene_text import container_check_digit
 from edgefleet.bench.scoring import best_match_accuracy, char_accuracy, edit_distance
 from edgefleet.demo_report import (
     DeviceScore,
@@ -21,7 +22,6 @@ from edgefleet.demo_stack import Device
 from edgefleet.demo_video import (
     GroundTruth,
     VideoSpec,
-    container_check_digit,
     render_video,
     truth_path,
 )

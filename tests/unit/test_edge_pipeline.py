@@ -52,7 +52,7 @@ def test_the_pipeline_is_not_idle_while_the_last_frame_is_post_processed(tmp_pat
     entered, release = threading.Event(), threading.Event()
     sunk: list[int] = []
 
-    def sink(work: Work, escalation: Escalation | None) -> None:
+    def sink(work: Work, escalations: list[Escalation]) -> None:
         entered.set()
         release.wait(30)
         sunk.append(work.frame.index)

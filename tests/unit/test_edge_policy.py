@@ -34,8 +34,10 @@ def _policy(clock: FakeClock | None = None, **kw) -> EscalationPolicy:
 
 
 def test_reasons() -> None:
-    p = _policy(unsure_low=0.3, unsure_high=0.7)
+    p = _policy(escalate="frames", unsure_low=0.3, unsure_high=0.7)
     assert p.reason([_det(0.5)], expect_result=False, failed=False) == "unsure"
+    # in tracks mode the band is unused: the budget picks unsure tracks instead
+    assert _policy().reason([_det(0.5)], expect_result=False, failed=False) is None
     assert p.reason([_det(0.95)], expect_result=False, failed=False) is None
     assert p.reason([_det(0.1)], expect_result=False, failed=False) is None
     assert p.reason([], expect_result=True, failed=False) == "empty"
@@ -96,11 +98,11 @@ def test_near_identical_frames_are_sent_once_per_window() -> None:
 def test_decide_frame_and_crop_with_jpeg_quality() -> None:
     frame = _frame(3, (240, 320))
     dets = [_det(0.5, (100.0, 50.0, 140.0, 70.0)), _det(0.9, (150.0, 60.0, 200.0, 90.0))]
-    whole = _policy(attach="frame", jpeg_quality=90).decide("s", frame, dets)
+    whole = _policy(escalate="frames", attach="frame", jpeg_quality=90).decide("s", frame, dets)
     assert whole is not None and whole.reason == "unsure" and whole.crop is None
     img = cv2.imdecode(np.frombuffer(whole.jpeg, np.uint8), cv2.IMREAD_COLOR)
     assert img.shape == (240, 320, 3)
-    crop = _policy(attach="crop", crop_margin=0.1).decide("s", frame, dets)
+    crop = _policy(escalate="frames", attach="crop", crop_margin=0.1).decide("s", frame, dets)
     assert crop is not None and crop.crop == (90, 46, 210, 94)
     img = cv2.imdecode(np.frombuffer(crop.jpeg, np.uint8), cv2.IMREAD_COLOR)
     assert img.shape == (48, 120, 3)

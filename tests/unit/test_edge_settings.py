@@ -27,7 +27,7 @@ def test_little_config_is_enough(tmp_path: Path) -> None:
         EdgeSettings,
         _write(tmp_path, "device_id: cam-01\ndevice_key: k\nstreams:\n  - {id: s1, url: a.mp4}\n"),
     )
-    assert s.model.name == "ppocr" and s.mqtt.max_inflight >= 100
+    assert s.model.name == "ppocr6-tiny" and s.mqtt.max_inflight >= 100
     assert s.outbox.synchronous == "full"
     assert s.streams[0].kind == "auto" and s.streams[0].realtime
     assert s.key_bytes() == b"k"

@@ -19,6 +19,7 @@ from edgefleet.shared.messages import (
     Latency,
     ModelInfo,
     StreamTelemetry,
+    Tile,
     json_schemas,
 )
 
@@ -139,7 +140,10 @@ def test_json_schemas_cover_every_message_and_use_wire_names():
             "ef.status/1",
             "ef.telemetry/1",
             "ef.escalation/1",
+            "ef.escalation/2",
             "ef.verdict/1",
+            "ef.verdict/2",
+            "ef.cloud-status/1",
             "ef.desired/1",
             "ef.reported/1",
             "ef.feedback/1",
@@ -164,3 +168,46 @@ def test_a_desired_model_name_or_version_is_one_path_component(part: str) -> Non
     raw["models"] = [{**good, "version": part}]
     with pytest.raises(ValidationError):  # what a device parses off its desired topic
         DesiredState.model_validate_json(json.dumps(raw))
+
+
+def test_a_v2_case_names_its_track_and_tiles_and_a_v1_case_still_parses():
+    # given a v1 case as an old device sends it (no track, no tiles)
+    old = {
+        "schema": "ef.escalation/1",
+        "device_id": "cam-01",
+        "ts": "2026-01-01T00:00:00Z",
+        "case_id": "case-0001",
+        "stream_id": "gate",
+        "frame_index": 42,
+        "reason": "unsure",
+        "edge_result": [{"text": "AB12", "score": 0.41}],
+        "model": {"name": "ppocr", "version": "4.0"},
+        "content_type": "image/jpeg",
+    }
+    # then it parses as it did, with no track
+    case = EscalationCase.model_validate_json(json.dumps(old))
+    assert case.schema_id == "ef.escalation/1" and case.track_id is None and case.tiles == []
+    # and a v2 case carries its track and the tiles of its image
+    tile = Tile(x=0, y=0, w=80, h=20, frame_index=40, crop=(10, 10, 90, 30))
+    new = EscalationCase.model_validate_json(
+        json.dumps(
+            {**old, "schema": "ef.escalation/2", "track_id": "gate-7", "tiles": [tile.model_dump()]}
+        )
+    )
+    assert new.track_id == "gate-7" and new.tiles == [tile]
+    # but a v1 case cannot claim v2 fields, nor a v1 verdict the cloud's lag
+    with pytest.raises(ValidationError, match=r"ef\.escalation/2"):
+        EscalationCase.model_validate_json(json.dumps({**old, "track_id": "gate-7"}))
+    with pytest.raises(ValidationError, match=r"ef\.verdict/2"):
+        CloudVerdict(
+            schema="ef.verdict/1",
+            device_id="cam-01",
+            trace_id="0" * 32,
+            case_id="case-0001",
+            result=[],
+            model="m",
+            route="r",
+            fallback_level=0,
+            latency_ms=1.0,
+            queue_depth=3,
+        )

