@@ -108,13 +108,13 @@ class TrackReport:
     score: float
     box: Box
     source: str  # "cloud" once its verdict came, else "edge" (the vote over its frames)
+    edge_text: str  # the edge's own vote over the track's frames, whatever the cloud said
 
 
 def report(track: Track) -> TrackReport:
     text, score = track.result()
-    return TrackReport(
-        track.track_id, text, score, track.box, "cloud" if track.cloud is not None else "edge"
-    )
+    source = "cloud" if track.cloud is not None else "edge"
+    return TrackReport(track.track_id, text, score, track.box, source, track.reading()[0])
 
 
 class Tracker:

@@ -67,7 +67,21 @@ def run_agent_recording(config: Path, results: Path) -> None:
             }
         )
 
+    def on_tracks(stream_id: str, frame_index: int, reports: list[Any]) -> None:
+        # what the device reports for the frame: each live track's result (the cloud's
+        # answer once it came) and the edge's own vote, to tell the two apart when scored
+        write(
+            {
+                "kind": "tracks",
+                "stream_id": stream_id,
+                "frame_index": frame_index,
+                "texts": [r.text for r in reports if r.text],
+                "edge_texts": [r.edge_text for r in reports if r.edge_text],
+            }
+        )
+
     agent.on_result.append(on_result)
+    agent.on_tracks.append(on_tracks)
     agent.add_escalation_callback(on_escalation)
     agent.add_verdict_callback(on_verdict)
     try:

@@ -43,8 +43,10 @@ class DeviceScore:
     verdicts: int = 0
     busy: int = 0  # verdicts at the last fallback level: the cloud had no time for the case
     corrections: int = 0
-    edge_accuracy: float | None = None
-    combined_accuracy: float | None = None
+    edge_accuracy: float | None = None  # the edge model frame by frame
+    # the edge's text tracks, each frame read as its tracks' own votes (no cloud answer)
+    tracked_accuracy: float | None = None
+    combined_accuracy: float | None = None  # what the device reports, with the cloud's answers
     cloud_only_accuracy: float | None = None  # the cloud's primary model on sampled frames
     bytes_uplinked: int = 0
     jpeg_bytes_per_frame: float | None = None
@@ -129,12 +131,18 @@ def score_device(
 ) -> DeviceScore:
     """Edge-only and edge+cloud accuracy of one device over the frames it processed.
 
-    `cases` maps case_id to the cloud's record of it (with its verdict). A frame that was
+    `cases` maps case_id to the cloud's record of it (with its verdict). Where the agent
+    recorded its text tracks, edge+cloud is what the device reported for each frame (each
+    live track's result: the cloud's answer once it came, else the edge's vote), and the
+    tracks' own votes give the edge-with-tracks column. Otherwise a frame that was
     escalated and got a real answer from the cloud (not the `busy` level) is scored on
-    that answer in the edge+cloud column; every other frame on the edge's own reading.
+    that answer; every other frame on the edge's own reading.
     """
     rows = read_jsonl(device.results)
     frames = [r for r in rows if r.get("kind") == "frame"]
+    tracked = {
+        (r["stream_id"], int(r["frame_index"])): r for r in rows if r.get("kind") == "tracks"
+    }
     escalated = [r for r in rows if r.get("kind") == "escalated"]
     answered_at = {r["case_id"]: r.get("t") for r in rows if r.get("kind") == "verdict"}
     score = DeviceScore(device.device_id, frames=len(frames), bytes_uplinked=uplink_bytes)
@@ -154,13 +162,19 @@ def score_device(
             corrected[(case["stream_id"], int(case["frame_index"]))] = answer["cloud_texts"]
     if device.truth is None or not frames:
         return score
-    edge_total = combined_total = 0.0
+    edge_total = tracks_total = combined_total = 0.0
     for frame in frames:
         truth = device.truth.texts(int(frame["frame_index"]))
         edge_total += best_match_accuracy(frame["texts"], truth)
         key = (frame["stream_id"], int(frame["frame_index"]))
-        combined_total += best_match_accuracy(corrected.get(key, frame["texts"]), truth)
+        if tracked:
+            reported = tracked.get(key, {"texts": [], "edge_texts": []})
+            tracks_total += best_match_accuracy(reported["edge_texts"], truth)
+            combined_total += best_match_accuracy(reported["texts"], truth)
+        else:
+            combined_total += best_match_accuracy(corrected.get(key, frame["texts"]), truth)
     score.edge_accuracy = edge_total / len(frames)
+    score.tracked_accuracy = tracks_total / len(frames) if tracked else None
     score.combined_accuracy = combined_total / len(frames)
     return score
 
@@ -253,6 +267,12 @@ def story(total: DeviceScore, devices: int) -> list[str]:
         f"{pct(total.escalated_share)} of frames escalated, "
         f"{_number(total.bytes_per_frame, '{:,.0f}')} bytes uplinked per frame[/]"
     ]
+    if total.tracked_accuracy is not None and total.combined_accuracy is not None:
+        moved = total.combined_accuracy - total.tracked_accuracy
+        lines.append(
+            f"the edge's text tracks alone read {pct(total.tracked_accuracy)}; the cloud's "
+            f"answers moved that by {100 * moved:+.1f} points"
+        )
     if total.jpeg_bytes_per_frame and total.bytes_per_frame:
         lines.append(
             f"streaming every frame as JPEG would send {total.jpeg_bytes_per_frame:,.0f} bytes "
@@ -302,6 +322,7 @@ def total_score(scores: list[DeviceScore]) -> DeviceScore:
     total.jpeg_bytes_per_frame = _frame_weighted(scores, "jpeg_bytes_per_frame")
     total.cpu_ms_per_frame = _frame_weighted(scores, "cpu_ms_per_frame")
     total.edge_accuracy = _frame_weighted(scores, "edge_accuracy")
+    total.tracked_accuracy = _frame_weighted(scores, "tracked_accuracy")
     total.combined_accuracy = _frame_weighted(scores, "combined_accuracy")
     sampled = [s.cloud_only_accuracy for s in scores if s.cloud_only_accuracy is not None]
     # the same number of sampled frames per scene: a plain mean; only over the devices

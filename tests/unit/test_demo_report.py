@@ -181,3 +181,35 @@ def test_a_cached_cloud_only_score_is_reused_only_for_the_same_model_file(tmp_pa
     other = cache_file(video, "ppocr-heavy", "b" * 64)
     assert other != cached
     assert score_cloud_only(None, "ppocr-heavy", "b" * 64, video, truth, stop, other) is None
+
+
+def test_with_tracks_edge_plus_cloud_is_what_the_device_reported(tmp_path: Path) -> None:
+    # given a scene with its truth, and an agent that recorded its tracks every frame
+    truth = render_video(tmp_path / "scene.mp4", SMALL)
+    device = Device("cam-t", tmp_path, tmp_path / "scene.mp4", truth, tmp_path / "r.jsonl", 0)
+    rows: list[dict] = []
+    for i in range(6):
+        lines = truth.texts(i)
+        wrong = [line[:-1] + "?" for line in lines]  # every line misread by one character
+        rows.append({"kind": "frame", "stream_id": "cam", "frame_index": i, "texts": wrong})
+        # the tracks' own votes stay wrong; from frame 3 on the cloud's answers are right
+        reported = lines if i >= 3 else wrong
+        rows.append(
+            {
+                "kind": "tracks",
+                "stream_id": "cam",
+                "frame_index": i,
+                "texts": reported,
+                "edge_texts": wrong,
+            }
+        )
+    device.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    score = score_device(device, {}, uplink_bytes=1)
+    # then the edge columns score the edge's reads, edge+cloud what the device reported
+    assert score.edge_accuracy == pytest.approx(score.tracked_accuracy)
+    assert score.edge_accuracy is not None and score.edge_accuracy < 1.0
+    expected = (3 * score.edge_accuracy + 3 * 1.0) / 6
+    assert score.combined_accuracy == pytest.approx(expected)
+    # and the story says how far the cloud's answers moved the tracked reading
+    told = " ".join(story(total_score([score]), devices=1))
+    assert "the cloud's answers moved that by +" in told
