@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from edgefleet.shared.messages import (
+    CloudVerdict,
     Detection,
     EscalationCase,
     EscalationReason,
@@ -105,3 +107,12 @@ def publish_cases(client, device_id: str, key: bytes, count: int, image: bytes) 
     for info in infos:
         info.wait_for_publish(60)
     return [case.case_id for case in cases]
+
+
+def verdict_of(payload: bytes) -> CloudVerdict | None:
+    """The verdict a device's results topic carried, or None for the cloud's retained lag
+    status (`ef.cloud-status/1`), which shares that topic."""
+    message = json.loads(payload)
+    if message.get("schema") == "ef.cloud-status/1":
+        return None
+    return CloudVerdict.model_validate_json(payload)

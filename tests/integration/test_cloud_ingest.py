@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from edgefleet.bench.harness import escalation_case, escalation_wire
+from edgefleet.bench.harness import escalation_case, escalation_wire, verdict_of
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.shared.imaging import encode_png
@@ -68,7 +68,12 @@ def _device(broker, name: str, results_of: str | None = None):
     got: list[CloudVerdict] = []
     ready = threading.Event()
     if results_of:
-        client.on_message = lambda c, u, m: got.append(CloudVerdict.model_validate_json(m.payload))
+        def on_message(c, u, m) -> None:
+            verdict = verdict_of(m.payload)
+            if verdict is not None:  # not the cloud's lag status
+                got.append(verdict)
+
+        client.on_message = on_message
         client.on_subscribe = lambda *a: ready.set()
         client.on_connect = lambda c, *a: c.subscribe(Topics().results(results_of), qos=1)
     else:
