@@ -26,9 +26,9 @@ from tests.support.broker import MosquittoBroker
 
 
 def test_desired_state_swaps_the_model_and_reports(broker: MosquittoBroker, tmp_path: Path) -> None:
-    # given the detector file served over HTTP, as the fleet would serve a new version
+    # given the edge model's detector served over HTTP, as the fleet would serve a new version
     registry = ModelRegistry.default()
-    det = registry.resolve(registry.get("ppocr-det"))
+    det = registry.resolve(registry.get("ppocr6-tiny-det"))
     served = tmp_path / "www"
     served.mkdir()
     shutil.copy(det, served / "det-v41.onnx")
@@ -44,7 +44,7 @@ def test_desired_state_swaps_the_model_and_reports(broker: MosquittoBroker, tmp_
         before = agent.current_model()
         # when the fleet publishes a signed desired state with a new detector version
         ref = ModelRef(
-            name="ppocr-det",
+            name="ppocr6-tiny-det",
             version="4.1",
             url=f"http://127.0.0.1:{http.server_address[1]}/det-v41.onnx",
             sha256=sha,
@@ -55,7 +55,7 @@ def test_desired_state_swaps_the_model_and_reports(broker: MosquittoBroker, tmp_
         wait_for(lambda: [r.status for r in collector.reported][-1:] == ["healthy"], 60, "healthy")
         assert [r.status for r in collector.reported] == ["applying", "healthy"]
         (running,) = agent.current_models()
-        assert (running.name, running.version, running.sha256) == ("ppocr-det", "4.1", sha)
+        assert (running.name, running.version, running.sha256) == ("ppocr6-tiny-det", "4.1", sha)
         assert agent.current_model() is not before
         lines = agent.current_model().predict(text_frame("SWAP"))
         assert [d.text for d in lines] == ["SWAP"]
