@@ -36,6 +36,7 @@ def test_corrupt_outbox_is_reported_and_drops_are_counted_in_telemetry(
             "mqtt": {"host": "127.0.0.1", "port": free_port(), "reconnect_max_s": 2},
             "streams": [{"id": "gate", "url": str(video), "realtime": False}],
             "policy": {
+                "escalate": "frames",  # a case per frame: the outbox is what is tested
                 "sample_share": 1.0,
                 "rate_per_min": 60_000,
                 "burst": 1000,

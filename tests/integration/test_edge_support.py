@@ -27,7 +27,7 @@ from edgefleet.shared.messages import (
     ReportedState,
 )
 from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
-from edgefleet.shared.topics import Topics
+from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import ReplayedMessage, Verifier, encode
 from tests.support.broker import MosquittoBroker
 
@@ -130,7 +130,10 @@ class Collector:
         wait_for(self.connected.is_set, 30, "collector connection")
 
     def _on_connect(self, client, userdata, flags, rc, props) -> None:
-        client.subscribe(Topics().device_prefix(DEVICE), qos=1)
+        # what the device sends (not `results`/`desired`: those flow the other way, and a
+        # retained one left on the session's broker by another test is not ours to verify)
+        uplink = (Channel.STATUS, Channel.TELEMETRY, Channel.ESCALATIONS, Channel.REPORTED)
+        client.subscribe([(Topics().for_device(DEVICE, c), 1) for c in uplink])
         self.connected.set()
 
     def _on_message(self, client, userdata, message: mqtt.MQTTMessage) -> None:
