@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 
 from edgefleet.bench.scene_text import Kind, make_text
-from edgefleet.bench.scoring import normalise_text
+from edgefleet.bench.scoring import edit_distance, normalise_text
 
 _FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX_SMALL]
 _KINDS: tuple[Kind, ...] = ("container", "plate", "sign")
@@ -197,21 +197,11 @@ def render_clips(count: int, frames: int = 20, first_seed: int = 1000) -> list[C
 # --- scores --------------------------------------------------------------------------------
 
 
-def _edit(a: str, b: str) -> int:
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
 def line_scores(read: str, truth: str) -> tuple[float, bool]:
     """(character accuracy, exact) of one read against one true line; case and spaces
     do not count."""
     r, t = normalise_text(read), normalise_text(truth)
-    return max(0.0, 1.0 - _edit(r, t) / max(1, len(t))), r == t
+    return max(0.0, 1.0 - edit_distance(r, t) / max(1, len(t))), r == t
 
 
 def _overlap(a: tuple[float, float, float, float], b: tuple[int, int, int, int]) -> float:

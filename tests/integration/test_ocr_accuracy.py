@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
+from edgefleet.bench.scoring import edit_distance
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import load_model
 
@@ -59,16 +60,6 @@ def render(lines: list[str], background: str, angle: float, blur: float, seed: i
     if blur:
         img = cv2.GaussianBlur(img, (0, 0), blur)
     return img
-
-
-def edit_distance(a: str, b: str) -> int:
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
 
 
 def char_accuracy(expected: list[str], read: list[str]) -> tuple[int, int]:
