@@ -6,6 +6,7 @@ yet, run none), so the check needs no root, no apt and no network.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -20,9 +21,13 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU 
 
 
 def _plan(target: str, tmp_path: Path) -> str:
+    # as a top-level make even under `make test` (a nested make prints "Entering directory"
+    # lines and inherits the outer one's flags)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     result = subprocess.run(
-        ["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"],
+        ["make", "--no-print-directory", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
