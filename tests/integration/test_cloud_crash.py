@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -20,7 +21,6 @@ from edgefleet.bench.harness import publish_cases, verdict_of
 from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.shared.db import Database
 from edgefleet.shared.imaging import encode_png
-from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.mqtt import MqttSettings, connect, device_client_id, make_client
 
 N_CASES = 60
@@ -35,12 +35,18 @@ def _serve(config: Path, log: Path) -> subprocess.Popen:
     )
 
 
-def _ready(url: str, process: subprocess.Popen, timeout_s: float = 180) -> None:
+def _ready(log: Path, process: subprocess.Popen, timeout_s: float = 180) -> None:
+    """Wait for /readyz on the port the cloud says it serves (it picks a free one itself:
+    no port handed over between a probe and its bind, which another process could take)."""
     deadline = time.monotonic() + timeout_s
+    url = None
     while time.monotonic() < deadline:
         assert process.poll() is None, "the cloud exited during start-up"
+        if url is None:
+            served = re.search(r"serving on 127\.0\.0\.1:(\d+)", log.read_text())
+            url = served and f"http://127.0.0.1:{served.group(1)}"
         try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+            if url and httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -56,12 +62,11 @@ def test_a_cloud_killed_mid_ingest_answers_every_case_after_restart(
     db = Database.connect(f"sqlite:///{data / 'cloud.db'}")
     cam = DeviceRegistry(db).enroll("cam-k9")
     db.close()
-    port = free_port()
     config = tmp_path / "cloud.yaml"
     config.write_text(
         json.dumps(
             {
-                "http": {"port": port},
+                "http": {"port": 0},
                 "mqtt": {"host": own_broker.host, "port": own_broker.port},
                 "data_dir": str(data),
                 "models": {"primary": "ppocr", "served": ["ppocr"], "lighter": "ppocr"},
@@ -69,7 +74,6 @@ def test_a_cloud_killed_mid_ingest_answers_every_case_after_restart(
             }
         )
     )
-    url = f"http://127.0.0.1:{port}"
     seen: dict[str, int] = {}
     lock = threading.Lock()
     first, every = threading.Event(), threading.Event()
@@ -93,7 +97,7 @@ def test_a_cloud_killed_mid_ingest_answers_every_case_after_restart(
     connect(device, settings, clean_start=True)
     cloud = _serve(config, tmp_path / "serve.log")
     try:
-        _ready(url, cloud)
+        _ready(tmp_path / "serve.log", cloud)
         assert subscribed.wait(30)
         # given a busy cloud: 60 cases of a real OCR model, all acked to the device
         noise = np.random.default_rng(7).integers(0, 255, (540, 960, 3), dtype=np.uint8)
