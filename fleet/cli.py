@@ -48,6 +48,9 @@ KeyOpt = Annotated[
     str | None, typer.Option("--api-key", envvar="EDGEFLEET_API_KEY", help="operator API key")
 ]
 DeviceArg = Annotated[str, typer.Argument(help="device id, e.g. cam-01")]
+DeploymentArg = Annotated[
+    str, typer.Argument(help="deployment id, as printed by `edgefleet fleet deploy`")
+]
 BundlesOpt = Annotated[Path | None, typer.Option(help="bundle directory (overrides settings)")]
 
 
@@ -402,11 +405,18 @@ def deploy(
     )
 
 
+def _deployment_call(method: str, deployment_id: str, api: str | None, key: str | None) -> Any:
+    """One request on /v1/deployments/{id}; its errors exit 2 (`_fail`)."""
+    try:
+        with _client(api, key) as client:
+            return _check(client.request(method, f"/v1/deployments/{deployment_id}"))
+    except (EdgefleetError, httpx.HTTPError) as exc:
+        raise _fail(exc) from None
+
+
 @app.command()
 def deployment(
-    deployment_id: Annotated[
-        str, typer.Argument(help="deployment id, as printed by `edgefleet fleet deploy`")
-    ],
+    deployment_id: DeploymentArg,
     api: ApiOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
@@ -416,11 +426,7 @@ def deployment(
 
     Example: edgefleet fleet deployment dep-3f2a9c1b7e04
     """
-    try:
-        with _client(api, api_key) as client:
-            dep = _check(client.get(f"/v1/deployments/{deployment_id}"))
-    except (EdgefleetError, httpx.HTTPError) as exc:
-        raise _fail(exc) from None
+    dep = _deployment_call("GET", deployment_id, api, api_key)
     table = Table(title=f"{dep['id']} · {dep['group']} · {dep['image']} · {dep['status']}")
     for col in ("device", "role", "state", "error"):
         table.add_column(col)
@@ -431,9 +437,7 @@ def deployment(
 
 @app.command()
 def rollback(
-    deployment_id: Annotated[
-        str, typer.Argument(help="deployment id, as printed by `edgefleet fleet deploy`")
-    ],
+    deployment_id: DeploymentArg,
     api: ApiOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
@@ -443,11 +447,7 @@ def rollback(
 
     Example: edgefleet fleet rollback dep-3f2a9c1b7e04
     """
-    try:
-        with _client(api, api_key) as client:
-            dep = _check(client.delete(f"/v1/deployments/{deployment_id}"))
-    except (EdgefleetError, httpx.HTTPError) as exc:
-        raise _fail(exc) from None
+    dep = _deployment_call("DELETE", deployment_id, api, api_key)
     console.print(f"[yellow]{dep['id']}[/] {dep['status']}: {dep['error']}")
 
 

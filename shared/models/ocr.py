@@ -112,19 +112,9 @@ class OcrModel(Model):
                 budget=budget,
             )
             sessions.append(det)
-            rec = open_session(
-                registry.get(opts.rec),
-                registry,
-                settings,
-                item_shape=(8, 3, opts.rec_height, opts.rec_min_width * 2),
-                warmup_shape=(1, 3, opts.rec_height, opts.rec_min_width),
-                max_batch=cap,
-                budget=det.budget,
-            )
-            sessions.append(rec)
-            voters = []
-            for name in opts.voters:
-                voter = open_session(
+            def recogniser(name: str) -> Session:
+                """A recogniser (the reader or a voter): same input shape, same budget."""
+                session = open_session(
                     registry.get(name),
                     registry,
                     settings,
@@ -133,8 +123,11 @@ class OcrModel(Model):
                     max_batch=cap,
                     budget=det.budget,
                 )
-                sessions.append(voter)
-                voters.append(voter)
+                sessions.append(session)
+                return session
+
+            rec = recogniser(opts.rec)
+            voters = [recogniser(name) for name in opts.voters]
             cls = None
             if opts.cls:
                 cls_spec = registry.get(opts.cls)
