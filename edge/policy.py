@@ -30,7 +30,7 @@ from prometheus_client import Counter
 from edgefleet.edge.budget import EscalationBudget
 from edgefleet.edge.settings import PolicySettings
 from edgefleet.edge.tracks import Track, Tracker
-from edgefleet.shared.messages import Detection, EscalationReason, Tile
+from edgefleet.shared.messages import Detection, EscalationReason, Tile, TrackId
 
 CANDIDATES = Counter("ef_edge_escalation_candidates_total", "Frames that qualified", ["reason"])
 SUPPRESSED = Counter(
@@ -76,7 +76,7 @@ class Escalation:
     reason: EscalationReason
     jpeg: bytes
     crop: tuple[int, int, int, int] | None
-    track_id: str | None = None
+    track_id: TrackId | None = None
     tiles: tuple[Tile, ...] = ()
     edge_result: tuple[Detection, ...] | None = None
     score: float | None = None

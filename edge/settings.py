@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from edgefleet.shared.config import EdgefleetSettings
+from edgefleet.shared.config import Closed, EdgefleetSettings
 from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import DEVICE_ID_PATTERN
@@ -23,11 +23,7 @@ from edgefleet.shared.mqtt import MqttSettings
 SourceKind = Literal["auto", "file", "rtsp", "udp", "http", "v4l2", "gstreamer"]
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SourceSettings(_Closed):
+class SourceSettings(Closed):
     """One video stream."""
 
     id: str = Field(
@@ -59,10 +55,8 @@ class SourceSettings(_Closed):
     )
 
 
-class ModelSettings(_Closed):
-    name: str = Field(
-        "ppocr6-tiny", min_length=1, description="model (pack) name in the registry"
-    )
+class ModelSettings(Closed):
+    name: str = Field("ppocr6-tiny", min_length=1, description="model (pack) name in the registry")
     execution: ExecutionSettings | None = Field(
         None,
         description="executor settings; none = one session thread per core share, a "
@@ -70,7 +64,7 @@ class ModelSettings(_Closed):
     )
 
 
-class TrackSettings(_Closed):
+class TrackSettings(Closed):
     """How text seen in consecutive frames is joined into tracks."""
 
     min_iou: float = Field(
@@ -93,7 +87,7 @@ class TrackSettings(_Closed):
     )
 
 
-class BudgetSettings(_Closed):
+class BudgetSettings(Closed):
     """How many cases the edge may send: a share of frames and/or a rate per stream."""
 
     share: float = Field(
@@ -122,7 +116,7 @@ class BudgetSettings(_Closed):
     )
 
 
-class PolicySettings(_Closed):
+class PolicySettings(Closed):
     """When a frame becomes an escalation case, and what is sent."""
 
     escalate: Literal["tracks", "frames"] = Field(
@@ -167,7 +161,7 @@ class PolicySettings(_Closed):
         return self
 
 
-class OutboxSettings(_Closed):
+class OutboxSettings(Closed):
     path: Path = Field(Path("edgefleet-outbox.db"), description="SQLite outbox file")
     max_messages: int = Field(100_000, ge=10, description="outbox count bound")
     max_bytes: int = Field(512 * 1024 * 1024, ge=64 * 1024, description="outbox size bound")
@@ -178,7 +172,7 @@ class OutboxSettings(_Closed):
     )
 
 
-class UplinkSettings(_Closed):
+class UplinkSettings(Closed):
     replay_rate_per_s: float = Field(
         200.0, gt=0, description="backlog messages per second after an outage (live goes first)"
     )
@@ -191,7 +185,7 @@ class UplinkSettings(_Closed):
     telemetry_qos: Literal[0, 1] = Field(1, description="QoS of telemetry")
 
 
-class PipelineSettings(_Closed):
+class PipelineSettings(Closed):
     infer_workers: int = Field(
         2, ge=1, le=16, description="threads calling the model (the batcher merges them)"
     )
@@ -200,13 +194,13 @@ class PipelineSettings(_Closed):
     )
 
 
-class HealthSettings(_Closed):
+class HealthSettings(Closed):
     enabled: bool = Field(True, description="serve /healthz, /readyz, /metrics")
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(8081, ge=0, le=65535, description="port (0 = any free port)")
 
 
-class RuntimeSettings(_Closed):
+class RuntimeSettings(Closed):
     kind: Literal["none", "compose"] = Field(
         "none",
         description="who runs a new container image from a deployment: `none` records it "

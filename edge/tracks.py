@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from edgefleet.edge.settings import TrackSettings
-from edgefleet.shared.messages import Detection
+from edgefleet.shared.messages import CaseId, Detection, StreamId, TrackId
 from edgefleet.shared.models.ocr import vote
 
 Box = tuple[float, float, float, float]
@@ -65,15 +65,15 @@ class Crop:
 class Track:
     """One text seen across frames."""
 
-    track_id: str
-    stream_id: str
+    track_id: TrackId
+    stream_id: StreamId
     first_frame: int
     last_frame: int
     box: Box
     reads: list[tuple[str, float]] = field(default_factory=list)
     crops: list[Crop] = field(default_factory=list)
     escalated: bool = False
-    case_id: str | None = None
+    case_id: CaseId | None = None
     cloud: Detection | None = None
     ended: bool = False
 
@@ -103,7 +103,7 @@ class Track:
 class TrackReport:
     """What the device reports for one live track: its result and who gave it."""
 
-    track_id: str
+    track_id: TrackId
     text: str
     score: float
     box: Box

@@ -17,7 +17,7 @@ from prometheus_client import Counter
 
 from edgefleet.edge.budget import EscalationBudget
 from edgefleet.edge.tracks import Tracker
-from edgefleet.shared.messages import CaseId, CloudVerdict, Detection
+from edgefleet.shared.messages import CaseId, CloudVerdict, Detection, StreamId, TrackId
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +30,16 @@ class MatchedVerdict:
     case was not known here), so the application can correct that very frame."""
 
     verdict: CloudVerdict
-    stream_id: str | None
+    stream_id: StreamId | None
     edge_result: list[Detection] | None
     agrees: bool | None
     frame_index: int | None = None
-    track_id: str | None = None
+    track_id: TrackId | None = None
     track_result: str | None = None  # the track's result now (the cloud's answer)
     track_known: bool | None = None  # None: the verdict names no track
+
+
+_Expected = tuple[StreamId, list[Detection], int | None, float | None]
 
 
 def result_key(detections: list[Detection]) -> frozenset[str]:
@@ -59,9 +62,8 @@ class VerdictBook:
         tracker: Tracker | None = None,
         budget: EscalationBudget | None = None,
     ):
-        self._pending: OrderedDict[str, tuple[str, list[Detection], int | None, float | None]] = (
-            OrderedDict()
-        )
+        # case -> (stream, edge result, frame index, score)
+        self._pending: OrderedDict[CaseId, _Expected] = OrderedDict()
         self.tracker, self.budget = tracker, budget
         self._max = max_pending
         self._lock = threading.Lock()
@@ -75,7 +77,7 @@ class VerdictBook:
     def expect(
         self,
         case_id: CaseId,
-        stream_id: str,
+        stream_id: StreamId,
         edge_result: list[Detection],
         frame_index: int | None = None,
         score: float | None = None,

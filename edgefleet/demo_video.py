@@ -15,9 +15,10 @@ from typing import Literal
 
 import cv2
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from edgefleet.bench.scene_text import Kind, make_text
+from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError
 
 Background = Literal["gradient", "noise", "texture"]
@@ -28,11 +29,7 @@ _FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX]
 RENDERER_VERSION = 2
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class VideoSpec(_Closed):
+class VideoSpec(Closed):
     """What to render; the defaults make a small clip that a laptop encodes in seconds."""
 
     width: int = Field(640, ge=160, le=3840, description="frame width in pixels")
@@ -56,7 +53,7 @@ class VideoSpec(_Closed):
         return max(1, round(self.fps * self.duration_s))
 
 
-class LineTruth(_Closed):
+class LineTruth(Closed):
     """One text line of the clip: its content and whether it was rendered hard."""
 
     id: int
@@ -65,7 +62,7 @@ class LineTruth(_Closed):
     hard: bool
 
 
-class ItemTruth(_Closed):
+class ItemTruth(Closed):
     """One line as it appears in one frame; box is xyxy in frame pixels."""
 
     line: int
@@ -74,12 +71,12 @@ class ItemTruth(_Closed):
     hard: bool
 
 
-class FrameTruth(_Closed):
+class FrameTruth(Closed):
     index: int
     items: list[ItemTruth]
 
 
-class GroundTruth(_Closed):
+class GroundTruth(Closed):
     """What a perfect reader would see in each frame of the clip."""
 
     schema_id: Literal["ef.demo-truth/1"] = Field("ef.demo-truth/1", alias="schema")

@@ -10,8 +10,9 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.messages import MODEL_PART_PATTERN, ModelRef
 
@@ -29,10 +30,8 @@ Status = Literal["canary", "rolling", "completed", "failed", "rolled_back", "hal
 TargetState = Literal["pending", "sent", "applying", "healthy", "failed", "rolled_back"]
 
 
-class DeploymentModel(BaseModel):
+class DeploymentModel(Closed):
     """A model of a deployment: `url` and `sha256` may be left out to take them from the store."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=MODEL_PART_PATTERN, max_length=128, description="model name")
     version: str = Field(pattern=MODEL_PART_PATTERN, max_length=64, description="model version")
@@ -54,10 +53,8 @@ class DeploymentModel(BaseModel):
         return value
 
 
-class DeploymentRequest(BaseModel):
+class DeploymentRequest(Closed):
     """What an operator asks for (`POST /v1/deployments`, `edgefleet fleet deploy`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     group: str = Field(description="device group to roll out to")
     image: str = Field(max_length=256, description="container image with an explicit tag")

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.messages import DEVICE_ID_PATTERN, DeploymentStatus
 
@@ -32,10 +33,8 @@ class Enrollment:
     token: str
 
 
-class DeviceSummary(BaseModel):
+class DeviceSummary(Closed):
     """One row of the fleet view: cheap to list for a thousand devices."""
-
-    model_config = ConfigDict(extra="forbid")
 
     device_id: str
     group: str

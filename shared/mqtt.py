@@ -8,14 +8,15 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from edgefleet.shared.config import Closed
 from edgefleet.shared.topics import DEFAULT_ROOT
 from edgefleet.shared.wire import WireMessage
 
 
-class MqttSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MqttSettings(Closed):
+    """The broker connection, the same for devices and the cloud."""
 
     host: str = Field("127.0.0.1", description="broker host")
     port: int = Field(1883, ge=1, le=65535, description="broker port")

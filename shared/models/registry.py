@@ -19,6 +19,7 @@ from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
 from edgefleet.shared.executor.base import ModelBlob
 from edgefleet.shared.hashing import sha256_bytes
+from edgefleet.shared.messages import Sha256
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class DictionaryFile(Closed):
     """A recogniser's character dictionary (one character a line), hash-pinned like a model."""
 
     file: str = Field(description="path, relative to the manifest, or pkg:PKG/PATH")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: Sha256
 
 
 class OcrOptions(Closed):
@@ -103,7 +104,7 @@ class ModelSpec(Closed):
     version: str = Field(min_length=1, max_length=64)
     task: Task
     file: str | None = Field(None, description="path, relative to the manifest, or pkg:PKG/PATH")
-    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    sha256: Sha256 | None = None
     input: InputSpec = Field(default_factory=InputSpec)
     mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0])
     std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0])
