@@ -39,6 +39,7 @@ from edgefleet.edge.outbox import Outbox
 from edgefleet.edge.pipeline import Pipeline, Work
 from edgefleet.edge.policy import Escalation, EscalationPolicy
 from edgefleet.edge.settings import PipelineSettings, PolicySettings, SourceSettings, UplinkSettings
+from edgefleet.edge.slot import ModelSlot
 from edgefleet.edge.sources import OpenCvSource
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.telemetry import WindowStats
@@ -47,6 +48,7 @@ from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import EscalationCase, ModelInfo
 from edgefleet.shared.models import load_model
 from edgefleet.shared.mqtt import MqttSettings
+from edgefleet.shared.wire import Serialised, serialise, serialise_case
 
 app = typer.Typer(add_completion=False)
 
@@ -138,16 +140,12 @@ def agent_pipeline(
                 track_id=escalation.track_id,
                 tiles=list(escalation.tiles),
             )
-            outbox.put(
-                "escalation",
-                "ef/v1/bench/escalations",
-                case.model_dump_json().encode(),
-                escalation.jpeg,
-            )
+            outbox.put(serialise_case(case, escalation.jpeg)[1])
 
+    slot = ModelSlot(model)
     pipeline = Pipeline(
         [capture],
-        lambda: model,
+        slot,
         policy,
         sink,
         WindowStats(),
@@ -164,19 +162,19 @@ def agent_pipeline(
     elapsed = time.perf_counter() - start
     pipeline.stop()
     capture.stop()
-    model.close()
+    slot.close()
     outbox.close()
     return len(latencies) / elapsed, latencies, len(latencies), capture.dropped
 
 
 def bench_outbox(workdir: Path, count: int) -> dict[str, float]:
     image = os.urandom(20_000)
-    body = b'{"schema":"ef.escalation/2"}' + b" " * 600
+    body = Serialised("ef.escalation/2", b'{"schema":"ef.escalation/2"}' + b" " * 600, image)
     out: dict[str, float] = {}
     for sync in ("full", "normal"):
         box = Outbox(workdir / f"outbox-{sync}.db", synchronous=sync)
         start = time.perf_counter()
-        ids = [box.put("escalation", "ef/v1/bench/escalations", body, image) for _ in range(count)]
+        ids = [box.put(body) for _ in range(count)]
         out[f"put_{sync}"] = count / (time.perf_counter() - start)
         start = time.perf_counter()
         for i in range(0, len(ids), 64):
@@ -211,7 +209,7 @@ def bench_uplink(workdir: Path, count: int, replay_rate: float) -> dict[str, flo
     while not uplink.connected.is_set() and time.monotonic() < deadline:
         time.sleep(0.01)
 
-    def body(seq: int) -> bytes:
+    def body(seq: int) -> Serialised:
         telemetry = DeviceTelemetry(
             device_id="bench",
             seq=seq,
@@ -221,14 +219,13 @@ def bench_uplink(workdir: Path, count: int, replay_rate: float) -> dict[str, flo
             cpu_pct=1.0,
             ram_used_mb=1.0,
         )
-        return telemetry.model_dump_json().encode()
+        return serialise(telemetry)
 
-    topic = uplink.topics.telemetry("bench")
     out: dict[str, float] = {}
     # live: put and let the uplink drain as it goes
     start = time.perf_counter()
     for seq in range(count):
-        box.put("telemetry", topic, body(seq))
+        box.put(body(seq))
         uplink.wake()
     while box.depth() and time.perf_counter() - start < 120:
         time.sleep(0.002)
@@ -238,7 +235,7 @@ def bench_uplink(workdir: Path, count: int, replay_rate: float) -> dict[str, flo
     while uplink.connected.is_set():
         time.sleep(0.01)
     for seq in range(count, 2 * count):
-        box.put("telemetry", topic, body(seq))
+        box.put(body(seq))
     broker.start()
     while not uplink.connected.is_set():
         time.sleep(0.002)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from edgefleet.shared.messages import ModelInfo, ModelRef, ReportedState, Sha256
+from edgefleet.shared.messages import ModelInfo, ModelRef, ReportedState
 
 
 @runtime_checkable
@@ -19,8 +19,9 @@ class AgentControl(Protocol):
     def publish_reported(self, state: ReportedState) -> None:
         """Send `state` on the device's `reported` topic (retained, through the outbox)."""
 
-    def swap_model(self, name: str, path: Path, sha256: Sha256) -> ModelInfo:
-        """Load and warm the model at `path` beside the running one; swap only when warmed.
+    def swap_model(self, ref: ModelRef, path: Path) -> ModelInfo:
+        """Load and warm `ref`, downloaded and checked at `path`, beside the running model;
+        swap only when warmed. `current_models` reports `ref` from then on.
 
         Raises EdgefleetError (the old model keeps running) if loading or warm-up fails.
         """

@@ -1,7 +1,8 @@
 """Local HTTP: /healthz, /readyz, /metrics, and /verdicts for the local application.
 
-The stdlib server in a thread: four read-only endpoints do not need a web framework on a
-device where every megabyte counts.
+`HealthReport` assembles what they answer from the agent's parts; `HealthServer` serves
+it with the stdlib server in a thread: four read-only endpoints do not need a web
+framework on a device where every megabyte counts.
 """
 
 from __future__ import annotations
@@ -9,13 +10,112 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from edgefleet.edge.cases import CaseWriter
+from edgefleet.edge.outbox import Outbox
+from edgefleet.edge.policy import EscalationPolicy
+from edgefleet.edge.sources.capture import Capture
+from edgefleet.edge.uplink import Uplink
+from edgefleet.edge.verdicts import VerdictBook
+
 log = logging.getLogger(__name__)
+
+
+class HealthReport:
+    """What /healthz, /readyz and /verdicts answer, read from the running parts per call."""
+
+    def __init__(
+        self,
+        device_id: str,
+        *,
+        captures: list[Capture],
+        outbox: Outbox,
+        uplink: Uplink,
+        cases: CaseWriter,
+        policy: EscalationPolicy,
+        verdicts: VerdictBook,
+    ):
+        self.device_id = device_id
+        self.captures = captures
+        self.outbox = outbox
+        self.uplink = uplink
+        self.cases = cases
+        self.policy = policy
+        self.verdicts = verdicts
+        self.started_at = time.monotonic()
+
+    def health(self) -> dict[str, Any]:
+        budget = self.policy.budget
+        return {
+            "status": "ok",
+            "device_id": self.device_id,
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "broker_connected": self.uplink.connected.is_set(),
+            "streams": [
+                {
+                    "stream_id": c.stream_id,
+                    "state": c.state,
+                    "frames": c.frames,
+                    "dropped": c.dropped,
+                    "invalid": c.invalid,
+                    "reconnects": c.reconnects,
+                    "last_error": c.last_error,
+                }
+                for c in self.captures
+            ],
+            "outbox": {
+                "depth": self.outbox.depth(),
+                "bytes": self.outbox.size_bytes,
+                "dropped": self.outbox.dropped,
+                "recovered_from": str(self.outbox.recovered_from)
+                if self.outbox.recovered_from
+                else None,
+            },
+            "escalations_created": self.cases.created,
+            "suppressed": dict(self.policy.suppressed),
+            "agreement_rate": self.verdicts.agreement_rate,
+            "agreement_by_score_bucket": budget.agreement(),
+            "budget": {
+                "spent": budget.spent,
+                "skipped_agreeing_buckets": budget.skipped,
+                "over_budget": budget.over,
+            },
+            "verdicts_for_unknown_tracks": self.verdicts.unknown_tracks,
+        }
+
+    def ready(self) -> tuple[bool, list[str]]:
+        """Ready when every stream is live and the outbox takes writes (the model is loaded
+        before the agent exists)."""
+        reasons = []
+        not_live = [c.stream_id for c in self.captures if c.state != "live"]
+        if not_live:
+            reasons.append(f"streams not live: {', '.join(not_live)}")
+        if not self.outbox.writable():
+            reasons.append("outbox not writable")
+        return (not reasons, reasons)
+
+    def recent_verdicts(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "verdict": m.verdict.model_dump(mode="json"),
+                "stream_id": m.stream_id,
+                "frame_index": m.frame_index,
+                "edge_result": None
+                if m.edge_result is None
+                else [d.model_dump(mode="json") for d in m.edge_result],
+                "agrees": m.agrees,
+                "track_id": m.track_id,
+                "track_result": m.track_result,
+                "track_known": m.track_known,
+            }
+            for m in list(self.verdicts.recent)
+        ]
 
 
 class HealthServer:
@@ -30,6 +130,7 @@ class HealthServer:
         ready: Callable[[], tuple[bool, list[str]]],
         verdicts: Callable[[], list[dict[str, Any]]],
     ):
+        """Binds the port now, so a taken port fails before anything else is built."""
         owner = self
 
         class Handler(BaseHTTPRequestHandler):

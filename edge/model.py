@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from edgefleet.edge.settings import ModelSettings
+from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
-from edgefleet.shared.messages import Detection, ModelInfo
+from edgefleet.shared.messages import Detection, ModelInfo, ModelRef
+
+if TYPE_CHECKING:
+    from edgefleet.edge.settings import EdgeSettings
 
 
 @runtime_checkable
@@ -48,3 +53,36 @@ def open_model(settings: ModelSettings, workers: int = 2) -> Predictor:
     from edgefleet.shared.models import load_model  # the registry pulls in the executor backends
 
     return load_model(name=settings.name, settings=settings.execution or edge_execution(workers))
+
+
+def load_deployed(ref: ModelRef, path: Path, settings: EdgeSettings) -> Predictor:
+    """Load and warm the deployed file `path` of `ref` in place of its manifest entry.
+
+    When `ref` is a component of the configured OCR pipeline (its detector, say), the
+    pipeline is what is loaded, with the new component. Raises EdgefleetError if loading
+    or warm-up fails (a backend's own error is wrapped).
+    """
+    from edgefleet.shared.models import load_model
+    from edgefleet.shared.models.registry import ModelRegistry
+
+    registry = ModelRegistry.default()
+    spec = registry.get(ref.name)
+    if spec.file is None:
+        raise EdgefleetError(
+            f"{ref.name} is a pipeline of several files; deploy its components instead"
+        )
+    path = Path(path).resolve()
+    registry.add(
+        spec.model_copy(update={"file": path.name, "sha256": ref.sha256, "base_dir": path.parent})
+    )
+    pipelines = [
+        s.name for s in registry.specs() if s.ocr and ref.name in (s.ocr.det, s.ocr.rec, s.ocr.cls)
+    ]
+    target = settings.model.name if settings.model.name in pipelines else ref.name
+    execution = settings.model.execution or edge_execution(settings.pipeline.infer_workers)
+    try:
+        return load_model(target, settings=execution, registry=registry)
+    except EdgefleetError:
+        raise
+    except Exception as exc:  # a backend's own error: wrap it, the old model stays
+        raise EdgefleetError(f"loading {ref.name} from {path} failed: {exc}") from exc

@@ -8,21 +8,29 @@ power fails; it is offered as `outbox.synchronous: normal` for flash that wears 
 Bounded by count and bytes; when full it drops by priority — telemetry first, then other
 status messages, escalations last — oldest first within a priority, and counts each drop.
 A corrupt file is moved aside at start and a fresh one is created: the agent starts anyway.
+
+A row is a message serialised once (`edgefleet.shared.wire.Serialised`): the uplink signs
+it as read, re-serialising only to restamp one that waited too long. The file of an older
+agent (rows of topic + JSON) is migrated in place when it is opened, queued rows included.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from prometheus_client import Counter, Gauge
 
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 from edgefleet.shared.private import private_dir, private_file
+from edgefleet.shared.topics import Channel, channel_of
+from edgefleet.shared.wire import Serialised
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +55,35 @@ _NOT_CORRUPT = frozenset(
     }
 )
 
-# Drop order when full: lowest priority first.
-PRIORITY = {"telemetry": 0, "reported": 1, "escalation": 2}
+# What the outbox carries, by the name its metrics, counters and health use.
+OutboxKind = Literal["telemetry", "reported", "escalation"]
+KIND_OF: dict[Channel, OutboxKind] = {
+    Channel.TELEMETRY: "telemetry",
+    Channel.REPORTED: "reported",
+    Channel.ESCALATIONS: "escalation",
+}
+CHANNEL_OF: dict[OutboxKind, Channel] = {kind: channel for channel, kind in KIND_OF.items()}
 
-_SCHEMA = """
+# Drop order when full: lowest priority first.
+PRIORITY: dict[OutboxKind, int] = {"telemetry": 0, "reported": 1, "escalation": 2}
+
+_MESSAGES = """
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL,
     priority INTEGER NOT NULL,
-    topic TEXT NOT NULL,
+    schema TEXT NOT NULL,
     body BLOB NOT NULL,
     image BLOB,
+    content_type TEXT,
     qos INTEGER NOT NULL,
     retain INTEGER NOT NULL,
     size INTEGER NOT NULL,
     created REAL NOT NULL
-);
+)
+"""
+_SCHEMA = f"""
+{_MESSAGES};
 CREATE INDEX IF NOT EXISTS messages_drop ON messages (priority, id);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
@@ -70,16 +91,18 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 
 @dataclass(frozen=True)
 class OutboxItem:
-    """One stored message: the model JSON (`body`), the image for escalations, where to send."""
+    """One stored message: what it is, the message serialised, how to send it."""
 
     id: int
-    kind: str
-    topic: str
-    body: bytes
-    image: bytes | None
+    kind: OutboxKind
+    message: Serialised
     qos: int
     retain: bool
-    created: float
+    created: float  # wall clock when stored
+
+    @property
+    def channel(self) -> Channel:
+        return CHANNEL_OF[self.kind]
 
 
 class Outbox:
@@ -117,6 +140,7 @@ class Outbox:
         if row is None or row[0] != "ok":
             db.close()
             raise sqlite3.DatabaseError(f"quick_check: {row[0] if row else 'no answer'}")
+        _migrate_topic_rows(db)
         db.executescript(_SCHEMA)
         return db
 
@@ -181,23 +205,16 @@ class Outbox:
 
     # --- put / read / ack --------------------------------------------------------------
 
-    def put(
-        self,
-        kind: str,
-        topic: str,
-        body: bytes,
-        image: bytes | None = None,
-        *,
-        qos: int = 1,
-        retain: bool = False,
-    ) -> int:
+    def put(self, message: Serialised, *, qos: int = 1, retain: bool = False) -> int:
         """Store one message durably (per the fsync policy) and return its id.
 
         Returns 0 when the outbox is full of messages that rank higher (the drop is counted).
         """
-        if kind not in PRIORITY:
-            raise ValueError(f"unknown outbox kind {kind!r}")
-        size = len(body) + len(image or b"") + len(topic)
+        channel = channel_of(message.schema_id)
+        if channel not in KIND_OF:
+            raise ValueError(f"{message.schema_id} is not sent through the outbox")
+        kind = KIND_OF[channel]
+        size = len(message.json) + len(message.image or b"")
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -207,9 +224,20 @@ class Outbox:
                     self._publish_gauges()
                     return 0
                 cur = self._db.execute(
-                    "INSERT INTO messages (kind, priority, topic, body, image, qos, retain, "
-                    "size, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (kind, PRIORITY[kind], topic, body, image, qos, int(retain), size, time.time()),
+                    "INSERT INTO messages (kind, priority, schema, body, image, content_type, "
+                    "qos, retain, size, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        kind,
+                        PRIORITY[kind],
+                        message.schema_id,
+                        message.json,
+                        message.image,
+                        message.content_type,
+                        qos,
+                        int(retain),
+                        size,
+                        time.time(),
+                    ),
                 )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -243,7 +271,7 @@ class Outbox:
             log.warning("outbox full: dropped %s message %d", row[1], row[0])
         return True
 
-    def _count_drop(self, kind: str) -> None:
+    def _count_drop(self, kind: OutboxKind) -> None:
         self._db.execute(
             "INSERT INTO counters VALUES (?, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1",
             (f"dropped_{kind}",),
@@ -254,7 +282,8 @@ class Outbox:
     def read(self, after_id: int, up_to_id: int | None = None, limit: int = 64) -> list[OutboxItem]:
         """Messages with after_id < id (<= up_to_id), oldest first."""
         query = (
-            "SELECT id, kind, topic, body, image, qos, retain, created FROM messages WHERE id > ?"
+            "SELECT id, kind, schema, body, image, content_type, qos, retain, created "
+            "FROM messages WHERE id > ?"
         )
         args: tuple[int, ...] = (after_id,)
         if up_to_id is not None:
@@ -264,14 +293,12 @@ class Outbox:
             rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
         return [
             OutboxItem(
-                r[0],
-                r[1],
-                r[2],
-                bytes(r[3]),
-                None if r[4] is None else bytes(r[4]),
-                r[5],
-                bool(r[6]),
-                r[7],
+                id=r[0],
+                kind=r[1],
+                message=Serialised(r[2], bytes(r[3]), None if r[4] is None else bytes(r[4]), r[5]),
+                qos=r[6],
+                retain=bool(r[7]),
+                created=r[8],
             )
             for r in rows
         ]
@@ -305,7 +332,7 @@ class Outbox:
             row = self._db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()
         return int(row[0])
 
-    def depth(self, kind: str | None = None) -> int:
+    def depth(self, kind: OutboxKind | None = None) -> int:
         if kind is None:
             return self._count
         with self._lock:
@@ -344,3 +371,64 @@ class Outbox:
     def _publish_gauges(self) -> None:
         DEPTH.set(self._count)
         BYTES.set(self._bytes)
+
+
+def _migrate_topic_rows(db: sqlite3.Connection) -> None:
+    """Rewrite the table of an older agent (topic + JSON rows) as typed rows, in place.
+
+    Queued messages keep their ids and order; the topic is no longer stored (the uplink
+    builds it from the kind), the schema and a case's image type are read from the JSON
+    once here. A row that is not a message cannot be sent either: it is logged and left out.
+    """
+    columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
+    if "topic" not in columns:
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("ALTER TABLE messages RENAME TO messages_topic_rows")
+        db.execute("DROP INDEX IF EXISTS messages_drop")
+        db.execute(_MESSAGES)
+        kept = lost = 0
+        rows = db.execute(
+            "SELECT id, kind, priority, body, image, qos, retain, created "
+            "FROM messages_topic_rows ORDER BY id"
+        )
+        for id_, kind, priority, body, image, qos, retain, created in rows.fetchall():
+            try:
+                meta = json.loads(body)
+                schema, content_type = meta["schema"], meta.get("content_type")
+            except (ValueError, KeyError, TypeError):
+                lost += 1
+                log.error("outbox row %d is not a message; left out of the migration", id_)
+                continue
+            db.execute(
+                "INSERT INTO messages (id, kind, priority, schema, body, image, content_type, "
+                "qos, retain, size, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    id_,
+                    kind,
+                    priority,
+                    schema,
+                    body,
+                    image,
+                    content_type if image is not None else None,
+                    qos,
+                    retain,
+                    len(body) + len(image or b""),
+                    created,
+                ),
+            )
+            kept += 1
+        # ids never go back: the new table continues where the old one's sequence was
+        # (sqlite_sequence has no key on name: update the new table's row, or add one)
+        (used,) = db.execute(
+            "SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'messages_topic_rows'"
+        ).fetchone()
+        db.execute("DELETE FROM sqlite_sequence WHERE name = 'messages'")
+        db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('messages', ?)", (used,))
+        db.execute("DROP TABLE messages_topic_rows")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    log.info("outbox migrated to typed rows: %d kept, %d not messages", kept, lost)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import cv2
 from prometheus_client import Counter, Histogram
 
-from edgefleet.edge.model import Predictor
 from edgefleet.edge.policy import Escalation, EscalationPolicy
 from edgefleet.edge.settings import PipelineSettings
+from edgefleet.edge.slot import ModelSlot
 from edgefleet.edge.sources.base import Frame
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.telemetry import WindowStats
@@ -58,7 +58,8 @@ Sink = Callable[[Work, list[Escalation]], None]
 
 
 class Pipeline:
-    """Owns the stage threads; `model` is asked for each frame so a swap takes effect live.
+    """Owns the stage threads; each frame leases the slot's model, so a swap takes effect
+    at the next frame and never closes a model under a frame still running on it.
 
     Inference workers pull: a worker that becomes free takes the newest frame of the next
     stream that has one, so no frame ages in a queue in front of the model. The post stage
@@ -68,7 +69,7 @@ class Pipeline:
     def __init__(
         self,
         captures: list[Capture],
-        model: Callable[[], Predictor],
+        model: ModelSlot,
         policy: EscalationPolicy,
         sink: Sink,
         stats: WindowStats,
@@ -164,9 +165,10 @@ class Pipeline:
         rgb = cv2.cvtColor(work.frame.image, cv2.COLOR_BGR2RGB)  # pre-process
         mid = time.perf_counter()
         STAGE.labels("preprocess").observe(mid - start)
-        model = self._model()
         try:
-            work.detections = model.predict(rgb)
+            with self._model.lease() as model:
+                work.model = model.info
+                work.detections = model.predict(rgb)
         except Overloaded as exc:  # the executor sheds load: a dropped frame, not a case
             OVERLOADED.inc()
             log.debug("frame %s#%d shed: %s", work.frame.stream_id, work.frame.index, exc)
@@ -178,7 +180,6 @@ class Pipeline:
                 "inference failed on %s#%d: %s", work.frame.stream_id, work.frame.index, work.error
             )
         STAGE.labels("infer").observe(time.perf_counter() - mid)
-        work.model = model.info
         with self._ready:
             self._in_post += 1  # before the worker stops being busy: idle has no gap
         self._post_q.put(work)

@@ -1,7 +1,8 @@
 """Device telemetry: per-stream fps/drops/latency, escalations, outbox, CPU/RAM and GPU.
 
 GPU figures come from NVML on a discrete GPU and from `tegrastats` on a Jetson (where
-NVML is not available); on a CPU-only host the `gpu` field is absent.
+NVML is not available); on a CPU-only host the `gpu` field is absent. `TelemetryReporter`
+assembles one `DeviceTelemetry` per period and stores it in the outbox like any message.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,19 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from edgefleet.shared.messages import GpuTelemetry, Latency
+from edgefleet.edge.outbox import Outbox
+from edgefleet.edge.slot import ModelSlot
+from edgefleet.edge.sources.capture import Capture
+from edgefleet.edge.uplink import Uplink
+from edgefleet.edge.verdicts import VerdictBook
+from edgefleet.shared.messages import (
+    DeviceTelemetry,
+    EscalationCounters,
+    GpuTelemetry,
+    Latency,
+    StreamTelemetry,
+)
+from edgefleet.shared.wire import serialise
 
 log = logging.getLogger(__name__)
 
@@ -191,3 +205,107 @@ def gpu_probe() -> GpuProbe:
     except Exception as exc:  # no library, no driver or no device: a CPU host
         log.info("no GPU telemetry: %s", exc)
         return NoGpu()
+
+
+# --- the periodic message -------------------------------------------------------------
+
+
+class TelemetryReporter:
+    """Every `interval_s`: one `DeviceTelemetry` into the outbox. Its thread also checks
+    the streams for stalls twice a second (the one periodic thread of the agent)."""
+
+    def __init__(
+        self,
+        device_id: str,
+        *,
+        interval_s: float,
+        qos: int,
+        captures: list[Capture],
+        stats: WindowStats,
+        outbox: Outbox,
+        uplink: Uplink,
+        model: ModelSlot,
+        verdicts: VerdictBook,
+        gpu: GpuProbe,
+    ):
+        self.device_id = device_id
+        self.interval_s = interval_s
+        self.qos = qos
+        self.captures = captures
+        self.stats = stats
+        self.outbox = outbox
+        self.uplink = uplink
+        self.model = model
+        self.verdicts = verdicts
+        self.gpu = gpu
+        self.started_at = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
+
+    def start(self) -> TelemetryReporter:
+        host_usage()  # prime psutil's CPU counter: the first window then has a figure
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self.gpu.close()
+
+    def uptime_s(self) -> float:
+        return round(time.monotonic() - self.started_at, 3)
+
+    def collect(self, window_s: float) -> DeviceTelemetry:
+        """The telemetry of the window that ends now (its counters are reset)."""
+        streams = []
+        for capture in self.captures:
+            frames, latency = self.stats.take(capture.stream_id)
+            streams.append(
+                StreamTelemetry(
+                    stream_id=capture.stream_id,
+                    state=capture.state,
+                    fps=round(frames / window_s, 3),
+                    frames_dropped=capture.dropped,
+                    latency_ms=latency,
+                    reconnects=capture.reconnects,
+                )
+            )
+        cpu, ram = host_usage()
+        return DeviceTelemetry(
+            device_id=self.device_id,
+            seq=self.outbox.next_seq(),
+            uptime_s=self.uptime_s(),
+            streams=streams,
+            escalations=EscalationCounters(
+                sent=self.uplink.sent.get("escalation", 0),
+                pending=self.outbox.depth("escalation"),
+                dropped=self.outbox.dropped.get("escalation", 0),
+            ),
+            outbox_depth=self.outbox.depth(),
+            outbox_dropped=self.outbox.dropped_total,
+            cpu_pct=cpu,
+            ram_used_mb=round(ram, 1),
+            gpu=self.gpu.sample(),
+            model=self.model.info,
+            agreement_rate=self.verdicts.agreement_rate,
+        )
+
+    def send(self, window_s: float) -> DeviceTelemetry:
+        """Collect and store one message for the uplink."""
+        message = self.collect(window_s)
+        self.outbox.put(serialise(message), qos=self.qos)
+        self.uplink.wake()
+        return message
+
+    def _run(self) -> None:
+        next_at = time.monotonic() + self.interval_s
+        while not self._stop.wait(min(0.5, max(0.0, next_at - time.monotonic()))):
+            for capture in self.captures:
+                capture.check_stall()
+            if time.monotonic() >= next_at:
+                next_at += self.interval_s
+                try:
+                    self.send(self.interval_s)
+                except Exception:  # telemetry must never stop the agent
+                    log.exception("telemetry failed")

@@ -215,11 +215,12 @@ class DesiredStateApplier:
                     if ref.name in current and current[ref.name].sha256 == ref.sha256:
                         continue
                     path = self.fetch(ref)
-                    self.control.swap_model(ref.name, path, ref.sha256)
+                    self.control.swap_model(ref, path)
                     swapped.append((ref.name, installed.get(ref.name)))
                     installed[ref.name] = {
                         "version": ref.version,
                         "sha256": ref.sha256,
+                        "url": ref.url,
                         "path": str(path),
                         "previous": installed.get(ref.name),
                     }
@@ -253,8 +254,16 @@ class DesiredStateApplier:
         """Swap back the models this attempt changed, newest first, from the kept files."""
         for name, previous in reversed(swapped):
             if previous and Path(previous["path"]).exists():
+                path = Path(previous["path"])
+                ref = ModelRef(
+                    name=name,
+                    version=previous["version"],
+                    # a state file of an older agent has no url: the file is where it lies
+                    url=previous.get("url") or path.resolve().as_uri(),
+                    sha256=previous["sha256"],
+                )
                 try:
-                    self.control.swap_model(name, Path(previous["path"]), previous["sha256"])
+                    self.control.swap_model(ref, path)
                 except Exception:  # nothing more to fall back to; logged for the operator
                     log.exception("could not swap %s back to %s", name, previous["version"])
 

@@ -6,8 +6,10 @@
 - Live first, backlog paced: after a (re)connect, what was already stored is replayed at
   `replay_rate_per_s` while new messages go out at once, so an outage's backlog does not
   starve live traffic.
-- Signing happens when a message is sent: a message older than `restamp_after_s` gets a
-  fresh `ts` (and signature) so the cloud's staleness check does not reject a replay.
+- Signing happens when a message is sent, over the bytes the outbox stored: a message
+  stored longer than `restamp_after_s` ago is parsed, given a fresh `ts` and serialised
+  again (the only second serialisation), so the cloud's staleness check does not reject
+  a replay.
 - Incoming `results` and `desired` are verified with the device key before any use.
 """
 
@@ -25,13 +27,22 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge
 
-from edgefleet.edge.outbox import Outbox, OutboxItem
+from edgefleet.edge.outbox import Outbox, OutboxItem, OutboxKind
 from edgefleet.edge.settings import UplinkSettings
 from edgefleet.shared import mqtt as ef_mqtt
 from edgefleet.shared.errors import PayloadRejected
 from edgefleet.shared.messages import MESSAGE_TYPES, DeviceState, DeviceStatus, Message, utcnow
-from edgefleet.shared.topics import Channel, Topics
-from edgefleet.shared.wire import ReplayGuard, Verified, Verifier, WireMessage, encode
+from edgefleet.shared.topics import Channel, Topics, channel_of
+from edgefleet.shared.wire import (
+    ReplayGuard,
+    Serialised,
+    Verified,
+    Verifier,
+    WireMessage,
+    encode,
+    serialise,
+    sign,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +66,7 @@ class Uplink:
         outbox: Outbox,
         agent_version: str,
         on_message: Callable[[Channel, Verified], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ):
         self.mqtt_settings = mqtt_settings
         self.settings = settings
@@ -64,10 +76,12 @@ class Uplink:
         self.agent_version = agent_version
         self.topics = Topics(mqtt_settings.topic_root)
         self.on_message = on_message
+        self._wall_clock = wall_clock  # ages stored messages (the outbox stamps wall time)
         self.connected = threading.Event()
-        self.sent: dict[str, int] = {}
+        self.sent: dict[OutboxKind, int] = {}
         self._acks: queue.SimpleQueue[tuple[int, bool, str]] = queue.SimpleQueue()
-        self._inflight: dict[int, tuple[int, float, str]] = {}  # mid -> (row id, sent at, kind)
+        # mid -> (row id, sent at, kind)
+        self._inflight: dict[int, tuple[int, float, OutboxKind]] = {}
         self._inflight_rows: set[int] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -132,7 +146,7 @@ class Uplink:
 
     def publish_now(self, message: Message, *, retain: bool = False) -> None:
         """Publish without the outbox (status only: its last will covers the gap)."""
-        topic = self.topics.for_device(self.device_id, _channel_of(message))
+        topic = self.topics.for_device(self.device_id, channel_of(message.schema_id))
         ef_mqtt.publish(self.client, encode(message, self.key, topic), qos=1, retain=retain)
 
     @property
@@ -284,16 +298,14 @@ class Uplink:
         self._inflight_rows.add(item.id)
 
     def _wire_of(self, item: OutboxItem) -> WireMessage | None:
-        try:
-            data = item.body
-            schema = _schema_of(data)
-            message = MESSAGE_TYPES[schema].model_validate_json(data)
-        except (KeyError, ValueError):
-            log.error("outbox row %d is not a message; dropped", item.id)
-            return None
-        if (utcnow() - message.ts).total_seconds() > self.settings.restamp_after_s:
-            message = message.model_copy(update={"ts": utcnow()})
-        return encode(message, self.key, item.topic, item.image)
+        message = item.message
+        if self._wall_clock() - item.created > self.settings.restamp_after_s:
+            restamped = _restamped(message)
+            if restamped is None:
+                log.error("outbox row %d is not a message; dropped", item.id)
+                return None
+            message = restamped
+        return sign(message, self.key, self.topics.for_device(self.device_id, item.channel))
 
     def _drain_acks(self) -> None:
         done: list[int] = []
@@ -334,14 +346,10 @@ class Uplink:
                 self._requeue(row_id)
 
 
-def _schema_of(body: bytes) -> str:
-    # The schema field is serialised first by every Message model; parse it cheaply.
-    head = body[:64].decode("utf-8", "replace")
-    start = head.index('"schema":"') + len('"schema":"')
-    return head[start : head.index('"', start)]
-
-
-def _channel_of(message: Message) -> Channel:
-    from edgefleet.shared.topics import CHANNEL_SCHEMA
-
-    return next(ch for ch, ids in CHANNEL_SCHEMA.items() if message.schema_id in ids)
+def _restamped(stored: Serialised) -> Serialised | None:
+    """The stored message with `ts` now, serialised again; None if it does not parse."""
+    try:
+        message = MESSAGE_TYPES[stored.schema_id].model_validate_json(stored.json)
+    except (KeyError, ValueError):
+        return None
+    return serialise(message.model_copy(update={"ts": utcnow()}), stored.image)

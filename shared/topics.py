@@ -82,3 +82,11 @@ class Topics:
             return parts[0], Channel(parts[1])
         except ValueError:
             raise PayloadRejected("topic", f"unknown channel in topic {topic!r}") from None
+
+
+def channel_of(schema_id: str) -> Channel:
+    """The one channel a schema travels on (ValueError for an unknown schema)."""
+    for channel, schema_ids in CHANNEL_SCHEMA.items():
+        if schema_id in schema_ids:
+            return channel
+    raise ValueError(f"no channel carries schema {schema_id!r}")

@@ -25,7 +25,13 @@ from pydantic import ValidationError
 
 from edgefleet.shared.errors import PayloadRejected
 from edgefleet.shared.hashing import same_hex
-from edgefleet.shared.messages import MESSAGE_TYPES, DeviceTelemetry, EscalationCase, Message
+from edgefleet.shared.messages import (
+    MESSAGE_TYPES,
+    DeviceTelemetry,
+    EscalationCase,
+    ImageContentType,
+    Message,
+)
 from edgefleet.shared.topics import CHANNEL_SCHEMA, Topics
 
 SCHEMA_PROP = "ef-schema"
@@ -84,23 +90,58 @@ def fit_meta(case: EscalationCase) -> tuple[EscalationCase, bytes]:
     return fitted, fitted.model_dump_json().encode()
 
 
-def encode(message: Message, key: bytes, topic: str, image: bytes | None = None) -> WireMessage:
-    """Sign and lay out one message for `topic` per wire format v1."""
+@dataclass(frozen=True)
+class Serialised:
+    """A message serialised once: its schema id, its JSON and, for a case, the image beside it.
+
+    What the edge's outbox stores and the uplink signs as read, so a message is laid out
+    once on its way out however long it waits.
+    """
+
+    schema_id: str
+    json: bytes
+    image: bytes | None = None
+    content_type: ImageContentType | None = None
+
+
+def serialise(message: Message, image: bytes | None = None) -> Serialised:
+    """The one serialisation of `message` (a case must come with its image, nothing else may)."""
     if isinstance(message, EscalationCase):
         if not image:
             raise ValueError("an EscalationCase travels with its image bytes")
-        meta = message.model_dump_json().encode()
-        payload = image
+        return Serialised(
+            message.schema_id, message.model_dump_json().encode(), image, message.content_type
+        )
+    if image is not None:
+        raise ValueError(f"{message.schema_id} carries no image")
+    return Serialised(message.schema_id, message.model_dump_json().encode())
+
+
+def serialise_case(case: EscalationCase, image: bytes) -> tuple[EscalationCase, Serialised]:
+    """The case as it will travel (trimmed by `fit_meta` if need be) and its serialisation."""
+    if not image:
+        raise ValueError("an EscalationCase travels with its image bytes")
+    fitted, meta = fit_meta(case)
+    return fitted, Serialised(fitted.schema_id, meta, image, fitted.content_type)
+
+
+def sign(message: Serialised, key: bytes, topic: str) -> WireMessage:
+    """Sign and lay out a serialised message for `topic` per wire format v1."""
+    if message.image is not None:
+        meta, payload = message.json, message.image
         props = [(SCHEMA_PROP, message.schema_id), (META_PROP, meta.decode())]
         content_type: str | None = message.content_type
     else:
-        if image is not None:
-            raise ValueError(f"{message.schema_id} carries no image")
-        meta, payload = b"", message.model_dump_json().encode()
+        meta, payload = b"", message.json
         props = [(SCHEMA_PROP, message.schema_id)]
         content_type = "application/json"
     props.append((SIG_PROP, signature(key, meta, payload)))
     return WireMessage(topic, payload, tuple(props), content_type)
+
+
+def encode(message: Message, key: bytes, topic: str, image: bytes | None = None) -> WireMessage:
+    """Sign and lay out one message for `topic` per wire format v1."""
+    return sign(serialise(message, image), key, topic)
 
 
 @dataclass(frozen=True)

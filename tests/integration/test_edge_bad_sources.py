@@ -85,12 +85,12 @@ def test_bad_sources_are_down_in_telemetry_while_a_good_one_flows(
             90,
             "good live, bad ones down and retried",
         )
-        report = {s["stream_id"]: s for s in agent.health_report()["streams"]}
+        report = {s["stream_id"]: s for s in agent.report.health()["streams"]}
         assert "not a readable video" in report["notes"]["last_error"]
         assert "garbage frames" in report["junk"]["last_error"]
         assert report["cam-auth"]["last_error"] and report["junk"]["frames"] == 0
         assert all(c.alive for c in agent.captures)
-        ok, reasons = agent.readiness()
+        ok, reasons = agent.report.ready()
         assert not ok and "cam-auth" in reasons[0]
     finally:
         agent.stop()

@@ -41,7 +41,8 @@ def test_desired_state_swaps_the_model_and_reports(broker: MosquittoBroker, tmp_
     agent.start()
     try:
         wait_for(agent.uplink.connected.is_set, 30, "agent connection")
-        before = agent.current_model()
+        with agent.model.lease() as before:
+            pass
         # when the fleet publishes a signed desired state with a new detector version
         ref = ModelRef(
             name="ppocr6-tiny-det",
@@ -56,8 +57,9 @@ def test_desired_state_swaps_the_model_and_reports(broker: MosquittoBroker, tmp_
         assert [r.status for r in collector.reported] == ["applying", "healthy"]
         (running,) = agent.current_models()
         assert (running.name, running.version, running.sha256) == ("ppocr6-tiny-det", "4.1", sha)
-        assert agent.current_model() is not before
-        lines = agent.current_model().predict(text_frame("SWAP"))
+        with agent.model.lease() as model:
+            assert model is not before
+            lines = model.predict(text_frame("SWAP"))
         assert [d.text for d in lines] == ["SWAP"]
     finally:
         agent.stop()

@@ -57,8 +57,8 @@ def test_corrupt_outbox_is_reported_and_drops_are_counted_in_telemetry(
         wait_for(lambda: agent.captures[0].finished and agent.pipeline.idle, 180, "video played")
         assert agent.outbox is not None
         wait_for(lambda: agent.outbox.dropped["telemetry"] > 0, 30, "a telemetry drop")
-        tel = agent.telemetry(1.0)
-        health = agent.health_report()
+        tel = agent.telemetry.collect(1.0)
+        health = agent.report.health()
     finally:
         agent.stop()
 
@@ -67,7 +67,7 @@ def test_corrupt_outbox_is_reported_and_drops_are_counted_in_telemetry(
     assert moved.read_bytes() == garbage and moved != outbox
     assert "outbox was corrupt" in caplog.text and str(moved) in caplog.text
     assert b"ef_edge_outbox_corrupt_total" in generate_latest()
-    assert agent.escalations_created == FRAMES
+    assert agent.cases.created == FRAMES
 
     # and the full outbox kept escalations (newest) over telemetry, counting every drop
     assert tel.outbox_depth == BOUND and tel.escalations.pending == BOUND

@@ -63,7 +63,7 @@ def test_frames_shed_by_the_executor_count_as_dropped_in_telemetry(tmp_path: Pat
     agent.start()
     try:
         wait_for(lambda: agent.captures[0].finished and agent.pipeline.idle, 60, "video played")
-        tel = agent.telemetry(1.0)
+        tel = agent.telemetry.collect(1.0)
     finally:
         agent.stop()
     # then the refused frames are the stream's dropped frames; the rest were processed

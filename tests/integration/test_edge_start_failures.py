@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,15 +73,19 @@ def test_a_taken_health_port_exits_with_status_2_instead_of_hanging(tmp_path: Pa
     assert "Traceback" not in result.stderr
 
 
-def test_a_model_that_does_not_load_stops_what_had_started(tmp_path: Path) -> None:
-    # given an agent whose model is not in the registry
-    agent = Agent(build_settings(_config(tmp_path, model={"name": "no-such-model"})))
-    # when it starts, then the error is the model's
+def test_a_model_that_does_not_load_closes_what_had_been_built(tmp_path: Path) -> None:
+    # given settings whose model is not in the registry, and the agent threads running now
+    health_port = free_port()
+    settings = build_settings(
+        _config(tmp_path, model={"name": "no-such-model"}, health={"port": health_port})
+    )
+    threads_before = set(threading.enumerate())
+    # when the agent is built, then the error is the model's
     with pytest.raises(EdgefleetError, match="no-such-model"):
-        agent.start()
-    # and the outbox is closed and the health port is free again
-    assert agent.outbox is not None and not agent.outbox.writable()
-    assert agent.health is not None
+        Agent(settings)
+    # and the health port is free again, the outbox is closed (SQLite removes the WAL
+    # file when its last connection closes) and no thread was left behind
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", agent.health.port))
-    assert agent.captures == []
+        probe.bind(("127.0.0.1", health_port))
+    assert (tmp_path / "outbox.db").exists() and not (tmp_path / "outbox.db-wal").exists()
+    assert set(threading.enumerate()) <= threads_before

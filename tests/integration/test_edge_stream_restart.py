@@ -98,7 +98,7 @@ def test_udp_stream_killed_and_restarted_is_reconnected(
             90,
             "reconnected stream",
         )
-        health = agent.health_report()["streams"][0]
+        health = agent.report.health()["streams"][0]
         assert health["state"] == "live" and health["reconnects"] >= 1
     finally:
         agent.stop()

@@ -14,12 +14,13 @@ from edgefleet.edge.settings import UplinkSettings
 from edgefleet.edge.uplink import NACKED, Uplink
 from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
 from edgefleet.shared.mqtt import MqttSettings
+from edgefleet.shared.wire import Serialised, serialise
 from tests.integration.test_edge_support import DEVICE, KEY, Collector, wait_for
 from tests.support.broker import MosquittoBroker
 
 
-def _telemetry(seq: int) -> bytes:
-    return (
+def _telemetry(seq: int) -> Serialised:
+    return serialise(
         DeviceTelemetry(
             device_id=DEVICE,
             seq=seq,
@@ -29,8 +30,6 @@ def _telemetry(seq: int) -> bytes:
             cpu_pct=1.0,
             ram_used_mb=1.0,
         )
-        .model_dump_json()
-        .encode()
     )
 
 
@@ -67,8 +66,7 @@ def test_a_refused_publish_stays_in_the_outbox_until_accepted(
     )
     try:
         wait_for(uplink.connected.is_set, 30, "connection")
-        topic = uplink.topics.telemetry(DEVICE)
-        box.put("telemetry", topic, _telemetry(1))
+        box.put(_telemetry(1))
         uplink.wake()
         # then the broker's refusal is counted and the message is kept
         wait_for(
@@ -102,14 +100,14 @@ def test_replay_after_an_outage_is_paced_and_live_messages_overtake_it(
     # given 60 telemetry messages stored while the uplink was away (as after a restart)
     box = Outbox(tmp_path / "o.db")
     for seq in range(60):
-        box.put("telemetry", f"ef/v1/{DEVICE}/telemetry", _telemetry(1000 + seq))
+        box.put(_telemetry(1000 + seq))
     collector = Collector(broker, "cloud-replay")
     # when the uplink starts with a replay pace of 10 messages per second
     uplink = _uplink(broker, box, replay_rate_per_s=10).start()
     try:
         wait_for(uplink.connected.is_set, 30, "connection")
         wait_for(lambda: len(collector.telemetry) >= 2, 30, "the replay to start")
-        box.put("telemetry", uplink.topics.telemetry(DEVICE), _telemetry(5000))
+        box.put(_telemetry(5000))
         uplink.wake()
         wait_for(lambda: box.depth() == 0, 60, "the backlog to drain")
         wait_for(lambda: len(collector.telemetry) == 61, 30, "all messages")

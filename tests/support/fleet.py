@@ -117,12 +117,12 @@ class OnnxControl:
     def publish_reported(self, state) -> None:
         self.publish(state)
 
-    def swap_model(self, name: str, path: Path, sha256: str):
+    def swap_model(self, ref, path: Path):
         import numpy as np
         import onnxruntime as ort
 
         from edgefleet.shared.errors import EdgefleetError
-        from edgefleet.shared.messages import ModelInfo, ModelRef
+        from edgefleet.shared.messages import ModelInfo
 
         try:
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -130,12 +130,13 @@ class OnnxControl:
             shape = [d if isinstance(d, int) else 1 for d in inp.shape]
             session.run(None, {inp.name: np.zeros(shape, dtype=np.float32)})
         except Exception as exc:  # ONNX Runtime's own errors: the old model keeps running
-            raise EdgefleetError(f"warm-up of {name} failed: {exc}") from None
-        version = Path(path).parent.name.split("-")[0]
-        self.sessions[name] = session
-        self.models[name] = ModelRef(name=name, version=version, url=path.as_uri(), sha256=sha256)
-        self.swaps.append(f"{name}@{version}")
-        return ModelInfo(name=name, version=version, sha256=sha256, backend="onnxruntime-cpu")
+            raise EdgefleetError(f"warm-up of {ref.name} failed: {exc}") from None
+        self.sessions[ref.name] = session
+        self.models[ref.name] = ref
+        self.swaps.append(f"{ref.name}@{ref.version}")
+        return ModelInfo(
+            name=ref.name, version=ref.version, sha256=ref.sha256, backend="onnxruntime-cpu"
+        )
 
     def current_models(self) -> list:
         return list(self.models.values())

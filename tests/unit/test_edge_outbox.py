@@ -7,19 +7,34 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.edge.outbox import Outbox
+from edgefleet.edge.outbox import Outbox, OutboxKind
 from edgefleet.shared.errors import ConfigError, EdgefleetError
+from edgefleet.shared.wire import Serialised
+
+JPEG = b"\xff\xd8\xff"
+SCHEMA: dict[OutboxKind, str] = {
+    "telemetry": "ef.telemetry/1",
+    "reported": "ef.reported/1",
+    "escalation": "ef.escalation/2",
+}
 
 
-def _put(box: Outbox, kind: str, n: int, size: int = 100) -> list[int]:
-    return [box.put(kind, f"ef/v1/cam-01/{kind}", b"x" * size) for _ in range(n)]
+def _message(kind: OutboxKind, body: bytes = b"x" * 100) -> Serialised:
+    """A stored message of `kind` (the outbox keeps bytes; it does not parse them)."""
+    if kind == "escalation":
+        return Serialised(SCHEMA[kind], body, JPEG, "image/jpeg")
+    return Serialised(SCHEMA[kind], body)
+
+
+def _put(box: Outbox, kind: OutboxKind, n: int, size: int = 100) -> list[int]:
+    return [box.put(_message(kind, b"x" * size)) for _ in range(n)]
 
 
 def test_messages_survive_reopen_and_leave_only_on_ack(tmp_path: Path) -> None:
     # given an outbox with three messages
     box = Outbox(tmp_path / "o.db")
     ids = _put(box, "escalation", 3)
-    box.put("telemetry", "t", b"tel", qos=0)
+    box.put(_message("telemetry", b"tel"), qos=0)
     box.close()
     # when it is reopened (as after a crash) and one is acknowledged
     box = Outbox(tmp_path / "o.db")
@@ -29,6 +44,8 @@ def test_messages_survive_reopen_and_leave_only_on_ack(tmp_path: Path) -> None:
     items = box.read(0)
     assert [i.id for i in items] == [ids[0], ids[2], ids[2] + 1]
     assert items[-1].qos == 0 and items[-1].kind == "telemetry"
+    assert items[-1].message == Serialised("ef.telemetry/1", b"tel")
+    assert items[0].message == _message("escalation")
     assert box.read(ids[0], up_to_id=ids[2]) == [items[1]]
     assert box.depth("escalation") == 2
 
@@ -56,7 +73,7 @@ def test_full_outbox_drops_telemetry_first_and_escalations_last(tmp_path: Path) 
     assert box.dropped == {"telemetry": 2, "reported": 1, "escalation": 0}
     assert not set(tel + rep) & set(remaining)
     # when telemetry arrives into an outbox full of escalations, the newcomer is dropped
-    assert box.put("telemetry", "t", b"x") == 0
+    assert box.put(_message("telemetry")) == 0
     assert box.dropped["telemetry"] == 3
     # and when escalations keep coming, the oldest escalation makes room
     later = _put(box, "escalation", 1)
@@ -108,14 +125,16 @@ def test_corrupt_outbox_is_moved_aside_and_a_fresh_one_starts(tmp_path: Path, da
     # then the damaged file is kept aside, the new outbox works and seq does not repeat
     assert box.recovered_from is not None and box.recovered_from.exists()
     assert box.depth() == 0
-    assert box.put("escalation", "t", b"x") > 0
+    assert box.put(_message("escalation")) > 0
     assert box.writable()
     assert box.next_seq() > seq_before
 
 
-def test_unknown_kind_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError):
-        Outbox(tmp_path / "o.db").put("status", "t", b"x")
+def test_a_message_that_does_not_go_through_the_outbox_is_refused(tmp_path: Path) -> None:
+    # status is published directly (its last will covers the gap), verdicts come in
+    for schema in ("ef.status/1", "ef.verdict/2", "ef.nothing/1"):
+        with pytest.raises(ValueError):
+            Outbox(tmp_path / "o.db").put(Serialised(schema, b"{}"))
 
 
 def test_outbox_file_is_plain_sqlite(tmp_path: Path) -> None:
@@ -143,7 +162,7 @@ def test_an_outbox_locked_by_another_process_is_not_mistaken_for_a_corrupt_one(
     # given a good outbox with a message, held exclusively by another connection
     path = tmp_path / "o.db"
     box = Outbox(path)
-    box.put("escalation", "t", b"keep me")
+    box.put(_message("escalation", b"keep me"))
     box.close()
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("PRAGMA journal_mode=DELETE")
@@ -159,7 +178,7 @@ def test_an_outbox_locked_by_another_process_is_not_mistaken_for_a_corrupt_one(
         holder.execute("ROLLBACK")
         holder.close()
     # and once the other process is gone the message is still there
-    assert [item.body for item in Outbox(path).read(0)] == [b"keep me"]
+    assert [item.message.json for item in Outbox(path).read(0)] == [b"keep me"]
 
 
 def test_outbox_and_store_files_are_private(tmp_path: Path) -> None:
@@ -174,7 +193,7 @@ def test_outbox_and_store_files_are_private(tmp_path: Path) -> None:
     old = os.umask(0o022)  # a usual umask: it must not decide who reads the data
     try:
         box = Outbox(tmp_path / "edge" / "outbox.db")
-        box.put("telemetry", "t", b"{}")
+        box.put(_message("telemetry", b"{}"))
         db = Database.connect(f"sqlite:///{tmp_path / 'cloud' / 'cloud.db'}")
         db.execute("CREATE TABLE t (x INTEGER)")
         # an outbox created 0644 by an older version is tightened when opened

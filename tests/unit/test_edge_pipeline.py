@@ -13,6 +13,7 @@ import numpy as np
 from edgefleet.edge.pipeline import Pipeline, Work
 from edgefleet.edge.policy import Escalation, EscalationPolicy
 from edgefleet.edge.settings import PipelineSettings, PolicySettings, SourceSettings
+from edgefleet.edge.slot import ModelSlot
 from edgefleet.edge.sources import OpenCvSource
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.telemetry import WindowStats
@@ -59,7 +60,7 @@ def test_the_pipeline_is_not_idle_while_the_last_frame_is_post_processed(tmp_pat
 
     pipeline = Pipeline(
         [capture],
-        lambda: model,
+        ModelSlot(model),
         EscalationPolicy(PolicySettings()),
         sink,
         WindowStats(),
