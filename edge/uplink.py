@@ -5,7 +5,7 @@
   in flight.
 - Live first, backlog paced: after a (re)connect, what was already stored is replayed at
   `replay_rate_per_s` while new messages go out at once, so an outage's backlog does not
-  starve live traffic.
+  starve live traffic (which rows go when: `edgefleet.edge.delivery`).
 - Signing happens when a message is sent, over the bytes the outbox stored: a message
   stored longer than `restamp_after_s` ago is parsed, given a fresh `ts` and serialised
   again (the only second serialisation), so the cloud's staleness check does not reject
@@ -27,6 +27,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge
 
+from edgefleet.edge.delivery import Delivery
 from edgefleet.edge.outbox import Outbox, OutboxItem, OutboxKind
 from edgefleet.edge.settings import UplinkSettings
 from edgefleet.shared import mqtt as ef_mqtt
@@ -47,8 +48,6 @@ from edgefleet.shared.wire import (
 log = logging.getLogger(__name__)
 
 PUBLISHED = Counter("ef_edge_uplink_published_total", "Messages handed to the broker", ["kind"])
-NACKED = Counter("ef_edge_uplink_nacked_total", "PUBACKs with a failure reason code", ["reason"])
-RESENT = Counter("ef_edge_uplink_resent_total", "Messages published again after a timeout")
 CONNECTED = Gauge("ef_edge_uplink_connected", "1 while the broker connection is up")
 INCOMING = Counter("ef_edge_uplink_incoming_total", "Messages received", ["channel", "outcome"])
 
@@ -78,17 +77,16 @@ class Uplink:
         self.on_message = on_message
         self._wall_clock = wall_clock  # ages stored messages (the outbox stamps wall time)
         self.connected = threading.Event()
-        self.sent: dict[OutboxKind, int] = {}
+        self.delivery = Delivery(
+            outbox,
+            replay_rate_per_s=settings.replay_rate_per_s,
+            resend_after_s=settings.resend_after_s,
+            max_inflight=mqtt_settings.max_inflight,
+        )
+        # PUBACKs from paho's thread to the sender; (-1, True, "connected") on a connect
         self._acks: queue.SimpleQueue[tuple[int, bool, str]] = queue.SimpleQueue()
-        # mid -> (row id, sent at, kind)
-        self._inflight: dict[int, tuple[int, float, OutboxKind]] = {}
-        self._inflight_rows: set[int] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._live_after = 0  # rows above this are live
-        self._backlog_cursor = 0  # rows in (cursor, live_after] are backlog still to send
-        self._replay_tokens = 0.0
-        self._connected_since = 0.0
         keys = lambda device: key if device == device_id else None  # noqa: E731
         self._verifier = Verifier(key_for_device=keys, topics=self.topics)
         # A retained desired state may be days old: it is checked for signature, not age.
@@ -111,8 +109,6 @@ class Uplink:
     # --- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> Uplink:
-        self._live_after = self.outbox.max_id()
-        self._backlog_cursor = 0
         ef_mqtt.connect(self.client, self.mqtt_settings, clean_start=False)
         self._thread.start()
         return self
@@ -140,7 +136,8 @@ class Uplink:
                 log.warning("offline status not acknowledged before shutdown")
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
         self.client.disconnect()
         self.client.loop_stop()
 
@@ -151,7 +148,12 @@ class Uplink:
 
     @property
     def inflight(self) -> int:
-        return len(self._inflight)
+        return self.delivery.inflight
+
+    @property
+    def sent(self) -> dict[OutboxKind, int]:
+        """Messages acknowledged by the broker (or handed over, at QoS 0), by kind."""
+        return self.delivery.sent
 
     # --- paho callbacks (network thread: never block here) -----------------------------
 
@@ -226,76 +228,33 @@ class Uplink:
     # --- sender thread -----------------------------------------------------------------
 
     def _run(self) -> None:
-        last = time.monotonic()
         while not self._stop.is_set():
             self._wake.wait(0.1)
             self._wake.clear()
             self._drain_acks()
-            now = time.monotonic()
-            self._replay_tokens = min(
-                self.settings.replay_rate_per_s,
-                self._replay_tokens + (now - last) * self.settings.replay_rate_per_s,
-            )
-            last = now
             if not self.connected.is_set():
                 continue
             try:
-                self._resend_stale(now)
-                self._send_live()
-                self._send_backlog()
+                while self.connected.is_set() and (batch := self.delivery.next_batch()):
+                    for item in batch:
+                        self._publish(item)
             except Exception:  # keep the sender alive; the rows stay in the outbox
                 log.exception("uplink sender error")
                 time.sleep(0.5)
         self._drain_acks()
-
-    def _window(self) -> int:
-        return max(0, self.mqtt_settings.max_inflight - len(self._inflight))
-
-    def _send_live(self) -> None:
-        while self._window() > 0 and self.connected.is_set():
-            items = self.outbox.read(self._live_after, limit=min(64, self._window()))
-            if not items:
-                return
-            for item in items:
-                self._live_after = item.id
-                self._publish(item)
-
-    def _send_backlog(self) -> None:
-        while (
-            self._backlog_cursor < self._live_after
-            and self._replay_tokens >= 1
-            and self._window() > 0
-        ):
-            limit = max(1, min(64, self._window(), int(self._replay_tokens)))
-            items = self.outbox.read(self._backlog_cursor, self._live_after, limit=limit)
-            if not items:
-                self._backlog_cursor = self._live_after
-                return
-            for item in items:
-                self._backlog_cursor = item.id
-                if item.id in self._inflight_rows:
-                    continue
-                self._replay_tokens -= 1
-                self._publish(item)
 
     def _publish(self, item: OutboxItem) -> None:
         wire = self._wire_of(item)
         if wire is None:  # unreadable row (cannot happen unless the file was edited): drop
             self.outbox.ack([item.id])
             return
-        qos = item.qos
-        info = ef_mqtt.publish(self.client, wire, qos=qos, retain=item.retain)
+        info = ef_mqtt.publish(self.client, wire, qos=item.qos, retain=item.retain)
         if info.rc != mqtt.MQTT_ERR_SUCCESS and info.rc != mqtt.MQTT_ERR_NO_CONN:
             log.warning("publish of %s %d failed: %s", item.kind, item.id, info.rc)
-            self._requeue(item.id)
+            self.delivery.not_published(item)
             return
         PUBLISHED.labels(item.kind).inc()
-        if qos == 0:
-            self.outbox.ack([item.id])
-            self.sent[item.kind] = self.sent.get(item.kind, 0) + 1
-            return
-        self._inflight[info.mid] = (item.id, time.monotonic(), item.kind)
-        self._inflight_rows.add(item.id)
+        self.delivery.published(item, info.mid, item.qos)
 
     def _wire_of(self, item: OutboxItem) -> WireMessage | None:
         message = item.message
@@ -308,42 +267,19 @@ class Uplink:
         return sign(message, self.key, self.topics.for_device(self.device_id, item.channel))
 
     def _drain_acks(self) -> None:
-        done: list[int] = []
+        acks: list[tuple[int, bool, str]] = []
         while True:
             try:
-                mid, ok, reason = self._acks.get_nowait()
+                ack = self._acks.get_nowait()
             except queue.Empty:
                 break
-            if mid == -1:  # (re)connected: what is stored but not in flight is backlog
-                self._live_after = max(self._live_after, self.outbox.max_id())
-                self._backlog_cursor = 0
-                now = time.monotonic()  # paho resends what was in flight: restart its clock
-                self._inflight = {m: (r, now, k) for m, (r, _, k) in self._inflight.items()}
-                continue
-            entry = self._inflight.pop(mid, None)
-            if entry is None:
-                continue
-            row_id, _, kind = entry
-            self._inflight_rows.discard(row_id)
-            if ok:
-                done.append(row_id)
-                self.sent[kind] = self.sent.get(kind, 0) + 1
+            if ack[0] == -1:  # (re)connected: settle what came before, then a new segment
+                self.delivery.acked(acks)
+                acks = []
+                self.delivery.connected()
             else:
-                NACKED.labels(reason).inc()
-                log.warning("broker refused %s %d: %s; will retry", kind, row_id, reason)
-                self._requeue(row_id)
-        self.outbox.ack(done)
-
-    def _requeue(self, row_id: int) -> None:
-        self._backlog_cursor = min(self._backlog_cursor, row_id - 1)
-
-    def _resend_stale(self, now: float) -> None:
-        for mid, (row_id, sent_at, _) in list(self._inflight.items()):
-            if now - sent_at > self.settings.resend_after_s:
-                del self._inflight[mid]
-                self._inflight_rows.discard(row_id)
-                RESENT.inc()
-                self._requeue(row_id)
+                acks.append(ack)
+        self.delivery.acked(acks)
 
 
 def _restamped(stored: Serialised) -> Serialised | None:

@@ -1,29 +1,35 @@
-"""The uplink against a real Mosquitto: refused PUBACKs keep the message, and the replay
-after an outage is paced so live messages overtake the backlog."""
+"""The uplink against a real Mosquitto: connect, disconnect while live, refused PUBACKs keep
+the message, the replay after an outage is paced so live messages overtake the backlog,
+and a message that waited too long is restamped when it finally goes. (The state machine
+itself, with an injected clock: tests/unit/test_edge_delivery.py.)"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from edgefleet.edge.delivery import NACKED
 from edgefleet.edge.outbox import Outbox
 from edgefleet.edge.settings import UplinkSettings
-from edgefleet.edge.uplink import NACKED, Uplink
-from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
+from edgefleet.edge.uplink import Uplink
+from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters, utcnow
 from edgefleet.shared.mqtt import MqttSettings
 from edgefleet.shared.wire import Serialised, serialise
 from tests.integration.test_edge_support import DEVICE, KEY, Collector, wait_for
 from tests.support.broker import MosquittoBroker
 
 
-def _telemetry(seq: int) -> Serialised:
+def _telemetry(seq: int, ts: datetime | None = None) -> Serialised:
     return serialise(
         DeviceTelemetry(
             device_id=DEVICE,
             seq=seq,
+            ts=ts or utcnow(),
             uptime_s=1.0,
             escalations=EscalationCounters(sent=0, pending=0, dropped=0),
             outbox_depth=0,
@@ -33,7 +39,12 @@ def _telemetry(seq: int) -> Serialised:
     )
 
 
-def _uplink(broker: MosquittoBroker, box: Outbox, **settings: float) -> Uplink:
+def _uplink(
+    broker: MosquittoBroker,
+    box: Outbox,
+    wall_clock: Callable[[], float] = time.time,
+    **settings: float,
+) -> Uplink:
     return Uplink(
         MqttSettings(host=broker.host, port=broker.port, reconnect_min_s=1, reconnect_max_s=1),
         UplinkSettings(**settings),
@@ -41,7 +52,80 @@ def _uplink(broker: MosquittoBroker, box: Outbox, **settings: float) -> Uplink:
         key=KEY,
         outbox=box,
         agent_version="test",
+        wall_clock=wall_clock,
     )
+
+
+def test_on_connect_it_says_online_and_a_message_leaves_the_outbox_once_acknowledged(
+    broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    # given a cloud-side collector and an uplink over an empty outbox
+    collector = Collector(broker, "cloud-connect")
+    box = Outbox(tmp_path / "o.db")
+    uplink = _uplink(broker, box).start()
+    try:
+        # when it connects, then it publishes `online`, retained
+        wait_for(uplink.connected.is_set, 30, "connection")
+        wait_for(lambda: any(s.state == "online" for s, _ in collector.statuses), 30, "online")
+        # when a message is stored, then it arrives and is removed on its PUBACK
+        box.put(_telemetry(7))
+        uplink.wake()
+        wait_for(lambda: box.depth() == 0, 30, "the PUBACK")
+        wait_for(lambda: [t.seq for t in collector.telemetry] == [7], 30, "the message")
+        assert uplink.sent == {"telemetry": 1} and uplink.inflight == 0
+    finally:
+        uplink.stop()
+        collector.close()
+
+
+def test_messages_stored_while_the_broker_is_down_are_kept_and_sent_on_reconnect(
+    own_broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    # given a live uplink, and a collector whose session the broker keeps across restarts
+    collector = Collector(own_broker, "cloud-reconnect")
+    box = Outbox(tmp_path / "o.db")
+    uplink = _uplink(own_broker, box).start()
+    try:
+        wait_for(uplink.connected.is_set, 30, "connection")
+        # when the broker goes away and messages keep coming
+        own_broker.stop()
+        wait_for(lambda: not uplink.connected.is_set(), 30, "the disconnect")
+        for seq in range(5):
+            box.put(_telemetry(100 + seq))
+            uplink.wake()
+        # then they wait in the outbox
+        assert box.depth() == 5
+        # when the broker is back, they are all delivered and leave the outbox
+        own_broker.start()
+        wait_for(uplink.connected.is_set, 30, "reconnection")
+        wait_for(lambda: box.depth() == 0, 60, "the backlog to drain")
+        wait_for(lambda: len({t.seq for t in collector.telemetry}) == 5, 30, "all messages")
+        assert {t.seq for t in collector.telemetry} == set(range(100, 105))
+    finally:
+        uplink.stop()
+        collector.close()
+
+
+def test_a_message_stored_long_ago_is_restamped_and_signed_again_when_it_goes(
+    broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    # given a message made 10 minutes ago (the cloud refuses ts more than 300 s off)
+    # and an uplink whose wall clock says it has waited that long in the outbox
+    collector = Collector(broker, "cloud-restamp")
+    box = Outbox(tmp_path / "o.db")
+    box.put(_telemetry(42, ts=utcnow() - timedelta(minutes=10)))
+    uplink = _uplink(broker, box, wall_clock=lambda: time.time() + 600, restamp_after_s=120)
+    # when the uplink connects and sends it
+    uplink.start()
+    try:
+        wait_for(lambda: box.depth() == 0, 30, "the PUBACK")
+        # then the cloud accepts it: fresh ts, valid signature over the new bytes
+        wait_for(lambda: [t.seq for t in collector.telemetry] == [42], 30, "the message")
+        assert abs((utcnow() - collector.telemetry[0].ts).total_seconds()) < 300
+        assert collector.rejected == []
+    finally:
+        uplink.stop()
+        collector.close()
 
 
 @pytest.fixture
