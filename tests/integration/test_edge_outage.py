@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,17 +46,18 @@ def test_broker_outage_loses_nothing_accepted_into_the_outbox(
     agent.start()
     try:
         wait_for(lambda: len(collector.cases) >= 5, 60, "first escalations")
-        # when the broker is down for 10 s while cases keep being accepted
+        # when the broker is down while 20 more cases are accepted
         own_broker.stop()
         wait_for(lambda: not agent.uplink.connected.is_set(), 20, "agent to notice")
         during_before = len(accepted)
-        time.sleep(10)
-        assert len(accepted) > during_before  # the pipeline kept going into the outbox
-        assert agent.outbox.depth("escalation") > 0
+        # the pipeline keeps going into the outbox while the broker is away
+        wait_for(lambda: len(accepted) >= during_before + 20, 60, "cases accepted while down")
+        assert not agent.uplink.connected.is_set()
+        assert agent.outbox.depth("escalation") >= 20
         own_broker.start()
         # then after the restart the backlog drains while live cases keep flowing
         wait_for(agent.uplink.connected.is_set, 60, "reconnection")
-        wait_for(lambda: len(accepted) > during_before + 20, 60, "live cases after restart")
+        wait_for(lambda: len(accepted) > during_before + 40, 60, "live cases after restart")
         agent.stop_capture()
         wait_for(lambda: agent.outbox.depth() == 0, 120, "outbox drained")
         wait_for(lambda: set(accepted) <= set(collector.cases), 60, "every case delivered")
