@@ -27,6 +27,7 @@ from edgefleet.shared.messages import (
 from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import encode
+from tests.support.waiting import counter_value, eventually
 
 
 class GateModel:
@@ -83,6 +84,22 @@ def _device(broker, name: str, results_of: str | None = None):
     return client, got
 
 
+def _telemetry_stored() -> float:
+    return counter_value("ef_cloud_ingest_total", channel="telemetry", outcome="stored")
+
+
+def _telemetry(device_id: str) -> DeviceTelemetry:
+    return DeviceTelemetry(
+        device_id=device_id,
+        seq=secrets.randbelow(1 << 40),
+        uptime_s=1.0,
+        escalations=EscalationCounters(sent=0, pending=0, dropped=0),
+        outbox_depth=0,
+        cpu_pct=1.0,
+        ram_used_mb=1.0,
+    )
+
+
 def _backpressure_count() -> float:
     return REGISTRY.get_sample_value("ef_cloud_backpressure_total", {"source": "mqtt"}) or 0.0
 
@@ -109,14 +126,20 @@ def test_slow_processing_holds_messages_at_the_broker_not_in_memory(
         before = _backpressure_count()
         png = encode_png(np.full((16, 16, 3), 90, np.uint8))
         cases = [escalation_case("cam-bp", frame_index=i) for i in range(20)]
-        for case in cases:
-            publish(client, escalation_wire(case, cam.device_key, png), qos=1)
+        sent = [publish(client, escalation_wire(c, cam.device_key, png), qos=1) for c in cases]
         # when the orchestrator has taken all it may (1 running + 3 queued)
         deadline = time.monotonic() + 60
         while not (gate.calls == 1 and services.processor.depth == 3):
             assert time.monotonic() < deadline, (gate.calls, services.processor.depth)
             time.sleep(0.05)
-        time.sleep(1.0)  # give the broker the chance to overrun us (it must not)
+        # and the broker has routed all 20 (PUBACKs), and whatever it sent the orchestrator
+        # before a QoS 0 telemetry message (not held by the window) has been read
+        for info in sent:
+            info.wait_for_publish(30)
+        telemetry_before = _telemetry_stored()
+        barrier = encode(_telemetry("cam-bp"), cam.device_key, Topics().telemetry("cam-bp"))
+        publish(client, barrier, qos=0)
+        eventually(lambda: _telemetry_stored() > telemetry_before, 30, "the telemetry barrier")
         # then no more came in: the other 16 wait at the broker, and it was counted
         assert services.processor.depth == 3
         assert _backpressure_count() > before

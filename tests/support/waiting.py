@@ -1,0 +1,22 @@
+"""Waiting for an event in a test: poll a condition until it holds, never a fixed sleep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def eventually(predicate: Callable[[], object], timeout_s: float = 60.0, what: str = "") -> None:
+    """Return as soon as `predicate()` is true; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+        time.sleep(0.02)
+
+
+def counter_value(name: str, **labels: str) -> float:
+    """The current value of a Prometheus sample in this process (0 before it is first used)."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
