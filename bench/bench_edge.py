@@ -45,10 +45,18 @@ from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.telemetry import WindowStats
 from edgefleet.edge.uplink import Uplink
 from edgefleet.shared.executor.settings import ExecutionSettings
-from edgefleet.shared.messages import EscalationCase, ModelInfo
+from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo
 from edgefleet.shared.models import load_model
 from edgefleet.shared.mqtt import MqttSettings
-from edgefleet.shared.wire import Serialised, serialise, serialise_case
+from edgefleet.shared.wire import (
+    Serialised,
+    WireMessage,
+    encode,
+    fit_meta,
+    serialise,
+    serialise_case,
+    sign,
+)
 
 app = typer.Typer(add_completion=False)
 
@@ -184,6 +192,53 @@ def bench_outbox(workdir: Path, count: int) -> dict[str, float]:
     return out
 
 
+def bench_case_way_out(count: int) -> dict[str, float]:
+    """A case from the pipeline to signed wire bytes, outbox I/O left out (the same for both).
+
+    Before: dumped to fit ef-meta, stored, then parsed and dumped again by the uplink to
+    sign it. Now: dumped once; the uplink signs the stored bytes.
+    """
+    key, topic, jpeg = b"k" * 32, "ef/v1/bench/escalations", b"\xff\xd8\xff" + bytes(20_000)
+    lines = [
+        Detection(
+            text=f"LOT {i:04d}",
+            score=0.5 + i / 100,
+            box=(10.0 * i, 20.0, 10.0 * i + 80, 44.0),
+            polygon=[(10.0 * i, 20.0), (10.0 * i + 80, 20.0), (10.0 * i + 80, 44.0)],
+        )
+        for i in range(20)
+    ]
+    case = EscalationCase(
+        device_id="bench",
+        stream_id="bench",
+        frame_index=7,
+        reason="unsure",
+        edge_result=lines,
+        model=ModelInfo(name="ppocr", version="4.0"),
+        content_type="image/jpeg",
+    )
+
+    def before() -> WireMessage:
+        meta = fit_meta(case)[1]
+        stored = EscalationCase.model_validate_json(meta)
+        return encode(stored, key, topic, jpeg)
+
+    def now() -> WireMessage:
+        return sign(serialise_case(case, jpeg)[1], key, topic)
+
+    assert before() == now()  # the same bytes on the wire
+    out: dict[str, float] = {}
+    for name, way in (("before", before), ("now", now)):
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(count):
+                way()
+            best = min(best, (time.perf_counter() - start) / count)
+        out[name] = best * 1e6
+    return out
+
+
 def _broker(workdir: Path):
     from edgefleet.shared.mosquitto import MosquittoBroker
 
@@ -253,67 +308,81 @@ def med(values: list[float]) -> float:
     return float(np.median(values))
 
 
+def pipeline_figures(workdir: Path, frames: int, realtime_s: float, rounds: int) -> None:
+    """The agent pipeline vs the naive loop on a rendered 1080p video (fps, latency, CPU)."""
+    video = write_video(workdir / "1080p.mp4", frames)
+    workers = PipelineSettings().infer_workers
+    ours = edge_execution(workers)
+    print(
+        f"1080p video, {frames} frames at 30 fps, model ppocr (PP-OCRv4 det 640 + rec), "
+        f"{os.cpu_count()} CPUs, {rounds} alternating rounds (medians); "
+        "latency = frame decoded -> result"
+    )
+    runs: dict[str, list[tuple[float, float, float, float]]] = {}
+
+    def keep(name: str, fps: float, lat: list[float], frames: int, cpu_s: float) -> None:
+        cpu_ms = cpu_s * 1000 / max(1, frames)
+        runs.setdefault(name, []).append((fps, pct(lat, 50), pct(lat, 95), cpu_ms))
+
+    skipped = 0
+    for _ in range(rounds):
+        cpu = time.process_time()
+        fps, lat, n = naive(video, ExecutionSettings())
+        keep("naive loop, executor defaults", fps, lat, n, time.process_time() - cpu)
+        cpu = time.process_time()
+        fps, lat, n = naive(video, ExecutionSettings(intra_op_threads=1))
+        keep("naive loop, 1 ORT thread", fps, lat, n, time.process_time() - cpu)
+        cpu = time.process_time()
+        fps, lat, n, dropped = agent_pipeline(video, ours, workers, workdir, realtime_s)
+        keep("agent, real time (newest frame)", fps, lat, n, time.process_time() - cpu)
+        skipped += dropped
+        cpu = time.process_time()
+        fps, lat, n, _d = agent_pipeline(video, ours, workers, workdir)
+        keep("agent, every frame (evaluation)", fps, lat, n, time.process_time() - cpu)
+    figures = {
+        name: tuple(med([r[i] for r in rows]) for i in range(4)) for name, rows in runs.items()
+    }
+    for name, (fps, p50, p95, cpu_ms) in figures.items():
+        print(
+            f"{name + ':':36s}{fps:6.2f} fps  p50 {p50:7.1f} ms  p95 {p95:7.1f} ms  "
+            f"CPU {cpu_ms:6.1f} ms/frame"
+        )
+    base = figures["naive loop, executor defaults"]
+    one = figures["naive loop, 1 ORT thread"]
+    for name in ("agent, real time (newest frame)", "agent, every frame (evaluation)"):
+        fps, _, p95, _cpu = figures[name]
+        print(
+            f"  {name}: throughput x{fps / base[0]:.2f}, p95 x{p95 / base[2]:.2f} of the "
+            f"naive loop (x{fps / one[0]:.2f}, p95 x{p95 / one[2]:.2f} of the 1-thread one)"
+        )
+    print(f"  real time: {skipped} stale frames skipped (counted as dropped)")
+
+
 @app.command()
 def main(
     frames: int = typer.Option(60, help="frames of the 1080p video"),
     realtime_s: float = typer.Option(10.0, help="seconds of each real-time run"),
     rounds: int = typer.Option(3, help="rounds, alternating the contenders; medians printed"),
     messages: int = typer.Option(1000, help="messages for the outbox/uplink figures"),
+    pipeline: bool = typer.Option(True, help="run the video pipeline figures (slow)"),
 ) -> None:
     """Print the agent pipeline vs the naive loop (fps, latency) and outbox/uplink rates.
 
     A rendered 1080p video through both, then the SQLite outbox and a real Mosquitto.
 
     Example: edgefleet bench edge --frames 90 --rounds 3
+    Only the outbox, uplink and case figures: edgefleet bench edge --no-pipeline
     """
     workdir = Path(tempfile.mkdtemp(prefix="bench-edge-"))
     try:
-        video = write_video(workdir / "1080p.mp4", frames)
-        workers = PipelineSettings().infer_workers
-        ours = edge_execution(workers)
+        if pipeline:
+            pipeline_figures(workdir, frames, realtime_s, rounds)
+        way = bench_case_way_out(2000)
         print(
-            f"1080p video, {frames} frames at 30 fps, model ppocr (PP-OCRv4 det 640 + rec), "
-            f"{os.cpu_count()} CPUs, {rounds} alternating rounds (medians); "
-            "latency = frame decoded -> result"
+            f"a case (20 lines, 20 KB JPEG) to signed wire bytes: before {way['before']:6.1f} us "
+            f"(dump, parse, dump, sign), now {way['now']:6.1f} us (dump, sign): "
+            f"x{way['before'] / way['now']:.2f} faster, same bytes"
         )
-        runs: dict[str, list[tuple[float, float, float, float]]] = {}
-
-        def keep(name: str, fps: float, lat: list[float], frames: int, cpu_s: float) -> None:
-            cpu_ms = cpu_s * 1000 / max(1, frames)
-            runs.setdefault(name, []).append((fps, pct(lat, 50), pct(lat, 95), cpu_ms))
-
-        skipped = 0
-        for _ in range(rounds):
-            cpu = time.process_time()
-            fps, lat, n = naive(video, ExecutionSettings())
-            keep("naive loop, executor defaults", fps, lat, n, time.process_time() - cpu)
-            cpu = time.process_time()
-            fps, lat, n = naive(video, ExecutionSettings(intra_op_threads=1))
-            keep("naive loop, 1 ORT thread", fps, lat, n, time.process_time() - cpu)
-            cpu = time.process_time()
-            fps, lat, n, dropped = agent_pipeline(video, ours, workers, workdir, realtime_s)
-            keep("agent, real time (newest frame)", fps, lat, n, time.process_time() - cpu)
-            skipped += dropped
-            cpu = time.process_time()
-            fps, lat, n, _d = agent_pipeline(video, ours, workers, workdir)
-            keep("agent, every frame (evaluation)", fps, lat, n, time.process_time() - cpu)
-        figures = {
-            name: tuple(med([r[i] for r in rows]) for i in range(4)) for name, rows in runs.items()
-        }
-        for name, (fps, p50, p95, cpu_ms) in figures.items():
-            print(
-                f"{name + ':':36s}{fps:6.2f} fps  p50 {p50:7.1f} ms  p95 {p95:7.1f} ms  "
-                f"CPU {cpu_ms:6.1f} ms/frame"
-            )
-        base = figures["naive loop, executor defaults"]
-        one = figures["naive loop, 1 ORT thread"]
-        for name in ("agent, real time (newest frame)", "agent, every frame (evaluation)"):
-            fps, _, p95, _cpu = figures[name]
-            print(
-                f"  {name}: throughput x{fps / base[0]:.2f}, p95 x{p95 / base[2]:.2f} of the "
-                f"naive loop (x{fps / one[0]:.2f}, p95 x{p95 / one[2]:.2f} of the 1-thread one)"
-            )
-        print(f"  real time: {skipped} stale frames skipped (counted as dropped)")
         ob = bench_outbox(workdir, messages)
         print(
             f"outbox put, 20 KB, synchronous=FULL:   {ob['put_full']:8.0f} msg/s   "
