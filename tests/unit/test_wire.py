@@ -245,3 +245,39 @@ def test_status_messages_have_no_replay_key():
     )
     v.verify(wire)
     v.verify(wire)  # a retained status re-delivered on every subscribe is not a replay
+
+
+def test_a_message_serialised_once_signs_to_the_same_wire_message_as_encode():
+    from edgefleet.shared.wire import Serialised, serialise, serialise_case, sign
+
+    # given a case and a telemetry message
+    the_case, the_telemetry = case(), telemetry()
+    # when each is serialised once and its stored bytes are signed
+    fitted, stored_case = serialise_case(the_case, JPEG)
+    stored_telemetry = serialise(the_telemetry)
+    # then the wire messages are those of the one-step encode, and the case is unchanged
+    assert fitted == the_case
+    assert stored_case == Serialised(
+        "ef.escalation/2", the_case.model_dump_json().encode(), JPEG, "image/jpeg"
+    )
+    topic = TOPICS.escalations("cam-01")
+    assert sign(stored_case, KEY, topic) == encode(the_case, KEY, topic, image=JPEG)
+    topic = TOPICS.telemetry("cam-01")
+    assert sign(stored_telemetry, KEY, topic) == encode(the_telemetry, KEY, topic)
+    # and a case never goes without its image, nor a JSON message with one
+    with pytest.raises(ValueError):
+        serialise(the_case)
+    with pytest.raises(ValueError):
+        serialise_case(the_case, b"")
+    with pytest.raises(ValueError):
+        serialise(the_telemetry, JPEG)
+
+
+def test_every_outgoing_schema_has_one_channel():
+    from edgefleet.shared.topics import Channel, channel_of
+
+    assert channel_of("ef.escalation/1") is Channel.ESCALATIONS
+    assert channel_of("ef.telemetry/1") is Channel.TELEMETRY
+    assert channel_of("ef.reported/1") is Channel.REPORTED
+    with pytest.raises(ValueError):
+        channel_of("ef.nothing/1")
