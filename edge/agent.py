@@ -122,6 +122,7 @@ class Agent:
             undo.callback(self.telemetry.gpu.close)
             self.report = HealthReport(
                 s.device_id,
+                uptime_s=self.telemetry.uptime_s,
                 captures=self.captures,
                 outbox=self.outbox,
                 uplink=self.uplink,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,6 +33,7 @@ class HealthReport:
         self,
         device_id: str,
         *,
+        uptime_s: Callable[[], float],
         captures: list[Capture],
         outbox: Outbox,
         uplink: Uplink,
@@ -42,20 +42,20 @@ class HealthReport:
         verdicts: VerdictBook,
     ):
         self.device_id = device_id
+        self.uptime_s = uptime_s
         self.captures = captures
         self.outbox = outbox
         self.uplink = uplink
         self.cases = cases
         self.policy = policy
         self.verdicts = verdicts
-        self.started_at = time.monotonic()
 
     def health(self) -> dict[str, Any]:
         budget = self.policy.budget
         return {
             "status": "ok",
             "device_id": self.device_id,
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "uptime_s": self.uptime_s(),
             "broker_connected": self.uplink.connected.is_set(),
             "streams": [
                 {
