@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgefleet.edge.settings import BudgetSettings
+from edgefleet.shared.messages import StreamId
 
 
 def bucket_of(score: float, buckets: int) -> int:
@@ -51,7 +52,7 @@ class EscalationBudget:
         self.skipped = 0
         self.over = 0
 
-    def _stream(self, stream_id: str) -> _Stream:
+    def _stream(self, stream_id: StreamId) -> _Stream:
         st = self._streams.get(stream_id)
         if st is None:
             w = self.settings.window_frames
@@ -64,7 +65,7 @@ class EscalationBudget:
         limit = self.settings.max_wait_s
         return 1.0 if self._wait_s <= limit else limit / self._wait_s
 
-    def frame(self, stream_id: str) -> None:
+    def frame(self, stream_id: StreamId) -> None:
         """One frame of this stream went through the edge: credit for `share` of a case."""
         s = self.settings
         with self._lock:
@@ -75,7 +76,7 @@ class EscalationBudget:
             st.credit = min(float(s.burst), st.credit + gain * self._pace())
             st.frames.append(1)
 
-    def threshold(self, stream_id: str) -> float:
+    def threshold(self, stream_id: StreamId) -> float:
         """Tracks below this confidence are worth a case, given the recent load."""
         s = self.settings
         with self._lock:
@@ -87,7 +88,7 @@ class EscalationBudget:
             q = min(1.0, wanted / len(st.scores))
             return min(s.max_score, float(np.quantile(np.asarray(st.scores), q)))
 
-    def consider(self, stream_id: str, score: float, *, first: bool = True) -> bool:
+    def consider(self, stream_id: StreamId, score: float, *, first: bool = True) -> bool:
         """A track with this confidence (`first`: the first time it is asked about, which
         enters its score in the recent distribution): spend a case on it?"""
         s = self.settings
@@ -112,7 +113,7 @@ class EscalationBudget:
             self.spent += 1
             return True
 
-    def refund(self, stream_id: str) -> None:
+    def refund(self, stream_id: StreamId) -> None:
         """A case the budget granted was not sent (the rate limit or de-duplication)."""
         with self._lock:
             st = self._stream(stream_id)

@@ -30,7 +30,7 @@ from prometheus_client import Counter
 from edgefleet.edge.budget import EscalationBudget
 from edgefleet.edge.settings import PolicySettings
 from edgefleet.edge.tracks import Track, Tracker
-from edgefleet.shared.messages import Detection, EscalationReason, Tile, TrackId
+from edgefleet.shared.messages import Detection, EscalationReason, StreamId, Tile, TrackId
 
 CANDIDATES = Counter("ef_edge_escalation_candidates_total", "Frames that qualified", ["reason"])
 SUPPRESSED = Counter(
@@ -135,7 +135,7 @@ class EscalationPolicy:
             sampled = s.sample_share > 0 and self._rng.random() < s.sample_share
         return "sampled" if sampled else None
 
-    def admit(self, stream_id: str, image: np.ndarray) -> bool:
+    def admit(self, stream_id: StreamId, image: np.ndarray) -> bool:
         """De-duplicate and rate-limit one candidate; counts what it suppresses."""
         s = self.settings
         digest = dhash(image)
@@ -158,13 +158,13 @@ class EscalationPolicy:
                 recent.append((now, digest))
             return True
 
-    def _suppress(self, stream_id: str, why: str) -> None:
+    def _suppress(self, stream_id: StreamId, why: str) -> None:
         self.suppressed[why] += 1
         SUPPRESSED.labels(stream_id, why).inc()
 
     def decide_all(
         self,
-        stream_id: str,
+        stream_id: StreamId,
         frame_index: int,
         image: np.ndarray,
         detections: list[Detection],
@@ -180,7 +180,7 @@ class EscalationPolicy:
             out += self.escalations_for(stream_id, tracks)
         return out
 
-    def escalations_for(self, stream_id: str, tracks: list[Track]) -> list[Escalation]:
+    def escalations_for(self, stream_id: StreamId, tracks: list[Track]) -> list[Escalation]:
         """One frame's tracks (from `tracker.update`): the cases they give."""
         self.budget.frame(stream_id)
         out, seen = [], set()
@@ -193,7 +193,7 @@ class EscalationPolicy:
                 out.append(escalation)
         return out
 
-    def consider_track(self, stream_id: str, track: Track) -> Escalation | None:
+    def consider_track(self, stream_id: StreamId, track: Track) -> Escalation | None:
         """From `ready_frames` frames on, until it is sent: a case for the track, if the
         budget picks it and the rate limit and de-duplication let it through."""
         ready = self.settings.tracks.ready_frames
@@ -222,7 +222,7 @@ class EscalationPolicy:
 
     def decide(
         self,
-        stream_id: str,
+        stream_id: StreamId,
         image: np.ndarray,
         detections: list[Detection],
         *,

@@ -30,6 +30,7 @@ from edgefleet.shared.messages import (
     EscalationCounters,
     GpuTelemetry,
     Latency,
+    StreamId,
     StreamTelemetry,
 )
 from edgefleet.shared.wire import serialise
@@ -56,13 +57,13 @@ class WindowStats:
         self._windows: dict[str, StreamWindow] = {}
         self.escalated: dict[str, int] = {}
 
-    def record(self, stream_id: str, latency_ms: float) -> None:
+    def record(self, stream_id: StreamId, latency_ms: float) -> None:
         with self._lock:
             window = self._windows.setdefault(stream_id, StreamWindow())
             window.frames += 1
             window.latencies_ms.append(latency_ms)
 
-    def take(self, stream_id: str) -> tuple[int, Latency]:
+    def take(self, stream_id: StreamId) -> tuple[int, Latency]:
         """Frames and latency percentiles of the window that ends now."""
         with self._lock:
             window = self._windows.pop(stream_id, StreamWindow())

@@ -132,7 +132,7 @@ class Tracker:
         self._lock = threading.Lock()
 
     def update(
-        self, stream_id: str, frame_index: int, image: np.ndarray, detections: list[Detection]
+        self, stream_id: StreamId, frame_index: int, image: np.ndarray, detections: list[Detection]
     ) -> list[Track]:
         """Add one frame's text lines; the track of each detection, in the same order."""
         s = self.settings
@@ -196,7 +196,7 @@ class Tracker:
             track.crops.remove(worst)
             track.crops.append(Crop(crop.copy(), frame_index, (x1, y1, x2, y2), rank))
 
-    def _end_stale(self, stream_id: str, frame_index: int) -> None:
+    def _end_stale(self, stream_id: StreamId, frame_index: int) -> None:
         tracks = self._open[stream_id]
         for track in [t for t in tracks if frame_index - t.last_frame > self.settings.max_gap]:
             tracks.remove(track)
@@ -210,7 +210,7 @@ class Tracker:
             old, _ = self._ended.popitem(last=False)
             self._by_id.pop(old, None)
 
-    def end_stream(self, stream_id: str) -> list[Track]:
+    def end_stream(self, stream_id: StreamId) -> list[Track]:
         """End every open track of a stream (it stopped); returns them."""
         with self._lock:
             tracks = self._open.pop(stream_id, [])
@@ -218,7 +218,7 @@ class Tracker:
                 self._retire(track)
             return tracks
 
-    def live(self, stream_id: str) -> list[Track]:
+    def live(self, stream_id: StreamId) -> list[Track]:
         """The stream's open tracks: what the device reports for its latest frame, including
         text the model missed on that one frame but saw within `max_gap` frames."""
         with self._lock:

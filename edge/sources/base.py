@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgefleet.shared.messages import StreamId
+
 
 @dataclass
 class Frame:
     """One decoded frame (BGR, as OpenCV yields it) and when it was captured."""
 
-    stream_id: str
+    stream_id: StreamId
     index: int
     image: np.ndarray
     captured: float = field(default_factory=time.monotonic)  # monotonic seconds
