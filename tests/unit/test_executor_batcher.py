@@ -101,7 +101,8 @@ def test_full_queue_refuses_with_overloaded_and_loses_nothing_accepted():
 def test_request_times_out_while_the_worker_is_busy():
     run = Recorder(hold=True)
     settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
-    batcher = DynamicBatcher(run, settings, name="t-timeout")
+    now = [0.0]  # the batcher's clock, moved by the test
+    batcher = DynamicBatcher(run, settings, name="t-timeout", clock=lambda: now[0])
     blocker = batcher.submit(0)
     assert run.entered.wait(30)
     # the caller gives up after its timeout with a typed error
@@ -109,7 +110,7 @@ def test_request_times_out_while_the_worker_is_busy():
         batcher(1, timeout_s=0.05)
     # a queued request whose deadline passes fails with InferenceTimeout, not a hang
     expired = batcher.submit(2, timeout_s=0.01)
-    time.sleep(0.05)  # let the deadline pass; the assertion below does not depend on speed
+    now[0] += 1.0  # its deadline passes while the worker is still busy
     run.gate.set()
     assert blocker.result(30) == 0
     with pytest.raises(InferenceTimeout):
