@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client,
 from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import ReplayedMessage, Verifier, encode
 from tests.support.broker import MosquittoBroker
+from tests.support.waiting import eventually
 
 DEVICE = "cam-01"
 KEY = bytes(range(32))
@@ -46,13 +45,7 @@ def persistent_broker(workdir: Path) -> MosquittoBroker:
     return MosquittoBroker(workdir, extra_config=extra)
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or predicate}")
+wait_for = eventually  # the name these tests have always used
 
 
 def text_frame(text: str, size: tuple[int, int] = (240, 320)) -> np.ndarray:

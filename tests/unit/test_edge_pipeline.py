@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -18,15 +16,7 @@ from edgefleet.edge.sources import OpenCvSource
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.telemetry import WindowStats
 from edgefleet.shared.messages import Detection, ModelInfo
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
+from tests.support.waiting import eventually
 
 
 class ConstantModel:
@@ -69,11 +59,11 @@ def test_the_pipeline_is_not_idle_while_the_last_frame_is_post_processed(tmp_pat
     capture.start()
     try:
         # when the file has ended and its frame is inside the post stage
-        wait_for(lambda: capture.finished and entered.is_set())
+        eventually(lambda: capture.finished and entered.is_set())
         # then the pipeline is not idle yet, and is once the frame has gone through
         assert not pipeline.idle
         release.set()
-        wait_for(lambda: pipeline.idle)
+        eventually(lambda: pipeline.idle)
         assert sunk == [0]
     finally:
         release.set()

@@ -17,15 +17,7 @@ from edgefleet.edge.sources import OpenCvSource, VideoSource, guess_kind
 from edgefleet.edge.sources.capture import Backoff, Capture, valid_frame
 from edgefleet.edge.sources.opencv import has_gstreamer, open_params
 from edgefleet.shared.errors import SourceDisconnected
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
+from tests.support.waiting import eventually
 
 
 def write_video(path: Path, frames: int = 12, fps: float = 25.0) -> Path:
@@ -140,9 +132,9 @@ def test_realtime_keeps_only_the_newest_frame_and_counts_drops() -> None:
     image = np.zeros((48, 64, 3), np.uint8)
     source = ScriptedSource(lambda: image.copy())
     capture = Capture(_settings("scripted"), source).start()
-    wait_for(lambda: capture.frames > 30)
+    eventually(lambda: capture.frames > 30)
     first = capture.get(timeout=1.0)
-    wait_for(lambda: capture.frames > 60)
+    eventually(lambda: capture.frames > 60)
     second = capture.get(timeout=1.0)
     capture.stop()
     assert first is not None and second is not None
@@ -154,7 +146,7 @@ def test_realtime_keeps_only_the_newest_frame_and_counts_drops() -> None:
 def test_missing_file_is_a_down_stream_not_a_crash(tmp_path: Path) -> None:
     settings = _settings(str(tmp_path / "nope.mp4"))
     capture = Capture(settings, OpenCvSource(settings)).start()
-    wait_for(lambda: capture.reconnects >= 2)
+    eventually(lambda: capture.reconnects >= 2)
     assert capture.state in {"down", "connecting"} and capture.alive
     assert "no such video file" in (capture.last_error or "")
     capture.stop()
@@ -166,7 +158,7 @@ def test_a_file_that_is_not_a_video_is_a_down_stream(tmp_path: Path) -> None:
     bogus.write_bytes(b"this is not a video at all" * 100)
     settings = _settings(str(bogus))
     capture = Capture(settings, OpenCvSource(settings)).start()
-    wait_for(lambda: capture.reconnects >= 1)
+    eventually(lambda: capture.reconnects >= 1)
     assert "not a readable video" in (capture.last_error or "")
     assert capture.frames == 0
     capture.stop()
@@ -186,13 +178,13 @@ def test_a_camera_returning_garbage_goes_down_and_recovers() -> None:
     source = ScriptedSource(frames)
     capture = Capture(_settings("scripted", max_invalid_frames=5), source).start()
     # then the stream is reconnected, never live, and the thread survives
-    wait_for(lambda: capture.reconnects >= 2)
+    eventually(lambda: capture.reconnects >= 2)
     assert capture.frames == 0 and capture.invalid >= 10
     assert "garbage" in (capture.last_error or "")
     assert capture.state != "live" and capture.alive
     # when the camera recovers, the stream goes live again
     good.set()
-    wait_for(lambda: capture.state == "live")
+    eventually(lambda: capture.state == "live")
     assert capture.get(timeout=1.0) is not None
     capture.stop()
 
@@ -209,12 +201,12 @@ def test_a_source_that_stops_sending_is_marked_stalled_then_reconnected() -> Non
 
     source = Hanging(lambda: np.zeros((48, 64, 3), np.uint8))
     capture = Capture(_settings("scripted"), source).start()
-    wait_for(lambda: capture.state == "live")
+    eventually(lambda: capture.state == "live")
     blocked.set()
-    wait_for(lambda: (capture.check_stall(), capture.state == "stalled")[1])
-    wait_for(lambda: capture.reconnects >= 1)
+    eventually(lambda: (capture.check_stall(), capture.state == "stalled")[1])
+    eventually(lambda: capture.reconnects >= 1)
     blocked.clear()
-    wait_for(lambda: capture.state == "live")
+    eventually(lambda: capture.state == "live")
     capture.stop()
 
 
