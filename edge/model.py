@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from edgefleet.edge.settings import ModelSettings
+from edgefleet.edge.settings import EdgeSettings, ModelSettings
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.messages import Detection, ModelInfo, ModelRef
-
-if TYPE_CHECKING:
-    from edgefleet.edge.settings import EdgeSettings
 
 
 @runtime_checkable
