@@ -13,14 +13,9 @@ import pytest
 from edgefleet.edge.agent import Agent
 from edgefleet.edge.settings import SourceSettings
 from edgefleet.edge.sources import VideoSource, make_source
-from tests.integration.test_edge_support import (
-    Collector,
-    build_settings,
-    edge_settings,
-    wait_for,
-    write_video,
-)
 from tests.support.broker import MosquittoBroker, free_port
+from tests.support.edge import Collector, build_settings, edge_settings, write_video
+from tests.support.waiting import eventually
 
 
 class GarbageCamera(VideoSource):
@@ -75,7 +70,7 @@ def test_bad_sources_are_down_in_telemetry_while_a_good_one_flows(
             return {s.stream_id: (s.state, s.reconnects, s.fps) for s in last.streams}
 
         # then the good stream is live with frames while each bad one is reconnected, not live
-        wait_for(
+        eventually(
             lambda: (
                 (st := states())
                 and st["good"][0] == "live"

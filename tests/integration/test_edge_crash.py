@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_edge_support import (
-    Collector,
-    edge_settings,
-    persistent_broker,
-    wait_for,
-    write_video,
-)
 from tests.support.broker import MosquittoBroker
+from tests.support.edge import Collector, edge_settings, persistent_broker, write_video
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,18 +67,20 @@ def test_kill_9_and_restart_loses_nothing(own_broker: MosquittoBroker, tmp_path:
     collector = Collector(own_broker, "cloud-crash")
     agent = _start_agent(config, log)
     try:
-        wait_for(lambda: len(collector.cases) >= 8, 120, "cases from the first run")
-        wait_for(lambda: len(collector.telemetry) >= 2, 60, "telemetry from the first run")
+        eventually(lambda: len(collector.cases) >= 8, 120, "cases from the first run")
+        eventually(lambda: len(collector.telemetry) >= 2, 60, "telemetry from the first run")
         # when it is killed with SIGKILL mid-run (broker up)
         _kill_9(agent)
         accepted = set(collector.cases) | _pending_cases(outbox)
         # then the broker announces it offline through the last will
-        wait_for(lambda: any(s.state == "offline" for s, _ in collector.statuses), 60, "last will")
+        eventually(
+            lambda: any(s.state == "offline" for s, _ in collector.statuses), 60, "last will"
+        )
         # when it restarts, and is killed again while the broker is down and cases wait
         agent = _start_agent(config, log)
-        wait_for(lambda: accepted <= set(collector.cases), 120, "cases of the first run")
+        eventually(lambda: accepted <= set(collector.cases), 120, "cases of the first run")
         own_broker.stop()
-        wait_for(lambda: len(_pending_cases(outbox)) >= 5, 60, "cases waiting in the outbox")
+        eventually(lambda: len(_pending_cases(outbox)) >= 5, 60, "cases waiting in the outbox")
         _kill_9(agent)
         pending = _pending_cases(outbox)
         accepted |= set(collector.cases) | pending
@@ -92,8 +89,8 @@ def test_kill_9_and_restart_loses_nothing(own_broker: MosquittoBroker, tmp_path:
         # and then the broker and the agent come back
         own_broker.start()
         agent = _start_agent(config, log)
-        wait_for(lambda: accepted <= set(collector.cases), 120, "every accepted case")
-        wait_for(
+        eventually(lambda: accepted <= set(collector.cases), 120, "every accepted case")
+        eventually(
             lambda: any(t.seq > max(seqs_before) for t in collector.telemetry), 60, "telemetry"
         )
         agent.send_signal(signal.SIGTERM)
@@ -108,7 +105,7 @@ def test_kill_9_and_restart_loses_nothing(own_broker: MosquittoBroker, tmp_path:
     assert collector.rejected == []
     seqs = [t.seq for t in collector.telemetry]
     assert len(seqs) == len(set(seqs)), "a telemetry seq repeated across the restarts"
-    wait_for(lambda: collector.statuses[-1][0].state == "offline", 20, "graceful offline")
+    eventually(lambda: collector.statuses[-1][0].state == "offline", 20, "graceful offline")
     assert "Traceback" not in log.read_text()
     collector.close()
 

@@ -14,15 +14,9 @@ from edgefleet.edge.agent import Agent
 from edgefleet.shared.messages import DesiredState, ModelRef
 from edgefleet.shared.models.registry import ModelRegistry
 from edgefleet.shared.topics import Topics
-from tests.integration.test_edge_support import (
-    DEVICE,
-    Collector,
-    build_settings,
-    edge_settings,
-    text_frame,
-    wait_for,
-)
 from tests.support.broker import MosquittoBroker
+from tests.support.edge import DEVICE, Collector, build_settings, edge_settings, text_frame
+from tests.support.waiting import eventually
 
 
 def test_desired_state_swaps_the_model_and_reports(broker: MosquittoBroker, tmp_path: Path) -> None:
@@ -40,7 +34,7 @@ def test_desired_state_swaps_the_model_and_reports(broker: MosquittoBroker, tmp_
     agent = Agent(build_settings(edge_settings(tmp_path, broker, "unused", streams=[])))
     agent.start()
     try:
-        wait_for(agent.uplink.connected.is_set, 30, "agent connection")
+        eventually(agent.uplink.connected.is_set, 30, "agent connection")
         with agent.model.lease() as before:
             pass
         # when the fleet publishes a signed desired state with a new detector version
@@ -53,7 +47,9 @@ def test_desired_state_swaps_the_model_and_reports(broker: MosquittoBroker, tmp_
         desired = DesiredState(device_id=DEVICE, deployment_id="dep-1", image="", models=[ref])
         collector.send(desired, Topics().desired(DEVICE))
         # then the agent reports applying, then healthy, and runs the new model
-        wait_for(lambda: [r.status for r in collector.reported][-1:] == ["healthy"], 60, "healthy")
+        eventually(
+            lambda: [r.status for r in collector.reported][-1:] == ["healthy"], 60, "healthy"
+        )
         assert [r.status for r in collector.reported] == ["applying", "healthy"]
         (running,) = agent.current_models()
         assert (running.name, running.version, running.sha256) == ("ppocr6-tiny-det", "4.1", sha)

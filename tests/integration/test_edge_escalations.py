@@ -17,16 +17,16 @@ import numpy as np
 from edgefleet.edge.agent import Agent
 from edgefleet.shared.messages import CloudVerdict, Detection, EscalationCase
 from edgefleet.shared.topics import Topics
-from tests.integration.test_edge_support import (
+from tests.support.broker import MosquittoBroker
+from tests.support.edge import (
     DEVICE,
     Collector,
     build_settings,
     edge_settings,
     text_frame,
-    wait_for,
     write_video,
 )
-from tests.support.broker import MosquittoBroker
+from tests.support.waiting import eventually
 
 TEXTS = [f"GATE {i:02d}" for i in range(12)]
 
@@ -53,12 +53,12 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
     agent.start()
     try:
         # when the video has played
-        wait_for(
+        eventually(
             lambda: sum(c.track_id is None for c, _ in collector.cases.values()) >= len(TEXTS),
             120,
             "all escalations",
         )
-        wait_for(lambda: collector.telemetry, 30, "telemetry")
+        eventually(lambda: collector.telemetry, 30, "telemetry")
 
         # then every frame arrived once as a verified case, with its image and metadata
         assert collector.rejected == []
@@ -106,12 +106,12 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
         )
         collector.send(verdict, Topics().results(DEVICE))
         # then the agent matches it to the case and counts agreement
-        wait_for(lambda: verdicts, 20, "verdict callback")
+        eventually(lambda: verdicts, 20, "verdict callback")
         assert verdicts[0].verdict.case_id == case.case_id and verdicts[0].agrees is True
         assert (verdicts[0].stream_id, verdicts[0].frame_index) == ("gate", case.frame_index)
         assert agent.verdicts.agreement_rate == 1.0
         # and the agreement rate reaches the cloud in the next telemetry
-        wait_for(
+        eventually(
             lambda: collector.telemetry[-1].agreement_rate == 1.0, 30, "agreement in telemetry"
         )
 
@@ -135,17 +135,17 @@ def test_synthetic_video_escalations_arrive_signed_with_images_and_metadata(
         # before a restart), then it is recorded, not an error
         stray = verdict.model_copy(update={"case_id": "case-stray-1", "track_id": "gate-x-1"})
         collector.send(stray, Topics().results(DEVICE))
-        wait_for(lambda: len(verdicts) >= 2, 20, "second verdict callback")
+        eventually(lambda: len(verdicts) >= 2, 20, "second verdict callback")
         assert verdicts[1].track_known is False and agent.verdicts.unknown_tracks == 1
         status, body = _get(port, "/verdicts")
         assert json.loads(body)["verdicts"][-1]["track_known"] is False
     finally:
         agent.stop()
     # graceful stop: `offline` is published and is what a newcomer gets, retained
-    wait_for(lambda: collector.statuses[-1][0].state == "offline", 20, "offline status")
+    eventually(lambda: collector.statuses[-1][0].state == "offline", 20, "offline status")
     collector.close()
     late = Collector(broker, "cloud-late-joiner")
-    wait_for(lambda: late.statuses, 20, "retained status")
+    eventually(lambda: late.statuses, 20, "retained status")
     assert late.statuses[-1][0].state == "offline" and late.statuses[-1][1] is True
     late.close()
 
@@ -158,7 +158,7 @@ def test_forged_verdicts_are_rejected(broker: MosquittoBroker, tmp_path: Path) -
     agent.start()
     collector = Collector(broker, "cloud-forger")
     try:
-        wait_for(agent.uplink.connected.is_set, 30, "agent connection")
+        eventually(agent.uplink.connected.is_set, 30, "agent connection")
         # when a verdict signed with another key arrives, then one with the right key
         forged = CloudVerdict(
             device_id=DEVICE,
@@ -178,7 +178,7 @@ def test_forged_verdicts_are_rejected(broker: MosquittoBroker, tmp_path: Path) -
         good = forged.model_copy(update={"case_id": "unknown-case-2"})
         collector.send(good, Topics().results(DEVICE))
         # then only the genuine one reaches the application (unmatched: not our case)
-        wait_for(lambda: seen, 20, "genuine verdict")
+        eventually(lambda: seen, 20, "genuine verdict")
         assert [m.verdict.case_id for m in seen] == ["unknown-case-2"]
         assert seen[0].agrees is None and agent.verdicts.unmatched == 1
     finally:

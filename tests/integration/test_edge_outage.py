@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from edgefleet.edge.agent import Agent
-from tests.integration.test_edge_support import (
+from tests.support.broker import MosquittoBroker
+from tests.support.edge import (
     Collector,
     build_settings,
     edge_settings,
     persistent_broker,
-    wait_for,
     write_video,
 )
-from tests.support.broker import MosquittoBroker
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -45,22 +45,22 @@ def test_broker_outage_loses_nothing_accepted_into_the_outbox(
     agent.add_escalation_callback(lambda case: accepted.append(case.case_id))
     agent.start()
     try:
-        wait_for(lambda: len(collector.cases) >= 5, 60, "first escalations")
+        eventually(lambda: len(collector.cases) >= 5, 60, "first escalations")
         # when the broker is down while 20 more cases are accepted
         own_broker.stop()
-        wait_for(lambda: not agent.uplink.connected.is_set(), 20, "agent to notice")
+        eventually(lambda: not agent.uplink.connected.is_set(), 20, "agent to notice")
         during_before = len(accepted)
         # the pipeline keeps going into the outbox while the broker is away
-        wait_for(lambda: len(accepted) >= during_before + 20, 60, "cases accepted while down")
+        eventually(lambda: len(accepted) >= during_before + 20, 60, "cases accepted while down")
         assert not agent.uplink.connected.is_set()
         assert agent.outbox.depth("escalation") >= 20
         own_broker.start()
         # then after the restart the backlog drains while live cases keep flowing
-        wait_for(agent.uplink.connected.is_set, 60, "reconnection")
-        wait_for(lambda: len(accepted) > during_before + 40, 60, "live cases after restart")
+        eventually(agent.uplink.connected.is_set, 60, "reconnection")
+        eventually(lambda: len(accepted) > during_before + 40, 60, "live cases after restart")
         agent.stop_capture()
-        wait_for(lambda: agent.outbox.depth() == 0, 120, "outbox drained")
-        wait_for(lambda: set(accepted) <= set(collector.cases), 60, "every case delivered")
+        eventually(lambda: agent.outbox.depth() == 0, 120, "outbox drained")
+        eventually(lambda: set(accepted) <= set(collector.cases), 60, "every case delivered")
     finally:
         agent.stop()
     # every case accepted into the outbox arrived, and none twice after de-dup by case_id

@@ -13,8 +13,9 @@ from prometheus_client import generate_latest
 from edgefleet.edge.agent import Agent
 from edgefleet.edge.outbox import Outbox, OutboxItem
 from edgefleet.shared.messages import EscalationCase
-from tests.integration.test_edge_support import build_settings, wait_for, write_video
 from tests.support.broker import free_port
+from tests.support.edge import build_settings, write_video
+from tests.support.waiting import eventually
 
 FRAMES = 24
 BOUND = 10
@@ -54,8 +55,8 @@ def test_corrupt_outbox_is_reported_and_drops_are_counted_in_telemetry(
     # when the agent starts and the video plays to its end with every frame escalated
     agent.start()
     try:
-        wait_for(lambda: agent.captures[0].finished and agent.pipeline.idle, 180, "video played")
-        wait_for(lambda: agent.outbox.dropped["telemetry"] > 0, 30, "a telemetry drop")
+        eventually(lambda: agent.captures[0].finished and agent.pipeline.idle, 180, "video played")
+        eventually(lambda: agent.outbox.dropped["telemetry"] > 0, 30, "a telemetry drop")
         tel = agent.telemetry.collect(1.0)
         health = agent.report.health()
     finally:

@@ -11,8 +11,9 @@ import numpy as np
 from edgefleet.edge.agent import Agent
 from edgefleet.shared.errors import Overloaded
 from edgefleet.shared.messages import Detection, ModelInfo
-from tests.integration.test_edge_support import build_settings, wait_for, write_video
 from tests.support.broker import free_port
+from tests.support.edge import build_settings, write_video
+from tests.support.waiting import eventually
 
 FRAMES = 10
 
@@ -62,7 +63,7 @@ def test_frames_shed_by_the_executor_count_as_dropped_in_telemetry(tmp_path: Pat
     # when every second frame is refused by the executor
     agent.start()
     try:
-        wait_for(lambda: agent.captures[0].finished and agent.pipeline.idle, 60, "video played")
+        eventually(lambda: agent.captures[0].finished and agent.pipeline.idle, 60, "video played")
         tel = agent.telemetry.collect(1.0)
     finally:
         agent.stop()

@@ -15,8 +15,8 @@ import pytest
 
 from edgefleet.edge.agent import Agent
 from edgefleet.shared.errors import EdgefleetError
-from tests.integration.test_edge_support import build_settings, write_video
 from tests.support.broker import free_port
+from tests.support.edge import build_settings, write_video
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,9 @@ import pytest
 
 from edgefleet.edge.agent import Agent
 from edgefleet.shared.messages import StreamTelemetry
-from tests.integration.test_edge_support import Collector, build_settings, edge_settings, wait_for
 from tests.support.broker import MosquittoBroker
+from tests.support.edge import Collector, build_settings, edge_settings
+from tests.support.waiting import eventually
 
 
 def _udp_port() -> int:
@@ -75,7 +76,7 @@ def test_udp_stream_killed_and_restarted_is_reconnected(
 
     try:
         # given a live stream with frames flowing
-        wait_for(
+        eventually(
             lambda: (t := latest()) is not None and t.state == "live" and t.fps > 0,
             60,
             "live stream",
@@ -83,12 +84,12 @@ def test_udp_stream_killed_and_restarted_is_reconnected(
         # when ffmpeg dies, the stream is reported stalled or down
         server.kill()
         server.wait()
-        wait_for(lambda: (t := latest()) is not None and t.state != "live", 60, "outage seen")
+        eventually(lambda: (t := latest()) is not None and t.state != "live", 60, "outage seen")
         lost = latest()
         assert lost is not None and lost.state in {"stalled", "down", "connecting"}
         # when it comes back, the agent reconnects and says so
         server = _serve(port)
-        wait_for(
+        eventually(
             lambda: (
                 (t := latest()) is not None
                 and t.state == "live"

@@ -10,14 +10,9 @@ from edgefleet.edge.agent import Agent
 from edgefleet.shared.messages import EscalationCase, ModelInfo, utcnow
 from edgefleet.shared.mosquitto import MosquittoBroker
 from edgefleet.shared.topics import Topics
-from tests.integration.test_edge_support import (
-    DEVICE,
-    Collector,
-    build_settings,
-    edge_settings,
-    wait_for,
-)
-from tests.unit.test_edge_outbox_migration import OLD_SCHEMA
+from tests.support.edge import DEVICE, Collector, build_settings, edge_settings
+from tests.support.outbox import OLD_SCHEMA
+from tests.support.waiting import eventually
 
 JPEG = b"\xff\xd8\xff\xe0" + bytes(256)
 
@@ -58,8 +53,8 @@ def test_cases_queued_by_the_previous_agent_are_delivered_after_the_upgrade(
     try:
         # then both cases arrive as they were made (the old one restamped), with their images,
         # and leave the outbox
-        wait_for(lambda: len(collector.cases) == 2, 60, "the queued cases")
-        wait_for(lambda: agent.outbox.depth("escalation") == 0, 30, "their PUBACKs")
+        eventually(lambda: len(collector.cases) == 2, 60, "the queued cases")
+        eventually(lambda: agent.outbox.depth("escalation") == 0, 30, "their PUBACKs")
     finally:
         agent.stop()
         collector.close()

@@ -20,8 +20,9 @@ from edgefleet.edge.uplink import Uplink
 from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters, utcnow
 from edgefleet.shared.mqtt import MqttSettings
 from edgefleet.shared.wire import Serialised, serialise
-from tests.integration.test_edge_support import DEVICE, KEY, Collector, wait_for
 from tests.support.broker import MosquittoBroker
+from tests.support.edge import DEVICE, KEY, Collector
+from tests.support.waiting import eventually
 
 
 def _telemetry(seq: int, ts: datetime | None = None) -> Serialised:
@@ -65,13 +66,13 @@ def test_on_connect_it_says_online_and_a_message_leaves_the_outbox_once_acknowle
     uplink = _uplink(broker, box).start()
     try:
         # when it connects, then it publishes `online`, retained
-        wait_for(uplink.connected.is_set, 30, "connection")
-        wait_for(lambda: any(s.state == "online" for s, _ in collector.statuses), 30, "online")
+        eventually(uplink.connected.is_set, 30, "connection")
+        eventually(lambda: any(s.state == "online" for s, _ in collector.statuses), 30, "online")
         # when a message is stored, then it arrives and is removed on its PUBACK
         box.put(_telemetry(7))
         uplink.wake()
-        wait_for(lambda: box.depth() == 0, 30, "the PUBACK")
-        wait_for(lambda: [t.seq for t in collector.telemetry] == [7], 30, "the message")
+        eventually(lambda: box.depth() == 0, 30, "the PUBACK")
+        eventually(lambda: [t.seq for t in collector.telemetry] == [7], 30, "the message")
         assert uplink.sent == {"telemetry": 1} and uplink.inflight == 0
     finally:
         uplink.stop()
@@ -86,10 +87,10 @@ def test_messages_stored_while_the_broker_is_down_are_kept_and_sent_on_reconnect
     box = Outbox(tmp_path / "o.db")
     uplink = _uplink(own_broker, box).start()
     try:
-        wait_for(uplink.connected.is_set, 30, "connection")
+        eventually(uplink.connected.is_set, 30, "connection")
         # when the broker goes away and messages keep coming
         own_broker.stop()
-        wait_for(lambda: not uplink.connected.is_set(), 30, "the disconnect")
+        eventually(lambda: not uplink.connected.is_set(), 30, "the disconnect")
         for seq in range(5):
             box.put(_telemetry(100 + seq))
             uplink.wake()
@@ -97,9 +98,9 @@ def test_messages_stored_while_the_broker_is_down_are_kept_and_sent_on_reconnect
         assert box.depth() == 5
         # when the broker is back, they are all delivered and leave the outbox
         own_broker.start()
-        wait_for(uplink.connected.is_set, 30, "reconnection")
-        wait_for(lambda: box.depth() == 0, 60, "the backlog to drain")
-        wait_for(lambda: len({t.seq for t in collector.telemetry}) == 5, 30, "all messages")
+        eventually(uplink.connected.is_set, 30, "reconnection")
+        eventually(lambda: box.depth() == 0, 60, "the backlog to drain")
+        eventually(lambda: len({t.seq for t in collector.telemetry}) == 5, 30, "all messages")
         assert {t.seq for t in collector.telemetry} == set(range(100, 105))
     finally:
         uplink.stop()
@@ -118,9 +119,9 @@ def test_a_message_stored_long_ago_is_restamped_and_signed_again_when_it_goes(
     # when the uplink connects and sends it
     uplink.start()
     try:
-        wait_for(lambda: box.depth() == 0, 30, "the PUBACK")
+        eventually(lambda: box.depth() == 0, 30, "the PUBACK")
         # then the cloud accepts it: fresh ts, valid signature over the new bytes
-        wait_for(lambda: [t.seq for t in collector.telemetry] == [42], 30, "the message")
+        eventually(lambda: [t.seq for t in collector.telemetry] == [42], 30, "the message")
         assert abs((utcnow() - collector.telemetry[0].ts).total_seconds()) < 300
         assert collector.rejected == []
     finally:
@@ -149,11 +150,11 @@ def test_a_refused_publish_stays_in_the_outbox_until_accepted(
         s.value for m in NACKED.collect() for s in m.samples if s.name.endswith("_total")
     )
     try:
-        wait_for(uplink.connected.is_set, 30, "connection")
+        eventually(uplink.connected.is_set, 30, "connection")
         box.put(_telemetry(1))
         uplink.wake()
         # then the broker's refusal is counted and the message is kept
-        wait_for(
+        eventually(
             lambda: (
                 sum(
                     s.value
@@ -171,8 +172,8 @@ def test_a_refused_publish_stays_in_the_outbox_until_accepted(
         (tmp_path / "acl").write_text(f"topic readwrite ef/v1/{DEVICE}/#\n")
         acl_broker.restart()
         collector = Collector(acl_broker, "cloud-acl")
-        wait_for(lambda: box.depth() == 0, 60, "delivery after the ACL change")
-        wait_for(lambda: [t.seq for t in collector.telemetry] == [1], 30, "the message")
+        eventually(lambda: box.depth() == 0, 60, "delivery after the ACL change")
+        eventually(lambda: [t.seq for t in collector.telemetry] == [1], 30, "the message")
         collector.close()
     finally:
         uplink.stop()
@@ -189,12 +190,12 @@ def test_replay_after_an_outage_is_paced_and_live_messages_overtake_it(
     # when the uplink starts with a replay pace of 10 messages per second
     uplink = _uplink(broker, box, replay_rate_per_s=10).start()
     try:
-        wait_for(uplink.connected.is_set, 30, "connection")
-        wait_for(lambda: len(collector.telemetry) >= 2, 30, "the replay to start")
+        eventually(uplink.connected.is_set, 30, "connection")
+        eventually(lambda: len(collector.telemetry) >= 2, 30, "the replay to start")
         box.put(_telemetry(5000))
         uplink.wake()
-        wait_for(lambda: box.depth() == 0, 60, "the backlog to drain")
-        wait_for(lambda: len(collector.telemetry) == 61, 30, "all messages")
+        eventually(lambda: box.depth() == 0, 60, "the backlog to drain")
+        eventually(lambda: len(collector.telemetry) == 61, 30, "all messages")
         # then the live message arrived before most of the backlog
         seqs = [t.seq for t in collector.telemetry]
         assert seqs.index(5000) < 40

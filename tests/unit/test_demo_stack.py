@@ -35,7 +35,7 @@ from edgefleet.demo_stack import (
 from edgefleet.shared.config import load_settings
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.mqtt import device_client_id
-from tests.unit.test_docker_files import EDGE, assert_env_sets_real_settings
+from tests.support.docker_files import EDGE, assert_env_sets_real_settings
 
 
 def test_agent_environment_names_real_edge_settings(

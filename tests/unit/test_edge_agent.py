@@ -25,8 +25,9 @@ from edgefleet.shared.messages import (
 )
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import Verifier, encode, sign
-from tests.integration.test_edge_support import KEY, wait_for, write_video
 from tests.support.broker import free_port
+from tests.support.edge import KEY, write_video
+from tests.support.waiting import eventually
 
 DEVICE = "cam-01"
 
@@ -93,7 +94,7 @@ def test_a_case_is_stored_serialised_once_and_signed_from_those_bytes(tmp_path: 
     # when it runs until the first case is in the outbox
     agent.start()
     try:
-        wait_for(lambda: len(cases) >= 1, 60, "a case")
+        eventually(lambda: len(cases) >= 1, 60, "a case")
         stored = next(i for i in agent.outbox.read(0) if i.kind == "escalation")
     finally:
         agent.stop()

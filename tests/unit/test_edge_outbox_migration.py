@@ -23,28 +23,11 @@ from edgefleet.shared.messages import (
 )
 from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import encode, serialise, sign
+from tests.support.outbox import OLD_SCHEMA
 
 KEY = b"k" * 32
 TOPICS = Topics()
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 64
-
-# The table as the previous agent created it (edge/outbox.py before typed rows).
-OLD_SCHEMA = """
-CREATE TABLE messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    priority INTEGER NOT NULL,
-    topic TEXT NOT NULL,
-    body BLOB NOT NULL,
-    image BLOB,
-    qos INTEGER NOT NULL,
-    retain INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    created REAL NOT NULL
-);
-CREATE INDEX messages_drop ON messages (priority, id);
-CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-"""
 
 
 CASE = EscalationCase(

@@ -145,7 +145,7 @@ def test_build_engine_without_tensorrt_says_so():
 
 def test_user_yolo_model_from_a_manifest(tmp_path, images):
     pytest.importorskip("onnx")
-    from tests.unit.test_models_vision import constant_model, v8_output
+    from tests.support.onnx_graphs import constant_model, v8_output
 
     data = constant_model(v8_output(), [1, 3, 64, 64])
     (tmp_path / "tiny.onnx").write_bytes(data)
@@ -177,7 +177,7 @@ def test_a_manifest_input_spec_the_model_refuses_is_a_load_error_not_a_traceback
     tmp_path, images, wrong
 ):
     pytest.importorskip("onnx")
-    from tests.unit.test_models_vision import constant_model, v8_output
+    from tests.support.onnx_graphs import constant_model, v8_output
 
     # given a model whose manifest entry names the wrong input tensor or layout
     data = constant_model(v8_output(), [1, 3, 64, 64])

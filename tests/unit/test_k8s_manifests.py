@@ -19,7 +19,7 @@ import yaml
 
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.shared.config import load_settings
-from tests.unit.test_docker_files import (
+from tests.support.docker_files import (
     IMAGES,
     assert_env_sets_real_settings,
     declared_volumes,

@@ -1,7 +1,4 @@
-"""Helpers for the edge integration tests: a verifying subscriber, synthetic video, settings.
-
-(Kept in a test module of the edge's own; its one test checks the subscriber itself.)
-"""
+"""Helpers for the edge tests: a verifying subscriber, synthetic video, settings."""
 
 from __future__ import annotations
 
@@ -43,9 +40,6 @@ def persistent_broker(workdir: Path) -> MosquittoBroker:
     """
     extra = "user root" if os.geteuid() == 0 else ""
     return MosquittoBroker(workdir, extra_config=extra)
-
-
-wait_for = eventually  # the name these tests have always used
 
 
 def text_frame(text: str, size: tuple[int, int] = (240, 320)) -> np.ndarray:
@@ -120,7 +114,7 @@ class Collector:
         self.client.on_message = self._on_message
         self.connected = threading.Event()
         connect(self.client, settings, clean_start=False)
-        wait_for(self.connected.is_set, 30, "collector connection")
+        eventually(self.connected.is_set, 30, "collector connection")
 
     def _on_connect(self, client, userdata, flags, rc, props) -> None:
         # what the device sends (not `results`/`desired`: those flow the other way, and a
@@ -161,16 +155,3 @@ class Collector:
         props.SessionExpiryInterval = 0
         self.client.disconnect(properties=props)
         self.client.loop_stop()
-
-
-def test_collector_verifies_and_rejects(broker: MosquittoBroker) -> None:
-    # given a collector, when a signed and a badly signed status arrive
-    collector = Collector(broker, "collector-self-test")
-    topic = Topics().status(DEVICE)
-    collector.send(DeviceStatus(device_id=DEVICE, state="online", agent_version="t"), topic)
-    bad = encode(DeviceStatus(device_id=DEVICE, state="online", agent_version="t"), b"x", topic)
-    publish(collector.client, bad, qos=1).wait_for_publish(10)
-    # then one is kept and one rejected
-    wait_for(lambda: collector.statuses and collector.rejected, 20, "both messages")
-    assert "ef-sig" in collector.rejected[0]
-    collector.close()
