@@ -105,11 +105,7 @@ class CloudServices:
         )
         replica = identity.name
         cache = VerdictCache(settings.cache.size, settings.cache.min_score)
-        pool = ModelPool(
-            settings.models.served,
-            loader or default_loader(settings),
-            workers=settings.models.workers_per_model,
-        )
+        pool = ModelPool(settings.models.served, loader or default_loader(settings))
         pool.on_loaded = lambda name, info: cache.model_version(name, info.version)
         router = Router(
             RouteSpec(model=settings.models.primary),

@@ -19,6 +19,7 @@ from edgefleet.cloud.app import create_app
 from edgefleet.cloud.auth import key_digest
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
+from edgefleet.shared.executor import BatcherSettings, DynamicBatcher
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import Detection, ModelInfo
 from edgefleet.shared.models import load_model
@@ -27,7 +28,8 @@ OP_KEY = "op-fallback-key-0123456789"
 
 
 class HangingModel:
-    """Stands in for a model whose runtime wedges: predict blocks until closed."""
+    """Stands in for a model whose runtime wedges: behind a real scheduler (the batcher),
+    its forward pass blocks until the model is closed."""
 
     def __init__(self) -> None:
         self.info = ModelInfo(
@@ -35,19 +37,20 @@ class HangingModel:
         )
         self.release = threading.Event()
         self.calls = 0
+        self.scheduler = DynamicBatcher(
+            self._forward, BatcherSettings(max_delay_ms=0), name="hanging-fallback"
+        )
 
-    def predict(self, image_rgb: np.ndarray, *, timeout_s: float | None = None) -> list[Detection]:
-        self.calls += 1
+    def _forward(self, images: list[np.ndarray]) -> list[list[Detection]]:
+        self.calls += len(images)
         self.release.wait()
-        return []
+        return [[] for _ in images]
 
-    async def predict_async(self, image_rgb, *, timeout_s=None) -> list[Detection]:
-        import asyncio
+    def predict(self, image_rgb, *, priority=0, timeout_s=None) -> list[Detection]:
+        return self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s).result()
 
-        self.calls += 1
-        while not self.release.is_set():
-            await asyncio.sleep(0.05)
-        return []
+    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None) -> list[Detection]:
+        return await self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s)
 
     @property
     def memory_bytes(self) -> int:
@@ -55,6 +58,7 @@ class HangingModel:
 
     def close(self) -> None:
         self.release.set()
+        self.scheduler.close()
 
 
 @pytest.fixture(scope="module")
