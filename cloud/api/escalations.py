@@ -19,7 +19,7 @@ from edgefleet.cloud.api.deps import (
     validate_model,
 )
 from edgefleet.cloud.auth import Principal, require_device_or_operator, require_device_scope
-from edgefleet.shared.errors import Conflict, NotFound, UnsupportedMediaType
+from edgefleet.shared.errors import NotFound, UnsupportedMediaType
 from edgefleet.shared.imaging import sniff_format
 from edgefleet.shared.messages import CaseId, CloudVerdict, EscalationCase
 
@@ -95,14 +95,9 @@ async def post_escalation(
         )
     if sniff_format(data) != _IMAGE_TYPES[declared]:
         raise UnsupportedMediaType(f"the image bytes are not a {declared} file")
-    rgb = await run_in_threadpool(svc.decode, data)  # typed 400/413/415 on bad images
-    if await run_in_threadpool(svc.store.case_device, case.case_id) is not None:
-        raise Conflict(
-            f"case {case.case_id} was already received",
-            code="duplicate_case",
-            hint=f"GET /v1/escalations/{case.case_id} for its verdict",
-        )
-    future = svc.processor.submit(case, data, source="rest", rgb=rgb)
+    # decoded and claimed in the processor's one admission step: typed 400/413/415 on a
+    # bad image, 409 for a case_id already received, 429 when the queue is full
+    future = await run_in_threadpool(svc.processor.accept, case, data, source="rest")
     accepted = EscalationAccepted(case_id=case.case_id, status="queued", trace_id=case.trace_id)
     if not wait:
         return accepted
