@@ -68,6 +68,7 @@ class Job:
     route: Route = field(compare=False)
     source: str = field(compare=False)
     enqueued: float = field(compare=False)
+    meta: bytes | None = field(compare=False, default=None)  # the JSON it arrived as, if any
     rgb: np.ndarray | None = field(compare=False, default=None)
     claimed: bool = field(compare=False, default=False)  # admitted before it was queued
     # MQTT: the message is acked only when the future resolves, so a case another worker
@@ -156,14 +157,17 @@ class CaseProcessor:
         *,
         source: str,
         flow_controlled: bool = False,
+        meta: bytes | None = None,
     ) -> Future:
         """Queue a case, to be admitted by the worker that takes it; the Future resolves
         to its verdict (None if another worker owns it).
 
-        `flow_controlled` (MQTT) jobs are always taken: the broker bounds them.
+        `flow_controlled` (MQTT) jobs are always taken: the broker bounds them. `meta` is
+        the case's JSON as received (stored as is: a case is parsed once, not re-serialised).
         """
         self._make_room(case, source, flow_controlled)
         job = self._job(case, image, source=source, hold=flow_controlled)
+        job.meta = meta
         self._queue.put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
         return job.future
@@ -228,6 +232,7 @@ class CaseProcessor:
             replica=self.replica,
             stale_after_s=self.stale_after_s(job.route),
             replica_started=self.started,
+            meta_json=job.meta,
         )
 
     def _job(
