@@ -166,8 +166,7 @@ class CaseProcessor:
         the case's JSON as received (stored as is: a case is parsed once, not re-serialised).
         """
         self._make_room(case, source, flow_controlled)
-        job = self._job(case, image, source=source, hold=flow_controlled)
-        job.meta = meta
+        job = self._job(case, image, source=source, hold=flow_controlled, meta=meta)
         self._queue.put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
         return job.future
@@ -242,6 +241,7 @@ class CaseProcessor:
         *,
         source: str,
         hold: bool = False,
+        meta: bytes | None = None,
     ) -> Job:
         route = self.router.route(case, len(image))
         return Job(
@@ -252,6 +252,7 @@ class CaseProcessor:
             route=route,
             source=source,
             enqueued=time.monotonic(),
+            meta=meta,
             hold=hold,
         )
 
@@ -338,7 +339,7 @@ class CaseProcessor:
                 job.future.set_exception(exc)
             finally:
                 trace_id_var.reset(token)
-                if job.claimed and job.future.done():
+                if job.claimed:  # answered or failed: a sweep may take it up again
                     with self._fair_lock:
                         self._held.discard(job.case.case_id)
 

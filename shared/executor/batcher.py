@@ -103,7 +103,7 @@ class Pending(Generic[R]):
         try:
             done, _ = await asyncio.wait({waiter}, timeout=max(0.0, remaining))
         except asyncio.CancelledError:  # the caller went away: drop it if still queued
-            self._batcher.give_up(self._request)
+            self._batcher.give_up(self._request, cancelled=True)
             waiter.cancel()
             raise
         if not done:
@@ -210,14 +210,16 @@ class DynamicBatcher(Generic[T, R]):
             )
         )
 
-    def give_up(self, request: _Request[Any]) -> InferenceTimeout:
-        """The caller's deadline passed: drop the request if it still waits; the error."""
+    def give_up(self, request: _Request[Any], *, cancelled: bool = False) -> InferenceTimeout:
+        """The caller's deadline passed (or the caller went away): drop the request if it
+        still waits; the error to raise."""
         with self._cond:  # queued futures change state only under the lock
             if request.waiting:
                 self._leave(request)
                 request.future.cancel()
-                _rejected(self.name, "expired").inc()  # never reached the model
-            elif not request.future.done():
+                # never reached the model
+                _rejected(self.name, "cancelled" if cancelled else "expired").inc()
+            elif not request.future.done() and not cancelled:
                 _rejected(self.name, "timeout").inc()  # it runs past its deadline
         return InferenceTimeout(f"{self.name}: no result within {request.timeout_s:.3g}s")
 

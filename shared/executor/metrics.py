@@ -35,7 +35,8 @@ REJECTED = Counter(
     "ef_batcher_rejected_total",
     "Requests refused or failed by the batcher, by reason: overloaded (queue full), shed "
     "(gave way to a higher priority), expired (deadline passed before it reached the model), "
-    "timeout (it ran past its deadline), error",
+    "timeout (it ran past its deadline), cancelled (its caller went away while it waited), "
+    "error",
     ["batcher", "reason"],
 )
 MEMORY_RESERVED = Gauge(

@@ -338,3 +338,27 @@ def test_pending_is_awaited_from_asyncio_with_its_priority():
 
         assert asyncio.run(main()) == [10, 20] and first.result() == 0
     assert run.batches == [[0], [2], [1]]
+
+
+def test_an_awaiting_caller_that_goes_away_drops_its_queued_request():
+    run = Recorder(hold=True)
+    settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
+    batcher = DynamicBatcher(run, settings, name="t-cancel")
+    first = batcher.submit(0)
+    assert run.entered.wait(30)
+
+    async def main():
+        task = asyncio.ensure_future(batcher.submit_async(1))
+        await asyncio.sleep(0)  # one loop turn: the task has queued its request and waits
+        assert batcher.depth == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    # the request left the queue and is counted as cancelled, not as a timeout
+    assert batcher.depth == 0 and rejected("t-cancel", "cancelled") == 1
+    run.gate.set()
+    assert first.result() == 0
+    batcher.close()
+    assert run.batches == [[0]]
