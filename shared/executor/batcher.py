@@ -78,13 +78,6 @@ class Pending(Generic[R]):
         self._request = request
         self._batcher = batcher
 
-    @property
-    def deadline(self) -> float:
-        return self._request.deadline
-
-    def done(self) -> bool:
-        return self._request.future.done()
-
     def result(self) -> R:
         """Wait from a thread; `InferenceTimeout` once the deadline passes."""
         remaining = self._request.deadline - self._batcher.clock()
