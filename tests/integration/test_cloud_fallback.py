@@ -37,6 +37,7 @@ class HangingModel:
         )
         self.release = threading.Event()
         self.calls = 0
+        self.priorities: list[int] = []  # of each call, as it reached the scheduler
         self.scheduler = DynamicBatcher(
             self._forward, BatcherSettings(max_delay_ms=0), name="hanging-fallback"
         )
@@ -47,9 +48,11 @@ class HangingModel:
         return [[] for _ in images]
 
     def predict(self, image_rgb, *, priority=0, timeout_s=None) -> list[Detection]:
+        self.priorities.append(priority)
         return self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s).result()
 
     async def predict_async(self, image_rgb, *, priority=0, timeout_s=None) -> list[Detection]:
+        self.priorities.append(priority)
         return await self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s)
 
     @property
@@ -78,7 +81,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Clou
         api_keys=[{"name": "ops", "sha256": key_digest(OP_KEY)}],
         rules={"file": rules},
         queue={"workers": 1, "max_pending": 2, "retry_after_s": 2},
-        models={"primary": "ppocr-heavy", "lighter": "ppocr", "served": ["ppocr-heavy", "ppocr"]},
+        models={
+            "primary": "ppocr-heavy",
+            "lighter": "ppocr",
+            "served": ["ppocr-heavy", "ppocr"],
+            "infer_priority": 3,
+        },
     )
     hanging = HangingModel()
 
@@ -137,7 +145,10 @@ def test_route_without_fallback_answers_busy(server) -> None:
 
 
 def test_infer_has_no_fallback_so_a_hang_is_a_504(server) -> None:
-    url, _ = server
+    url, services = server
+    hanging = services.pool.get("ppocr-heavy")
+    assert isinstance(hanging, HangingModel)
+    before = len(hanging.priorities)
     response = httpx.post(
         f"{url}/v1/infer/ppocr-heavy",
         params={"timeout_s": 1},
@@ -146,6 +157,8 @@ def test_infer_has_no_fallback_so_a_hang_is_a_504(server) -> None:
         timeout=30,
     )
     assert response.status_code == 504
+    # it waited in the model's queue at models.infer_priority, not at a route's priority
+    assert hanging.priorities[before:] == [3]
     assert response.json()["error"]["code"] == "inference_timeout"
     # the lighter model on the same server still answers
     ok = httpx.post(
