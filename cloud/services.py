@@ -105,7 +105,10 @@ class CloudServices:
         )
         replica = identity.name
         cache = VerdictCache(settings.cache.size, settings.cache.min_score)
-        pool = ModelPool(settings.models.served, loader or default_loader(settings))
+        pool = ModelPool(
+            settings.models.served,
+            loader or default_loader(settings),
+        )
         pool.on_loaded = lambda name, info: cache.model_version(name, info.version)
         router = Router(
             RouteSpec(model=settings.models.primary),

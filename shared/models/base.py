@@ -131,7 +131,7 @@ class Model(abc.ABC):
         if batcher is None:
             return self.predict_many([image_rgb])[0]
         try:
-            return batcher.submit(image_rgb, priority=priority, timeout_s=timeout_s).result()
+            return batcher(image_rgb, priority=priority, timeout_s=timeout_s)
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
 
@@ -145,7 +145,7 @@ class Model(abc.ABC):
 
             return (await asyncio.to_thread(self.predict_many, [image_rgb]))[0]
         try:
-            return await batcher.submit(image_rgb, priority=priority, timeout_s=timeout_s)
+            return await batcher.submit_async(image_rgb, priority=priority, timeout_s=timeout_s)
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
 
