@@ -171,11 +171,14 @@ class CaseProcessor:
         QUEUE_DEPTH.set(self._queue.qsize())
         return job.future
 
-    def accept(self, case: EscalationCase, image: bytes, *, source: str) -> Future:
+    def accept(
+        self, case: EscalationCase, image: bytes, *, source: str, meta: bytes | None = None
+    ) -> Future:
         """Admit a case now (typed errors for a bad image, `Conflict` for a case_id already
-        received), then queue it; for a caller that is there to be told (REST)."""
+        received), then queue it; for a caller that is there to be told (REST). `meta` as
+        for `submit`."""
         self._make_room(case, source, flow_controlled=False)
-        job = self._job(case, image, source=source)
+        job = self._job(case, image, source=source, meta=meta)
         try:
             claim = self.admit(job, check_image=True)
         except BaseException:

@@ -3,6 +3,7 @@ as it arrived, whichever way it came."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -125,3 +126,30 @@ def test_an_mqtt_case_is_stored_as_it_arrived_not_serialised_again(tmp_path: Pat
         assert svc.store.case(case.case_id)["edge_result"][0]["text"] == "EF-1"
     finally:
         svc.close()
+
+
+def test_rest_metadata_is_parsed_once_and_kept_as_sent_when_complete() -> None:
+    from edgefleet.cloud.api.deps import MalformedJson
+    from edgefleet.cloud.api.escalations import read_case
+    from edgefleet.shared.errors import InvalidInput
+
+    request = {"trace_id": "f" * 32, "content_type": "image/png", "device_id": "cam-a"}
+    sent = escalation_case("cam-a", edge=[("EF-2", 0.6)])
+    # a complete case: parsed as it is, and its text is what the store keeps
+    text = sent.model_dump_json()
+    case, as_received = read_case(text, **request)
+    assert case == sent and as_received == text.encode()
+    # one without a trace id takes the request's, and is serialised when stored
+    fields = sent.model_dump(mode="json", by_alias=True)
+    del fields["trace_id"]
+    case, as_received = read_case(json.dumps(fields), **request)
+    assert case.trace_id == "f" * 32 and as_received is None
+    # one that leaves its device and content type to the request gets them filled in
+    del fields["device_id"], fields["content_type"]
+    case, as_received = read_case(json.dumps(fields), **request)
+    assert (case.device_id, case.content_type, as_received) == ("cam-a", "image/png", None)
+    # bad metadata is the typed 400/422 it was
+    with pytest.raises(MalformedJson):
+        read_case("{not json", **request)
+    with pytest.raises(InvalidInput, match="frame_index"):
+        read_case(json.dumps({**fields, "frame_index": "one"}), **request)
