@@ -161,6 +161,8 @@ class DynamicBatcher(Generic[T, R]):
             if self._closed:
                 raise BatcherClosed(f"batcher {self.name} is closed")
             if self.depth_locked() >= self.settings.max_queue:
+                self._expire(now)  # only live requests count against the bound
+            if self.depth_locked() >= self.settings.max_queue:
                 self._shed_for(request)
             self._lanes.setdefault(priority, deque()).append(request)
             self._count(priority, +1)

@@ -362,3 +362,25 @@ def test_an_awaiting_caller_that_goes_away_drops_its_queued_request():
     assert first.result() == 0
     batcher.close()
     assert run.batches == [[0]]
+
+
+def test_requests_past_their_deadline_do_not_hold_places_in_a_full_queue():
+    # given a held worker and a queue of 1 taken by a request whose deadline has passed
+    clock = FakeClock()
+    run = Recorder(hold=True)
+    settings = BatcherSettings(
+        preferred_batch_size=1, max_batch_size=1, max_delay_ms=0, max_queue=1
+    )
+    batcher = DynamicBatcher(run, settings, name="t-bound-live", clock=clock)
+    first = batcher.submit(0)
+    assert run.entered.wait(30)
+    stale = batcher.submit(1, timeout_s=5)
+    clock.now += 10
+    # when another request of the same priority arrives, then it takes the expired one's place
+    fresh = batcher.submit(2)
+    with pytest.raises(InferenceTimeout):
+        stale.result()
+    run.gate.set()
+    assert [first.result(), fresh.result()] == [0, 20]
+    batcher.close()
+    assert run.batches == [[0], [2]]
