@@ -198,7 +198,7 @@ def main(
         for lines, truth in zip(reads, clip.truth, strict=True):
             edge_row.tally.add(frame_scores([(d.text or "", d.box) for d in lines], truth))
 
-    pool = ModelPool([cloud], load_model, workers=2)
+    pool = ModelPool([cloud], load_model)
     cloud_row = Row(f"cloud only ({cloud})", Tally(), cases=total, bytes_up=streamed)
     for clip in rendered:
         for jpeg, truth in zip(clip.jpegs, clip.truth, strict=True):

@@ -27,6 +27,10 @@ BENCHMARKS = {
     "executor": ("edgefleet.bench.bench_executor", "model latency, batch 1 vs dynamic batching"),
     "edge": ("edgefleet.bench.bench_edge", "agent pipeline vs the naive loop; outbox throughput"),
     "cloud": ("edgefleet.bench.bench_cloud", "REST and MQTT ingest under concurrent load"),
+    "case-calls": (
+        "edgefleet.bench.case_calls",
+        "what one case costs the cloud on its way in: decodes, parses, store look-ups",
+    ),
     "fleet": ("edgefleet.bench.bench_fleet", "dashboard and registry with a large fleet"),
     "fleet-load": (
         "edgefleet.bench.bench_fleet_load",

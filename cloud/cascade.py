@@ -3,9 +3,10 @@
 Chain: primary model (level 0) → lighter model (1) → rule-based answer (2) → "busy" (3).
 A level that times out or fails hands the case to the next; each level used is counted
 and recorded on the verdict as `fallback_level`. Models are loaded through
-`edgefleet.shared.models.load_model` (dynamic batching + the shared memory budget); each call runs
-on a bounded thread pool with its own deadline, so even a model that hangs inside its
-runtime costs a case no more than the route's timeout.
+`edgefleet.shared.models.load_model`: each has one scheduler (its dynamic batcher) where a
+call's priority, queue bound and deadline live, Triton-style. A call waits on its own
+request there, so even a model that hangs inside its runtime costs a case no more than
+the route's timeout, and no pool or timeout of our own sits on top.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,11 +52,13 @@ class CloudModel(Protocol):
 
     info: ModelInfo
 
-    def predict(self, image_rgb: np.ndarray, *, timeout_s: float | None = None) -> list[Detection]:
-        """Detections for one RGB image."""
+    def predict(
+        self, image_rgb: np.ndarray, *, priority: int = 0, timeout_s: float | None = None
+    ) -> list[Detection]:
+        """Detections for one RGB image, queued by priority, failed past its deadline."""
 
     async def predict_async(
-        self, image_rgb: np.ndarray, *, timeout_s: float | None = None
+        self, image_rgb: np.ndarray, *, priority: int = 0, timeout_s: float | None = None
     ) -> list[Detection]:
         """The same, awaited."""
 
@@ -89,15 +90,9 @@ class _Slot:
 class ModelPool:
     """The served models: loaded once (at start or first use), looked up by name."""
 
-    def __init__(self, names: list[str], loader: ModelLoader, *, workers: int = 16):
+    def __init__(self, names: list[str], loader: ModelLoader):
         self._loader = loader
         self._slots = {name: _Slot(threading.Lock()) for name in dict.fromkeys(names)}
-        # One pool per model: a primary that hangs ties up only its own threads, so the
-        # lighter model it falls back to still has workers.
-        self._calls = {
-            name: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"call-{name}")
-            for name in self._slots
-        }
         self.on_loaded: Callable[[str, ModelInfo], None] | None = None
 
     @property
@@ -165,37 +160,31 @@ class ModelPool:
             )
         return out
 
-    def call(self, name: str, image: np.ndarray, timeout_s: float) -> list[Detection]:
-        """One prediction with a hard deadline (InferenceTimeout past it)."""
+    def call(
+        self, name: str, image: np.ndarray, timeout_s: float, *, priority: int = 0
+    ) -> list[Detection]:
+        """One prediction, waited for on this thread until its deadline (InferenceTimeout)."""
         model = self.get(name)
         self._slots[name].calls.append(time.monotonic())
         started = time.perf_counter()
-        future = self._calls[name].submit(model.predict, image, timeout_s=timeout_s)
         try:
-            return future.result(timeout=timeout_s)
-        except FutureTimeout:
-            future.cancel()
-            raise InferenceTimeout(f"{name}: no result within {timeout_s:.3g} s") from None
+            return model.predict(image, priority=priority, timeout_s=timeout_s)
         finally:
             MODEL_LATENCY.labels(name).observe(time.perf_counter() - started)
 
-    async def call_async(self, name: str, image: np.ndarray, timeout_s: float) -> list[Detection]:
+    async def call_async(
+        self, name: str, image: np.ndarray, timeout_s: float, *, priority: int = 0
+    ) -> list[Detection]:
         """The same for the event loop: batched with concurrent requests, never blocking."""
         model = self.get(name) if self.loaded(name) else await asyncio.to_thread(self.get, name)
         self._slots[name].calls.append(time.monotonic())
         started = time.perf_counter()
         try:
-            return await asyncio.wait_for(
-                model.predict_async(image, timeout_s=timeout_s), timeout_s
-            )
-        except (asyncio.TimeoutError, TimeoutError):
-            raise InferenceTimeout(f"{name}: no result within {timeout_s:.3g} s") from None
+            return await model.predict_async(image, priority=priority, timeout_s=timeout_s)
         finally:
             MODEL_LATENCY.labels(name).observe(time.perf_counter() - started)
 
     def close(self) -> None:
-        for calls in self._calls.values():
-            calls.shutdown(wait=False, cancel_futures=True)
         for slot in self._slots.values():
             if slot.model is not None:
                 slot.model.close()
@@ -294,11 +283,14 @@ class Cascade:
                     case,
                     image,
                     lambda tile: self.pool.call(
-                        name, tile, max(0.001, deadline - time.monotonic())
+                        name,
+                        tile,
+                        max(0.001, deadline - time.monotonic()),
+                        priority=route.priority,
                     ),
                 )
             else:
-                result = self.pool.call(name, image, timeout_s)
+                result = self.pool.call(name, image, timeout_s, priority=route.priority)
         except InferenceTimeout:
             LEVEL_FAILURES.labels(name, "timeout").inc()
             log.warning("model %s timed out; falling back", name, extra={"route": route.name})

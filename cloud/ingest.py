@@ -242,7 +242,11 @@ class Ingest:
         assert isinstance(verified.message, EscalationCase)
         try:
             future = self.processor.submit(
-                verified.message, verified.image or b"", source="mqtt", flow_controlled=True
+                verified.message,
+                verified.image or b"",
+                source="mqtt",
+                flow_controlled=True,
+                meta=verified.meta,
             )
         except EdgefleetError as exc:
             _ingested("escalations", exc.code).inc()

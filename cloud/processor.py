@@ -1,6 +1,11 @@
 """Case processing: a bounded priority queue, worker threads, and the one path every case
-takes (claim in the store → cascade → verdict stored → verdict published), whether it
-came by MQTT or REST.
+takes (admit: decode + claim in the store → cascade → verdict stored → verdict published),
+whether it came by MQTT or REST.
+
+`admit` is the one place a case's image is decoded and its case_id checked against the
+store (the claim is the idempotency check: there is no look-up before it). A REST case is
+admitted on the request's thread, so its client hears 400/409 at once; an MQTT case is
+admitted by the worker that runs it (never on the network thread).
 
 Backpressure: REST submissions are refused with `Overloaded` (429 + Retry-After) once
 `max_pending` cases wait. MQTT cases are flow-controlled by the broker instead: we ack
@@ -28,9 +33,9 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from edgefleet.cloud.cascade import Cascade
 from edgefleet.cloud.router import Route, Router
-from edgefleet.cloud.store import ClaimState, FeedbackStore
+from edgefleet.cloud.store import Claim, ClaimState, FeedbackStore
 from edgefleet.shared.db import StoreUnavailable
-from edgefleet.shared.errors import EdgefleetError, Overloaded
+from edgefleet.shared.errors import Conflict, EdgefleetError, Overloaded
 from edgefleet.shared.logs import trace_id_var
 from edgefleet.shared.messages import CaseId, CloudStatus, CloudVerdict, EscalationCase, Sha256
 
@@ -63,7 +68,9 @@ class Job:
     route: Route = field(compare=False)
     source: str = field(compare=False)
     enqueued: float = field(compare=False)
+    meta: bytes | None = field(compare=False, default=None)  # the JSON it arrived as, if any
     rgb: np.ndarray | None = field(compare=False, default=None)
+    claimed: bool = field(compare=False, default=False)  # admitted before it was queued
     # MQTT: the message is acked only when the future resolves, so a case another worker
     # (or a crashed replica) holds is checked again later instead of being answered None
     hold: bool = field(compare=False, default=False)
@@ -111,6 +118,7 @@ class CaseProcessor:
         self._slots: dict[str, int] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
         self._served = 0
+        self._held: set[CaseId] = set()  # claimed at admission, not answered yet: not stale
         self._stopping = threading.Event()
         self._service_s = 0.0
         self.publish_status: StatusPublisher | None = None
@@ -148,13 +156,51 @@ class CaseProcessor:
         image: bytes,
         *,
         source: str,
-        rgb: np.ndarray | None = None,
         flow_controlled: bool = False,
+        meta: bytes | None = None,
     ) -> Future:
-        """Queue a case; the Future resolves to its verdict (None if another worker owns it).
+        """Queue a case, to be admitted by the worker that takes it; the Future resolves
+        to its verdict (None if another worker owns it).
 
-        `flow_controlled` (MQTT) jobs are always taken: the broker bounds them.
+        `flow_controlled` (MQTT) jobs are always taken: the broker bounds them. `meta` is
+        the case's JSON as received (stored as is: a case is parsed once, not re-serialised).
         """
+        self._make_room(case, source, flow_controlled)
+        job = self._job(case, image, source=source, hold=flow_controlled, meta=meta)
+        self._queue.put(job)
+        QUEUE_DEPTH.set(self._queue.qsize())
+        return job.future
+
+    def accept(
+        self, case: EscalationCase, image: bytes, *, source: str, meta: bytes | None = None
+    ) -> Future:
+        """Admit a case now (typed errors for a bad image, `Conflict` for a case_id already
+        received), then queue it; for a caller that is there to be told (REST). `meta` as
+        for `submit`."""
+        self._make_room(case, source, flow_controlled=False)
+        job = self._job(case, image, source=source, meta=meta)
+        try:
+            claim = self.admit(job, check_image=True)
+        except BaseException:
+            self._release(job)
+            raise
+        if claim.state is not ClaimState.CLAIMED:
+            self._release(job)
+            CASES.labels(source, "duplicate").inc()
+            raise Conflict(
+                f"case {case.case_id} was already received",
+                code="duplicate_case",
+                hint=f"GET /v1/escalations/{case.case_id} for its verdict",
+            )
+        job.claimed = True
+        with self._fair_lock:
+            self._held.add(case.case_id)
+        self._queue.put(job)
+        QUEUE_DEPTH.set(self._queue.qsize())
+        return job.future
+
+    def _make_room(self, case: EscalationCase, source: str, flow_controlled: bool) -> None:
+        """Refuse with `Overloaded` when the queue or the device's quota is full."""
         depth = self._queue.qsize()
         if depth >= self.max_pending:
             BACKPRESSURE.labels(source).inc()
@@ -171,10 +217,25 @@ class CaseProcessor:
                 "waiting (its quota)",
                 retry_after_s=self.retry_after_s,
             )
-        job = self._job(case, image, source=source, rgb=rgb, hold=flow_controlled)
-        self._queue.put(job)
-        QUEUE_DEPTH.set(self._queue.qsize())
-        return job.future
+
+    def admit(self, job: Job, *, check_image: bool = False) -> Claim:
+        """Decode the image (once: only when a model level may run, or when the caller
+        must hear that it is bad), then claim the case: the idempotency check.
+
+        Decoding comes first so that an image that will not decode is refused, not stored.
+        """
+        if job.rgb is None and (check_image or self._needs_pixels(job.route)):
+            job.rgb = self.decode(job.image)
+        return self.store.claim(
+            job.case,
+            image_sha256=job.image_sha256,
+            image=job.image,
+            source=job.source,
+            replica=self.replica,
+            stale_after_s=self.stale_after_s(job.route),
+            replica_started=self.started,
+            meta_json=job.meta,
+        )
 
     def _job(
         self,
@@ -182,8 +243,8 @@ class CaseProcessor:
         image: bytes,
         *,
         source: str,
-        rgb: np.ndarray | None = None,
         hold: bool = False,
+        meta: bytes | None = None,
     ) -> Job:
         route = self.router.route(case, len(image))
         return Job(
@@ -194,7 +255,7 @@ class CaseProcessor:
             route=route,
             source=source,
             enqueued=time.monotonic(),
-            rgb=rgb,
+            meta=meta,
             hold=hold,
         )
 
@@ -214,6 +275,13 @@ class CaseProcessor:
             if self._waiting[job.case.device_id] <= 0:
                 del self._waiting[job.case.device_id]
 
+    def _release(self, job: Job) -> None:
+        """A job that was refused before it was queued gives its fair-share place back."""
+        with self._fair_lock:
+            self._waiting[job.case.device_id] -= 1
+            if self._waiting[job.case.device_id] <= 0:
+                del self._waiting[job.case.device_id]
+
     def _requeue(self, job: Job) -> None:
         """Put a job back in its old place (its slot is kept: it had its turn already)."""
         with self._fair_lock:
@@ -228,6 +296,8 @@ class CaseProcessor:
             replica_started=self.started,
             stale_after_s=self.stale_after_s(),
         )
+        with self._fair_lock:
+            stale = [(case, image) for case, image in stale if case.case_id not in self._held]
         for case, image in stale:
             log.warning("re-running stale case %s", case.case_id, extra={"case_id": case.case_id})
             CASES.labels("sweep", "requeued").inc()
@@ -272,6 +342,9 @@ class CaseProcessor:
                 job.future.set_exception(exc)
             finally:
                 trace_id_var.reset(token)
+                if job.claimed:  # answered or failed: a sweep may take it up again
+                    with self._fair_lock:
+                        self._held.discard(job.case.case_id)
 
     def _process_with_retry(self, job: Job) -> CloudVerdict | object | None:
         """A store outage is waited out (at-least-once); anything else fails the job."""
@@ -287,33 +360,24 @@ class CaseProcessor:
 
     def process(self, job: Job) -> CloudVerdict | object | None:
         case = job.case
-        # Decode before claiming: an image that will not decode is refused, not stored.
-        rgb = job.rgb if job.rgb is not None else self._decode_if_needed(job)
-        claim = self.store.claim(
-            case,
-            image_sha256=job.image_sha256,
-            image=job.image,
-            source=job.source,
-            replica=self.replica,
-            stale_after_s=self.stale_after_s(job.route),
-            replica_started=self.started,
-        )
-        if claim.state is ClaimState.DONE:
-            CASES.labels(job.source, "duplicate_answered").inc()
-            self._publish(claim.verdict)
-            return claim.verdict
-        if claim.state is ClaimState.IN_PROGRESS:
-            CASES.labels(job.source, "duplicate_in_progress").inc()
-            if job.hold and not self._stopping.is_set():
-                # not acked yet: look again until its owner answers or its claim goes stale
-                timer = threading.Timer(self.recheck_s, self._requeue, (job,))
-                timer.daemon = True
-                timer.start()
-                return _LATER
-            return None  # its owner stores and publishes the verdict
+        if not job.claimed:
+            claim = self.admit(job)
+            if claim.state is ClaimState.DONE:
+                CASES.labels(job.source, "duplicate_answered").inc()
+                self._publish(claim.verdict)
+                return claim.verdict
+            if claim.state is ClaimState.IN_PROGRESS:
+                CASES.labels(job.source, "duplicate_in_progress").inc()
+                if job.hold and not self._stopping.is_set():
+                    # not acked yet: look again until its owner answers or its claim goes stale
+                    timer = threading.Timer(self.recheck_s, self._requeue, (job,))
+                    timer.daemon = True
+                    timer.start()
+                    return _LATER
+                return None  # its owner stores and publishes the verdict
         self.store.mark_attempt(case.case_id)
         started = time.monotonic()
-        outcome = self.cascade.run(job.route, case, rgb, job.image_sha256)
+        outcome = self.cascade.run(job.route, case, job.rgb, job.image_sha256)
         self._observe_service(time.monotonic() - started)
         elapsed = time.monotonic() - job.enqueued
         v1 = case.schema_id == "ef.escalation/1"  # an old device: answer in its version
@@ -348,11 +412,9 @@ class CaseProcessor:
         self._publish(verdict)
         return verdict
 
-    def _decode_if_needed(self, job: Job) -> np.ndarray | None:
+    def _needs_pixels(self, route: Route) -> bool:
         """Pixels are only needed when a model level may run."""
-        if all(level >= 2 for level, _ in self.cascade.levels(job.route)):
-            return None
-        return self.decode(job.image)
+        return any(level < 2 for level, _ in self.cascade.levels(route))
 
     def _publish(self, verdict: CloudVerdict | None) -> None:
         if verdict is None or self.publish is None:

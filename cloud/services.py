@@ -108,7 +108,6 @@ class CloudServices:
         pool = ModelPool(
             settings.models.served,
             loader or default_loader(settings),
-            workers=settings.models.workers_per_model,
         )
         pool.on_loaded = lambda name, info: cache.model_version(name, info.version)
         router = Router(

@@ -109,8 +109,12 @@ class ModelsSettings(Closed):
     )
     preload: bool = Field(True, description="load and warm models at start (readyz waits)")
     timeout_s: float = Field(20.0, gt=0, description="default per-inference timeout")
-    workers_per_model: int = Field(
-        8, ge=1, le=64, description="concurrent calls into one model (they meet in its batcher)"
+    infer_priority: int = Field(
+        0,
+        ge=-100,
+        le=100,
+        description="priority of POST /v1/infer calls in a model's queue, beside the routes' "
+        "priorities of escalations (higher runs first)",
     )
     manifest: Path | None = Field(None, description="extra model manifest merged over the default")
 

@@ -177,8 +177,12 @@ class FeedbackStore:
         replica: str,
         stale_after_s: float,
         replica_started: datetime | None = None,
+        meta_json: bytes | None = None,
     ) -> Claim:
         """Record the case (once) and say whether this replica should run it.
+
+        `meta_json` is the case's JSON as it arrived and was parsed (MQTT's ef-meta): stored
+        as is instead of serialising the case again.
 
         A pending case is taken over when its claim is older than `stale_after_s`, or when
         it is this replica's own claim from before `replica_started` (its previous life,
@@ -203,7 +207,7 @@ class FeedbackStore:
                 case.model.name,
                 case.model.version,
                 _edge_score(case),
-                case.model_dump_json(),
+                meta_json.decode() if meta_json else case.model_dump_json(),
                 image_sha256,
                 str(path),
                 case.content_type,

@@ -149,6 +149,8 @@ class Verified:
     message: Message
     image: bytes | None
     device_id: str
+    # a case's ef-meta exactly as signed and parsed: stored as is, never serialised again
+    meta: bytes = b""
 
 
 class ReplayGuard:
@@ -248,7 +250,7 @@ class Verifier:
                 )
             if not image.startswith(IMAGE_MAGIC[message.content_type]):
                 raise PayloadRejected("content_type", f"payload is not {message.content_type}")
-        verified = Verified(message, image, device_id)
+        verified = Verified(message, image, device_id, meta)
         replay_key = _replay_key(message)
         if replay_key and not self.replay_guard.check_and_add(device_id, *replay_key):
             raise ReplayedMessage(verified, f"{replay_key[0]} {replay_key[1]!r} already seen")

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from edgefleet.cloud.api.deps import (
     error_responses,
@@ -19,7 +19,7 @@ from edgefleet.cloud.api.deps import (
     validate_model,
 )
 from edgefleet.cloud.auth import Principal, require_device_or_operator, require_device_scope
-from edgefleet.shared.errors import Conflict, NotFound, UnsupportedMediaType
+from edgefleet.shared.errors import NotFound, UnsupportedMediaType
 from edgefleet.shared.imaging import sniff_format
 from edgefleet.shared.messages import CaseId, CloudVerdict, EscalationCase
 
@@ -36,6 +36,32 @@ class EscalationAccepted(BaseModel):
 
 def multipart_only(request: Request) -> None:
     require_media_type(request, "multipart/form-data")
+
+
+def read_case(
+    metadata: str, *, trace_id: str, content_type: str, device_id: str | None
+) -> tuple[EscalationCase, bytes | None]:
+    """The case of a metadata part, and its JSON as received when that is what to store.
+
+    A complete case is parsed once and stored as sent. One that leaves fields to the
+    request (its device, the image part's content type, the request's trace id) gets them
+    filled in, and is serialised once more when it is stored; bad metadata takes that
+    path too, for its typed 400/422.
+    """
+    try:
+        case = EscalationCase.model_validate_json(metadata)
+    except ValidationError:
+        pass
+    else:
+        if "trace_id" in case.model_fields_set:
+            return case, metadata.encode()
+        return case.model_copy(update={"trace_id": trace_id}), None
+    meta = parse_json_object(metadata, "metadata")
+    meta.setdefault("trace_id", trace_id)
+    meta.setdefault("content_type", content_type)
+    if device_id is not None:
+        meta.setdefault("device_id", device_id)
+    return validate_model(EscalationCase, meta, "metadata"), None
 
 
 @router.post(
@@ -82,12 +108,12 @@ async def post_escalation(
     if declared not in _IMAGE_TYPES:
         raise UnsupportedMediaType(f"image part has content type {declared or '(none)'!r}")
     data = await image.read()
-    meta = parse_json_object(metadata, "metadata")
-    meta.setdefault("trace_id", request.state.trace_id)
-    meta.setdefault("content_type", declared)
-    if principal.kind == "device":
-        meta.setdefault("device_id", principal.id)
-    case = validate_model(EscalationCase, meta, "metadata")
+    case, as_received = read_case(
+        metadata,
+        trace_id=request.state.trace_id,
+        content_type=declared,
+        device_id=principal.id if principal.kind == "device" else None,
+    )
     require_device_scope(principal, case.device_id)
     if case.content_type != declared:
         raise UnsupportedMediaType(
@@ -95,14 +121,11 @@ async def post_escalation(
         )
     if sniff_format(data) != _IMAGE_TYPES[declared]:
         raise UnsupportedMediaType(f"the image bytes are not a {declared} file")
-    rgb = await run_in_threadpool(svc.decode, data)  # typed 400/413/415 on bad images
-    if await run_in_threadpool(svc.store.case_device, case.case_id) is not None:
-        raise Conflict(
-            f"case {case.case_id} was already received",
-            code="duplicate_case",
-            hint=f"GET /v1/escalations/{case.case_id} for its verdict",
-        )
-    future = svc.processor.submit(case, data, source="rest", rgb=rgb)
+    # decoded and claimed in the processor's one admission step: typed 400/413/415 on a
+    # bad image, 409 for a case_id already received, 429 when the queue is full
+    future = await run_in_threadpool(
+        svc.processor.accept, case, data, source="rest", meta=as_received
+    )
     accepted = EscalationAccepted(case_id=case.case_id, status="queued", trace_id=case.trace_id)
     if not wait:
         return accepted

@@ -68,7 +68,12 @@ async def infer(
         raise ImageRejected("empty body: send the image bytes")
     rgb = await run_in_threadpool(svc.decode, body)
     started = time.perf_counter()
-    result = await svc.pool.call_async(model, rgb, timeout_s or svc.settings.models.timeout_s)
+    result = await svc.pool.call_async(
+        model,
+        rgb,
+        timeout_s or svc.settings.models.timeout_s,
+        priority=svc.settings.models.infer_priority,
+    )
     info = svc.pool.get(model).info
     return InferResult(
         model=f"{info.name}@{info.version}",

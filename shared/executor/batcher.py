@@ -1,24 +1,36 @@
-"""Triton-style dynamic batcher, written by hand because it is the product.
+"""One Triton-style scheduler per model: priority, a queue bound, one deadline per request
+and dynamic batching. Written by hand because it is the product.
 
-Requests queue; a batch leaves when `preferred_batch_size` requests wait or the oldest has
-waited `max_delay_ms`. The queue is bounded (a full queue refuses with `Overloaded`), each
-request has a deadline (`InferenceTimeout` when it passes before its batch runs), and each
-result goes back to its own caller through a `concurrent.futures.Future`, which threads
-wait on directly and asyncio awaits through `submit_async`.
+- Priority: higher runs first; within one priority, arrival order.
+- Queue bound: with `max_queue` requests waiting, a newcomer is refused with `Overloaded`,
+  unless it outranks the lowest-priority request waiting: that one (the newest of its
+  priority) is refused instead, so a flood of low-priority work never locks out urgent work.
+- Deadline: a request whose deadline passes while it waits is dropped before it reaches
+  the model and answered with `InferenceTimeout`; its caller, who waits on the same
+  deadline, is freed even if the model hangs on an earlier batch.
+- Batching: a batch leaves when `preferred_batch_size` requests wait or the oldest has
+  waited `max_delay_ms`, and takes the highest-priority requests.
+
+Callers hold a `Pending`: `.result()` from a thread, `await pending` from asyncio. Both wait
+at most until the request's own deadline, so nobody wraps a call in a pool or a timeout of
+their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import heapq
+import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from edgefleet.shared.errors import EdgefleetError, InferenceTimeout, Overloaded
 from edgefleet.shared.executor.metrics import BATCH_SIZE, QUEUE_DEPTH, REJECTED
@@ -36,20 +48,69 @@ class BatcherClosed(EdgefleetError):
     hint = "the model is shutting down; retry against another instance"
 
 
-@dataclass
-class _Request(Generic[T, R]):
+@functools.cache
+def _depth(batcher: str, priority: int) -> Any:
+    """The queue-depth gauge child of one (model, priority)."""
+    return QUEUE_DEPTH.labels(batcher, str(priority))
+
+
+@functools.cache
+def _rejected(batcher: str, reason: str) -> Any:
+    return REJECTED.labels(batcher, reason)
+
+
+@dataclass(eq=False)
+class _Request(Generic[T]):
     item: T
     future: Future
+    priority: int
+    seq: int
     enqueued: float
     deadline: float
-    taken: bool = field(default=False)
+    timeout_s: float
+    waiting: bool = True  # False once taken, expired, shed or failed
+
+
+class Pending(Generic[R]):
+    """The answer to one queued request, bounded by the request's deadline."""
+
+    def __init__(self, request: _Request[Any], batcher: DynamicBatcher[Any, R]) -> None:
+        self._request = request
+        self._batcher = batcher
+
+    def result(self) -> R:
+        """Wait from a thread; `InferenceTimeout` once the deadline passes."""
+        remaining = self._request.deadline - self._batcher.clock()
+        try:
+            return self._request.future.result(timeout=max(0.0, remaining))
+        except (FutureTimeout, TimeoutError):  # distinct types before Python 3.11
+            raise self._batcher.give_up(self._request) from None
+
+    def __await__(self) -> Generator[Any, None, R]:
+        return self._wait().__await__()
+
+    async def _wait(self) -> R:
+        """Await from asyncio without blocking the loop; the same deadline."""
+        waiter = asyncio.wrap_future(self._request.future)
+        remaining = self._request.deadline - self._batcher.clock()
+        try:
+            done, _ = await asyncio.wait({waiter}, timeout=max(0.0, remaining))
+        except asyncio.CancelledError:  # the caller went away: drop it if still queued
+            self._batcher.give_up(self._request, cancelled=True)
+            waiter.cancel()
+            raise
+        if not done:
+            error = self._batcher.give_up(self._request)
+            waiter.cancel()
+            raise error
+        return waiter.result()
 
 
 class DynamicBatcher(Generic[T, R]):
     """Groups single requests into batches for `run_batch(items) -> results` (same order).
 
     `max_batch` (optional) is asked before each batch for the current cap, so the memory
-    budget can shrink batches when memory is tight.
+    budget can shrink batches when memory is tight. `clock` is injectable for tests.
     """
 
     def __init__(
@@ -63,10 +124,14 @@ class DynamicBatcher(Generic[T, R]):
     ) -> None:
         self.settings = settings or BatcherSettings()
         self.name = name
+        self.clock = clock
         self._run_batch = run_batch
         self._max_batch = max_batch
-        self._clock = clock
-        self._queue: deque[_Request[T, R]] = deque()
+        self._seq = itertools.count()
+        # one FIFO lane per priority; entries that left early stay until skipped
+        self._lanes: dict[int, deque[_Request[T]]] = {}
+        self._counts: dict[int, int] = {}  # requests waiting, per priority
+        self._deadlines: list[tuple[float, int, _Request[T]]] = []  # heap; stale entries too
         self._cond = threading.Condition()
         self._closed = False
         self._inflight = 0  # batches being run now
@@ -81,52 +146,95 @@ class DynamicBatcher(Generic[T, R]):
 
     # --- submitting -----------------------------------------------------------------------
 
-    def submit(self, item: T, *, timeout_s: float | None = None) -> Future:
-        """Queue one request; the Future resolves to its result or a typed error."""
-        now = self._clock()
+    def submit(self, item: T, *, priority: int = 0, timeout_s: float | None = None) -> Pending[R]:
+        """Queue one request; its `Pending` resolves to the result or a typed error.
+
+        Raises `Overloaded` when the queue is full of work at least as urgent, and
+        `BatcherClosed` after `close`.
+        """
+        now = self.clock()
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
-        future: Future = Future()
+        request: _Request[T] = _Request(
+            item, Future(), priority, next(self._seq), now, now + timeout, timeout
+        )
         with self._cond:
             if self._closed:
                 raise BatcherClosed(f"batcher {self.name} is closed")
-            if len(self._queue) >= self.settings.max_queue:
-                REJECTED.labels(self.name, "overloaded").inc()
-                raise Overloaded(
-                    f"{self.name}: {len(self._queue)} requests already waiting "
-                    f"(max_queue={self.settings.max_queue})",
-                    retry_after_s=max(0.05, self.settings.max_delay_ms / 1000 * 2),
-                )
-            self._queue.append(_Request(item, future, now, now + timeout))
-            QUEUE_DEPTH.labels(self.name).set(len(self._queue))
+            if self.depth_locked() >= self.settings.max_queue:
+                self._expire(now)  # only live requests count against the bound
+            if self.depth_locked() >= self.settings.max_queue:
+                self._shed_for(request)
+            self._lanes.setdefault(priority, deque()).append(request)
+            self._count(priority, +1)
+            heapq.heappush(self._deadlines, (request.deadline, request.seq, request))
             self._cond.notify()
-        return future
+        return Pending(request, self)
 
-    def __call__(self, item: T, *, timeout_s: float | None = None) -> R:
+    def __call__(self, item: T, *, priority: int = 0, timeout_s: float | None = None) -> R:
         """Submit and wait (from a thread); raises InferenceTimeout past the deadline."""
-        timeout = self.settings.timeout_s if timeout_s is None else timeout_s
-        future = self.submit(item, timeout_s=timeout)
-        try:
-            return future.result(timeout=timeout)
-        except (FutureTimeout, TimeoutError):  # distinct types before Python 3.11
-            future.cancel()
-            REJECTED.labels(self.name, "timeout").inc()
-            raise InferenceTimeout(f"{self.name}: no result within {timeout:.3g}s") from None
+        return self.submit(item, priority=priority, timeout_s=timeout_s).result()
 
-    async def submit_async(self, item: T, *, timeout_s: float | None = None) -> R:
+    async def submit_async(
+        self, item: T, *, priority: int = 0, timeout_s: float | None = None
+    ) -> R:
         """Submit from asyncio and await the result without blocking the event loop."""
-        timeout = self.settings.timeout_s if timeout_s is None else timeout_s
-        future = self.submit(item, timeout_s=timeout)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except (asyncio.TimeoutError, TimeoutError):
-            future.cancel()
-            REJECTED.labels(self.name, "timeout").inc()
-            raise InferenceTimeout(f"{self.name}: no result within {timeout:.3g}s") from None
+        return await self.submit(item, priority=priority, timeout_s=timeout_s)
+
+    def _shed_for(self, newcomer: _Request[T]) -> None:
+        """Make room for `newcomer` in a full queue, or refuse it (lock held)."""
+        retry = max(0.05, self.settings.max_delay_ms / 1000 * 2)
+        lowest = min(p for p, n in self._counts.items() if n > 0)
+        if lowest >= newcomer.priority:
+            _rejected(self.name, "overloaded").inc()
+            raise Overloaded(
+                f"{self.name}: {self.depth_locked()} requests already waiting "
+                f"(max_queue={self.settings.max_queue})",
+                retry_after_s=retry,
+            )
+        lane = self._lanes[lowest]
+        while not lane[-1].waiting:
+            lane.pop()
+        victim = lane.pop()
+        self._leave(victim)
+        _rejected(self.name, "shed").inc()
+        victim.future.set_exception(
+            Overloaded(
+                f"{self.name}: queue full; priority {victim.priority} gave way to "
+                f"priority {newcomer.priority}",
+                retry_after_s=retry,
+            )
+        )
+
+    def give_up(self, request: _Request[Any], *, cancelled: bool = False) -> InferenceTimeout:
+        """The caller's deadline passed (or the caller went away): drop the request if it
+        still waits; the error to raise."""
+        with self._cond:  # queued futures change state only under the lock
+            if request.waiting:
+                self._leave(request)
+                request.future.cancel()
+                # never reached the model
+                _rejected(self.name, "cancelled" if cancelled else "expired").inc()
+            elif not request.future.done() and not cancelled:
+                _rejected(self.name, "timeout").inc()  # it runs past its deadline
+        return InferenceTimeout(f"{self.name}: no result within {request.timeout_s:.3g}s")
 
     @property
     def depth(self) -> int:
         with self._cond:
-            return len(self._queue)
+            return self.depth_locked()
+
+    def depth_locked(self) -> int:
+        return sum(self._counts.values())
+
+    def _count(self, priority: int, delta: int) -> None:
+        count = self._counts.get(priority, 0) + delta
+        self._counts[priority] = count
+        _depth(self.name, priority).set(count)
+
+    def _leave(self, request: _Request[T]) -> None:
+        """Mark a request as no longer waiting (lock held); its lane entry is skipped later."""
+        request.waiting = False
+        self._count(request.priority, -1)
 
     # --- the worker -----------------------------------------------------------------------
 
@@ -138,44 +246,79 @@ class DynamicBatcher(Generic[T, R]):
         return cap
 
     def _expire(self, now: float) -> None:
-        """Fail queued requests whose deadline passed or whose caller gave up."""
-        keep: deque[_Request[T, R]] = deque()
-        for req in self._queue:
-            if req.future.cancelled():
+        """Answer every waiting request whose deadline passed (lock held)."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, request = heapq.heappop(self._deadlines)
+            if not request.waiting:
                 continue
-            if now >= req.deadline:
-                REJECTED.labels(self.name, "timeout").inc()
-                req.future.set_exception(
-                    InferenceTimeout(f"{self.name}: request waited past its deadline in the queue")
+            self._leave(request)
+            _rejected(self.name, "expired").inc()
+            request.future.set_exception(
+                InferenceTimeout(
+                    f"{self.name}: request waited past its deadline "
+                    f"({request.timeout_s:.3g}s) in the queue"
                 )
-                continue
-            keep.append(req)
-        self._queue = keep
+            )
+        if len(self._deadlines) > 2 * self.depth_locked() + 64:
+            self._compact()
 
-    def _take(self) -> list[_Request[T, R]] | None:
+    def _compact(self) -> None:
+        """Drop the entries of requests that left early (lock held): bounded memory."""
+        self._deadlines = [e for e in self._deadlines if e[2].waiting]
+        heapq.heapify(self._deadlines)
+        for priority, lane in list(self._lanes.items()):
+            kept = deque(r for r in lane if r.waiting)
+            if kept:
+                self._lanes[priority] = kept
+            else:
+                del self._lanes[priority]
+
+    def _head(self, lane: deque[_Request[T]]) -> _Request[T] | None:
+        while lane and not lane[0].waiting:
+            lane.popleft()
+        return lane[0] if lane else None
+
+    def _oldest(self) -> _Request[T] | None:
+        heads = [h for h in map(self._head, self._lanes.values()) if h is not None]
+        return min(heads, key=lambda r: r.seq, default=None)
+
+    def _pop_batch(self, cap: int) -> list[_Request[T]]:
+        """The `cap` most urgent waiting requests (lock held)."""
+        batch: list[_Request[T]] = []
+        for priority in sorted(self._lanes, reverse=True):
+            lane = self._lanes[priority]
+            while len(batch) < cap and self._head(lane) is not None:
+                request = lane.popleft()
+                self._leave(request)
+                batch.append(request)
+            if not lane:
+                del self._lanes[priority]
+            if len(batch) == cap:
+                break
+        return batch
+
+    def _take(self) -> list[_Request[T]] | None:
         """Wait for a batch: preferred size reached, oldest past max_delay, or closing."""
         delay = self.settings.max_delay_ms / 1000.0
         with self._cond:
             while True:
-                now = self._clock()
+                now = self.clock()
                 self._expire(now)
-                if self._closed and not self._queue:
+                oldest = self._oldest()
+                if self._closed and oldest is None:
                     return None
+                if oldest is None:
+                    self._cond.wait(timeout=0.5)
+                    continue
                 cap = self.max_batch_now()
                 preferred = min(self.settings.preferred_batch_size, cap)
-                if self._queue:
-                    oldest = self._queue[0].enqueued
-                    idle = self.settings.eager and self._inflight < len(self._workers)
-                    full = len(self._queue) >= preferred
-                    if full or idle or now - oldest >= delay or self._closed:
-                        batch = [self._queue.popleft() for _ in range(min(cap, len(self._queue)))]
-                        QUEUE_DEPTH.labels(self.name).set(len(self._queue))
-                        self._inflight += 1
-                        return batch
-                    wait = min(oldest + delay - now, self._queue[0].deadline - now)
-                    self._cond.wait(timeout=max(wait, 0.0005))
-                else:
-                    self._cond.wait(timeout=0.5)
+                idle = self.settings.eager and self._inflight < len(self._workers)
+                full = self.depth_locked() >= preferred
+                if full or idle or now - oldest.enqueued >= delay or self._closed:
+                    self._inflight += 1
+                    return self._pop_batch(cap)
+                wait = min(oldest.enqueued + delay, self._deadlines[0][0]) - now
+                self._cond.wait(timeout=max(wait, 0.0005))
 
     def _loop(self) -> None:
         while True:
@@ -194,7 +337,7 @@ class DynamicBatcher(Generic[T, R]):
                     self._inflight -= 1
                     self._cond.notify_all()
 
-    def _run(self, live: list[_Request[T, R]]) -> None:
+    def _run(self, live: list[_Request[T]]) -> None:
         """Run one batch; if it fails, run its requests one by one so that one poisoned
         input fails only its own caller."""
         try:
@@ -212,7 +355,7 @@ class DynamicBatcher(Generic[T, R]):
                 for req in live:
                     self._run([req])
                 return
-            REJECTED.labels(self.name, "error").inc()
+            _rejected(self.name, "error").inc()
             live[0].future.set_exception(exc)
             return
         except BaseException as exc:  # KeyboardInterrupt/SystemExit: callers hear, then stop
@@ -227,10 +370,14 @@ class DynamicBatcher(Generic[T, R]):
         with self._cond:
             self._closed = True
             if not drain:
-                while self._queue:
-                    req = self._queue.popleft()
-                    if not req.future.cancelled():
-                        req.future.set_exception(BatcherClosed(f"batcher {self.name} closed"))
+                for lane in self._lanes.values():
+                    for request in lane:
+                        if request.waiting:
+                            self._leave(request)
+                            request.future.set_exception(
+                                BatcherClosed(f"batcher {self.name} closed")
+                            )
+                self._lanes.clear()
             self._cond.notify_all()
         for worker in self._workers:
             if worker is not threading.current_thread():

@@ -28,10 +28,15 @@ BATCH_SIZE = Histogram(
     ["batcher"],
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
 )
-QUEUE_DEPTH = Gauge("ef_batcher_queue_depth", "Requests waiting", ["batcher"])
+QUEUE_DEPTH = Gauge(
+    "ef_batcher_queue_depth", "Requests waiting, per model and priority", ["batcher", "priority"]
+)
 REJECTED = Counter(
     "ef_batcher_rejected_total",
-    "Requests refused or failed by the batcher, by reason",
+    "Requests refused or failed by the batcher, by reason: overloaded (queue full), shed "
+    "(gave way to a higher priority), expired (deadline passed before it reached the model), "
+    "timeout (it ran past its deadline), cancelled (its caller went away while it waited), "
+    "error",
     ["batcher", "reason"],
 )
 MEMORY_RESERVED = Gauge(

@@ -26,7 +26,11 @@ DEFAULT_BACKENDS = [
 class BatcherSettings(Closed):
     """Triton-style dynamic batching in front of a model."""
 
-    enabled: bool = Field(True, description="queue requests and run them in batches")
+    enabled: bool = Field(
+        True,
+        description="queue requests and run them in batches (off: no queue, each call runs "
+        "at once on its caller's thread, with no priority and no deadline that can free it)",
+    )
     preferred_batch_size: int = Field(
         4, ge=1, le=256, description="a batch leaves as soon as this many requests wait"
     )
@@ -35,10 +39,18 @@ class BatcherSettings(Closed):
         5.0, ge=0, le=10_000, description="the oldest request waits at most this long"
     )
     max_queue: int = Field(
-        64, ge=1, le=100_000, description="requests waiting beyond this are refused (overloaded)"
+        64,
+        ge=1,
+        le=100_000,
+        description="requests waiting beyond this are refused (overloaded), unless they "
+        "outrank the lowest priority waiting, whose newest request is refused instead",
     )
     timeout_s: float = Field(
-        30.0, gt=0, le=3600, description="a request not answered within this fails (timeout)"
+        30.0,
+        gt=0,
+        le=3600,
+        description="deadline of a request that names none: past it, a request still queued "
+        "is dropped and its caller gets a timeout",
     )
     workers: int = Field(1, ge=1, le=16, description="threads that run batches")
     eager: bool = Field(

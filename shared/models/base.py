@@ -118,22 +118,25 @@ class Model(abc.ABC):
             count = sum(n for t, n in self._recent if t >= since)
         return count / window_s
 
-    def predict(self, image_rgb: np.ndarray, *, timeout_s: float | None = None) -> list[Detection]:
-        """Detections for one RGB uint8 HxWx3 image; batched with concurrent callers.
+    def predict(
+        self, image_rgb: np.ndarray, *, priority: int = 0, timeout_s: float | None = None
+    ) -> list[Detection]:
+        """Detections for one RGB uint8 HxWx3 image; batched with concurrent callers, the
+        higher `priority` first, answered or failed by the request's deadline.
 
         Raises InvalidInput, Overloaded (queue full or memory watermark: retry later) or
-        InferenceTimeout.
+        InferenceTimeout. Without batching the image runs at once on the caller's thread.
         """
         batcher = self._admit(image_rgb)
         if batcher is None:
             return self.predict_many([image_rgb])[0]
         try:
-            return batcher(image_rgb, timeout_s=timeout_s)
+            return batcher(image_rgb, priority=priority, timeout_s=timeout_s)
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
 
     async def predict_async(
-        self, image_rgb: np.ndarray, *, timeout_s: float | None = None
+        self, image_rgb: np.ndarray, *, priority: int = 0, timeout_s: float | None = None
     ) -> list[Detection]:
         """`predict` for asyncio callers (the event loop is never blocked)."""
         batcher = self._admit(image_rgb)
@@ -142,7 +145,7 @@ class Model(abc.ABC):
 
             return (await asyncio.to_thread(self.predict_many, [image_rgb]))[0]
         try:
-            return await batcher.submit_async(image_rgb, timeout_s=timeout_s)
+            return await batcher.submit_async(image_rgb, priority=priority, timeout_s=timeout_s)
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
 

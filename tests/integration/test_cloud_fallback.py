@@ -19,6 +19,7 @@ from edgefleet.cloud.app import create_app
 from edgefleet.cloud.auth import key_digest
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
+from edgefleet.shared.executor import BatcherSettings, DynamicBatcher
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import Detection, ModelInfo
 from edgefleet.shared.models import load_model
@@ -27,7 +28,8 @@ OP_KEY = "op-fallback-key-0123456789"
 
 
 class HangingModel:
-    """Stands in for a model whose runtime wedges: predict blocks until closed."""
+    """Stands in for a model whose runtime wedges: behind a real scheduler (the batcher),
+    its forward pass blocks until the model is closed."""
 
     def __init__(self) -> None:
         self.info = ModelInfo(
@@ -35,19 +37,23 @@ class HangingModel:
         )
         self.release = threading.Event()
         self.calls = 0
+        self.priorities: list[int] = []  # of each call, as it reached the scheduler
+        self.scheduler = DynamicBatcher(
+            self._forward, BatcherSettings(max_delay_ms=0), name="hanging-fallback"
+        )
 
-    def predict(self, image_rgb: np.ndarray, *, timeout_s: float | None = None) -> list[Detection]:
-        self.calls += 1
+    def _forward(self, images: list[np.ndarray]) -> list[list[Detection]]:
+        self.calls += len(images)
         self.release.wait()
-        return []
+        return [[] for _ in images]
 
-    async def predict_async(self, image_rgb, *, timeout_s=None) -> list[Detection]:
-        import asyncio
+    def predict(self, image_rgb, *, priority=0, timeout_s=None) -> list[Detection]:
+        self.priorities.append(priority)
+        return self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s).result()
 
-        self.calls += 1
-        while not self.release.is_set():
-            await asyncio.sleep(0.05)
-        return []
+    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None) -> list[Detection]:
+        self.priorities.append(priority)
+        return await self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s)
 
     @property
     def memory_bytes(self) -> int:
@@ -55,6 +61,7 @@ class HangingModel:
 
     def close(self) -> None:
         self.release.set()
+        self.scheduler.close()
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +81,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Clou
         api_keys=[{"name": "ops", "sha256": key_digest(OP_KEY)}],
         rules={"file": rules},
         queue={"workers": 1, "max_pending": 2, "retry_after_s": 2},
-        models={"primary": "ppocr-heavy", "lighter": "ppocr", "served": ["ppocr-heavy", "ppocr"]},
+        models={
+            "primary": "ppocr-heavy",
+            "lighter": "ppocr",
+            "served": ["ppocr-heavy", "ppocr"],
+            "infer_priority": 3,
+        },
     )
     hanging = HangingModel()
 
@@ -133,7 +145,10 @@ def test_route_without_fallback_answers_busy(server) -> None:
 
 
 def test_infer_has_no_fallback_so_a_hang_is_a_504(server) -> None:
-    url, _ = server
+    url, services = server
+    hanging = services.pool.get("ppocr-heavy")
+    assert isinstance(hanging, HangingModel)
+    before = len(hanging.priorities)
     response = httpx.post(
         f"{url}/v1/infer/ppocr-heavy",
         params={"timeout_s": 1},
@@ -142,6 +157,8 @@ def test_infer_has_no_fallback_so_a_hang_is_a_504(server) -> None:
         timeout=30,
     )
     assert response.status_code == 504
+    # it waited in the model's queue at models.infer_priority, not at a route's priority
+    assert hanging.priorities[before:] == [3]
     assert response.json()["error"]["code"] == "inference_timeout"
     # the lighter model on the same server still answers
     ok = httpx.post(

@@ -38,12 +38,12 @@ class GateModel:
         self.gate = threading.Event()
         self.calls = 0
 
-    def predict(self, image_rgb, *, timeout_s=None):
+    def predict(self, image_rgb, *, priority=0, timeout_s=None):
         self.calls += 1
         self.gate.wait()
         return []
 
-    async def predict_async(self, image_rgb, *, timeout_s=None):
+    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None):
         return self.predict(image_rgb)
 
     @property

@@ -19,6 +19,7 @@ from edgefleet.cloud.router import Route, Router, RouteSpec
 from edgefleet.cloud.settings import CloudSettings, OperatorKey
 from edgefleet.shared.config import load_settings
 from edgefleet.shared.errors import AuthError, ConfigError, ModelNotFound
+from edgefleet.shared.executor import BatcherSettings, DynamicBatcher
 from edgefleet.shared.messages import Detection, ModelInfo
 
 RULES = """
@@ -120,7 +121,7 @@ def test_cache_keeps_only_confident_model_results_and_drops_old_versions() -> No
 
 
 class ScriptedModel:
-    """A model whose answer (or failure) the test decides."""
+    """A model whose answer (or failure) the test decides, behind a real scheduler."""
 
     def __init__(self, name: str, answer=None, hang: threading.Event | None = None, fail=False):
         self.info = ModelInfo(name=name, version="1")
@@ -128,17 +129,25 @@ class ScriptedModel:
         self.hang = hang
         self.fail = fail
         self.calls = 0
+        self.callers: list[tuple[str, int]] = []  # (thread name, priority) of each predict
+        self.scheduler = DynamicBatcher(
+            self._forward, BatcherSettings(max_delay_ms=0), name=f"scripted-{name}"
+        )
 
-    def predict(self, image_rgb, *, timeout_s=None):
-        self.calls += 1
+    def _forward(self, images):
+        self.calls += len(images)
         if self.hang is not None:
             self.hang.wait()
         if self.fail:
             raise RuntimeError("model crashed")
-        return self.answer
+        return [self.answer for _ in images]
 
-    async def predict_async(self, image_rgb, *, timeout_s=None):
-        return self.predict(image_rgb)
+    def predict(self, image_rgb, *, priority=0, timeout_s=None):
+        self.callers.append((threading.current_thread().name, priority))
+        return self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s).result()
+
+    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None):
+        return await self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s)
 
     @property
     def memory_bytes(self) -> int:
@@ -147,10 +156,11 @@ class ScriptedModel:
     def close(self) -> None:
         if self.hang is not None:
             self.hang.set()
+        self.scheduler.close()
 
 
 def _cascade(models: dict[str, ScriptedModel]) -> Cascade:
-    pool = ModelPool(list(models), lambda name: models[name], workers=4)
+    pool = ModelPool(list(models), lambda name: models[name])
     return Cascade(pool, VerdictCache(100, 0.9), lighter="light", accept_edge_min_score=0.5)
 
 
@@ -183,6 +193,27 @@ def test_cascade_falls_through_each_level_and_records_it() -> None:
         assert (out.fallback_level, out.model, out.result) == (3, "busy", [])
     finally:
         hang.set()
+
+
+def test_cascade_waits_on_the_model_scheduler_with_the_route_priority() -> None:
+    # given a primary that hangs and a lighter model, behind their own schedulers
+    hang = threading.Event()
+    heavy = ScriptedModel("heavy", hang=hang)
+    light = ScriptedModel("light", [Detection(text="OK", score=0.99)])
+    cascade = _cascade({"heavy": heavy, "light": light})
+    threads_before = threading.active_count()
+    try:
+        # when a case with a priority-7 route runs
+        route = Route("urgent", "heavy", 0.2, 7, True)
+        out = cascade.run(route, escalation_case("cam-1"), np.zeros((8, 8, 3), np.uint8), "b" * 64)
+    finally:
+        hang.set()
+    # then each model was called on this very thread (no pool of the cascade's own), with
+    # the route's priority, and the hung primary cost no more than its deadline
+    me = threading.current_thread().name
+    assert heavy.callers == [(me, 7)] and light.callers == [(me, 7)]
+    assert out.fallback_level == 1
+    assert threading.active_count() == threads_before
 
 
 def test_cascade_serves_confident_results_from_the_cache() -> None:

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from edgefleet.shared.errors import InferenceTimeout, Overloaded
 from edgefleet.shared.executor.batcher import BatcherClosed, DynamicBatcher
 from edgefleet.shared.executor.settings import BatcherSettings
 
 
-def wait_until(predicate, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
+class FakeClock:
+    """The batcher's clock, moved by the test (the batcher's deadlines and delays read it)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def rejected(batcher: str, reason: str) -> float:
+    labels = {"batcher": batcher, "reason": reason}
+    return REGISTRY.get_sample_value("ef_batcher_rejected_total", labels) or 0.0
+
+
+def depth(batcher: str, priority: int) -> float | None:
+    labels = {"batcher": batcher, "priority": str(priority)}
+    return REGISTRY.get_sample_value("ef_batcher_queue_depth", labels)
 
 
 class Recorder:
@@ -46,7 +58,7 @@ def test_full_batches_leave_at_preferred_size_and_results_route_back():
         # when 8 requests arrive
         futures = [batcher.submit(i) for i in range(8)]
         # then they run as two batches of 4 and every caller gets its own result
-        assert [f.result(timeout=30) for f in futures] == [i * 10 for i in range(8)]
+        assert [f.result() for f in futures] == [i * 10 for i in range(8)]
     assert [len(b) for b in run.batches] == [4, 4]
     assert sorted(x for b in run.batches for x in b) == list(range(8))
 
@@ -94,29 +106,53 @@ def test_full_queue_refuses_with_overloaded_and_loses_nothing_accepted():
     assert err.value.code == "overloaded"
     # and everything accepted still completes
     run.gate.set()
-    assert [f.result(30) for f in [first, *queued]] == [0, 10, 20]
+    assert [f.result() for f in [first, *queued]] == [0, 10, 20]
     batcher.close()
 
 
-def test_request_times_out_while_the_worker_is_busy():
+def test_the_caller_is_freed_at_its_deadline_while_the_model_hangs():
+    # given a worker stuck inside the model on the first request
     run = Recorder(hold=True)
     settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
-    now = [0.0]  # the batcher's clock, moved by the test
-    batcher = DynamicBatcher(run, settings, name="t-timeout", clock=lambda: now[0])
+    batcher = DynamicBatcher(run, settings, name="t-timeout")
+    running = batcher.submit(0, timeout_s=0.05)
+    assert run.entered.wait(30)
+    before = rejected("t-timeout", "timeout"), rejected("t-timeout", "expired")
+    # when the deadlines pass, then both callers get the typed error, one per reason
+    with pytest.raises(InferenceTimeout):
+        running.result()  # it reached the model, which hangs
+    with pytest.raises(InferenceTimeout):
+        batcher(1, timeout_s=0.05)  # it waited in the queue: dropped, never run
+    assert (rejected("t-timeout", "timeout"), rejected("t-timeout", "expired")) == (
+        before[0] + 1,
+        before[1] + 1,
+    )
+    run.gate.set()
+    batcher.close()
+    assert run.batches == [[0]]
+
+
+def test_a_request_past_its_deadline_is_dropped_before_the_model():
+    # given a worker held on a first request and a clock the test moves
+    clock = FakeClock()
+    run = Recorder(hold=True)
+    settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
+    batcher = DynamicBatcher(run, settings, name="t-expire", clock=clock)
     blocker = batcher.submit(0)
     assert run.entered.wait(30)
-    # the caller gives up after its timeout with a typed error
-    with pytest.raises(InferenceTimeout):
-        batcher(1, timeout_s=0.05)
-    # a queued request whose deadline passes fails with InferenceTimeout, not a hang
-    expired = batcher.submit(2, timeout_s=0.01)
-    now[0] += 1.0  # its deadline passes while the worker is still busy
+    late = batcher.submit(1, timeout_s=5)
+    fresh = batcher.submit(2, timeout_s=60)
+    before = rejected("t-expire", "expired")
+    # when 10 s pass before the worker is free
+    clock.now += 10
     run.gate.set()
-    assert blocker.result(30) == 0
+    # then the late request is answered with the timeout error and never reaches the model
+    assert blocker.result() == 0 and fresh.result() == 20
     with pytest.raises(InferenceTimeout):
-        expired.result(30)
+        late.result()
     batcher.close()
-    assert 1 not in [x for b in run.batches for x in b]
+    assert run.batches == [[0], [2]]
+    assert rejected("t-expire", "expired") == before + 1
 
 
 def test_batch_errors_reach_every_caller():
@@ -128,7 +164,7 @@ def test_batch_errors_reach_every_caller():
         futures = [batcher.submit(i) for i in range(2)]
         for f in futures:
             with pytest.raises(ValueError, match="exploded"):
-                f.result(30)
+                f.result()
 
 
 def test_one_poisoned_request_fails_alone():
@@ -143,9 +179,9 @@ def test_one_poisoned_request_fails_alone():
     settings = BatcherSettings(preferred_batch_size=3, max_batch_size=3, max_delay_ms=10_000)
     with DynamicBatcher(picky, settings, name="t-poison") as batcher:
         futures = [batcher.submit(x) for x in (1, 13, 2)]
-        assert futures[0].result(30) == 10 and futures[2].result(30) == 20
+        assert futures[0].result() == 10 and futures[2].result() == 20
         with pytest.raises(ValueError, match="13"):
-            futures[1].result(30)
+            futures[1].result()
     # the batch failed once, then each request ran alone
     assert calls == [[1, 13, 2], [1], [13], [2]]
 
@@ -155,7 +191,7 @@ def test_wrong_result_count_is_an_error_not_a_misroute():
     with DynamicBatcher(lambda items: [1], settings, name="t-count") as batcher:
         futures = [batcher.submit(i) for i in range(2)]
         # the batch of 2 gives 1 result: retried alone, each gets its own answer
-        assert [f.result(30) for f in futures] == [1, 1]
+        assert [f.result() for f in futures] == [1, 1]
     alone = BatcherSettings(preferred_batch_size=1, max_batch_size=1)
     with (
         DynamicBatcher(lambda items: [], alone, name="t-count0") as batcher,
@@ -170,7 +206,7 @@ def test_memory_cap_shrinks_batches():
     with DynamicBatcher(run, settings, name="t-cap", max_batch=lambda: 2) as batcher:
         futures = [batcher.submit(i) for i in range(6)]
         run.gate.set()
-        assert [f.result(30) for f in futures] == [i * 10 for i in range(6)]
+        assert [f.result() for f in futures] == [i * 10 for i in range(6)]
     assert max(len(b) for b in run.batches) <= 2
 
 
@@ -207,7 +243,7 @@ def test_closed_batcher_refuses_and_drains():
     batcher = DynamicBatcher(run, BatcherSettings(max_delay_ms=10_000), name="t-close")
     pending = batcher.submit(5)
     batcher.close()  # drain: the queued request still runs
-    assert pending.result(30) == 50
+    assert pending.result() == 50
     with pytest.raises(BatcherClosed):
         batcher.submit(6)
 
@@ -225,5 +261,126 @@ def test_eager_dispatches_at_once_and_batches_what_waits_while_busy():
         # requests arriving while the worker is busy form the next batch
         rest = [batcher.submit(i) for i in (1, 2, 3)]
         run.gate.set()
-        assert [f.result(30) for f in [first, *rest]] == [0, 10, 20, 30]
+        assert [f.result() for f in [first, *rest]] == [0, 10, 20, 30]
     assert run.batches == [[0], [1, 2, 3]]
+
+
+def test_higher_priority_runs_first_and_arrival_order_within_one():
+    # given a worker held on a first request
+    run = Recorder(hold=True)
+    settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
+    with DynamicBatcher(run, settings, name="t-priority") as batcher:
+        first = batcher.submit(0)
+        assert run.entered.wait(30)
+        # when requests of mixed priorities queue behind it
+        rest = [batcher.submit(i, priority=p) for i, p in [(1, 0), (2, 5), (3, -1), (4, 5), (5, 0)]]
+        # then the queue depth is kept per priority
+        assert (depth("t-priority", 5), depth("t-priority", 0), depth("t-priority", -1)) == (
+            2,
+            2,
+            1,
+        )
+        run.gate.set()
+        assert [p.result() for p in [first, *rest]] == [0, 10, 20, 30, 40, 50]
+    # and they ran by priority, then arrival
+    assert run.batches == [[0], [2], [4], [1], [5], [3]]
+    assert depth("t-priority", 5) == 0
+
+
+def test_a_batch_takes_the_most_urgent_requests():
+    run = Recorder(hold=True)
+    settings = BatcherSettings(preferred_batch_size=2, max_batch_size=2, max_delay_ms=10_000)
+    with DynamicBatcher(run, settings, name="t-urgent", clock=FakeClock()) as batcher:
+        first = batcher.submit(0, priority=0)
+        second = batcher.submit(1, priority=0)
+        assert run.entered.wait(30)
+        rest = [batcher.submit(i, priority=p) for i, p in [(2, 0), (3, 9), (4, 1), (5, 9)]]
+        run.gate.set()
+        assert [p.result() for p in [first, second, *rest]] == [0, 10, 20, 30, 40, 50]
+    assert run.batches == [[0, 1], [3, 5], [4, 2]]
+
+
+def test_a_full_queue_gives_way_only_to_a_higher_priority():
+    # given a held worker and a queue of 2 filled at priority 0
+    run = Recorder(hold=True)
+    settings = BatcherSettings(
+        preferred_batch_size=1, max_batch_size=1, max_delay_ms=0, max_queue=2
+    )
+    batcher = DynamicBatcher(run, settings, name="t-shed")
+    first = batcher.submit(0)
+    assert run.entered.wait(30)
+    older, newer = batcher.submit(1), batcher.submit(2)
+    # when one more of the same priority arrives, then it is refused
+    with pytest.raises(Overloaded):
+        batcher.submit(3)
+    # when an urgent one arrives, then the newest low-priority request gives way to it
+    urgent = batcher.submit(4, priority=5)
+    with pytest.raises(Overloaded, match="gave way"):
+        newer.result()
+    assert rejected("t-shed", "shed") == 1 and rejected("t-shed", "overloaded") == 1
+    run.gate.set()
+    assert [first.result(), urgent.result(), older.result()] == [0, 40, 10]
+    batcher.close()
+    assert run.batches == [[0], [4], [1]]
+
+
+def test_pending_is_awaited_from_asyncio_with_its_priority():
+    run = Recorder(hold=True)
+    settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
+    with DynamicBatcher(run, settings, name="t-await") as batcher:
+        first = batcher.submit(0)
+        assert run.entered.wait(30)
+        low, high = batcher.submit(1, priority=-3), batcher.submit(2, priority=3)
+
+        async def main():
+            run.gate.set()
+            return await asyncio.gather(low, high)
+
+        assert asyncio.run(main()) == [10, 20] and first.result() == 0
+    assert run.batches == [[0], [2], [1]]
+
+
+def test_an_awaiting_caller_that_goes_away_drops_its_queued_request():
+    run = Recorder(hold=True)
+    settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
+    batcher = DynamicBatcher(run, settings, name="t-cancel")
+    first = batcher.submit(0)
+    assert run.entered.wait(30)
+
+    async def main():
+        task = asyncio.ensure_future(batcher.submit_async(1))
+        await asyncio.sleep(0)  # one loop turn: the task has queued its request and waits
+        assert batcher.depth == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    # the request left the queue and is counted as cancelled, not as a timeout
+    assert batcher.depth == 0 and rejected("t-cancel", "cancelled") == 1
+    run.gate.set()
+    assert first.result() == 0
+    batcher.close()
+    assert run.batches == [[0]]
+
+
+def test_requests_past_their_deadline_do_not_hold_places_in_a_full_queue():
+    # given a held worker and a queue of 1 taken by a request whose deadline has passed
+    clock = FakeClock()
+    run = Recorder(hold=True)
+    settings = BatcherSettings(
+        preferred_batch_size=1, max_batch_size=1, max_delay_ms=0, max_queue=1
+    )
+    batcher = DynamicBatcher(run, settings, name="t-bound-live", clock=clock)
+    first = batcher.submit(0)
+    assert run.entered.wait(30)
+    stale = batcher.submit(1, timeout_s=5)
+    clock.now += 10
+    # when another request of the same priority arrives, then it takes the expired one's place
+    fresh = batcher.submit(2)
+    with pytest.raises(InferenceTimeout):
+        stale.result()
+    run.gate.set()
+    assert [first.result(), fresh.result()] == [0, 20]
+    batcher.close()
+    assert run.batches == [[0], [2]]
