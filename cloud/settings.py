@@ -7,14 +7,18 @@ prints it), so the config file never holds a usable secret.
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from edgefleet.shared.config import Closed, EdgefleetSettings
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Sha256
 from edgefleet.shared.mqtt import MqttSettings
+
+log = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -117,6 +121,16 @@ class ModelsSettings(Closed):
         "priorities of escalations (higher runs first)",
     )
     manifest: Path | None = Field(None, description="extra model manifest merged over the default")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """Accept a file written for 0.x: `workers_per_model` went with the per-model
+        thread pools (each model's scheduler runs calls on the caller's thread)."""
+        if isinstance(data, dict) and "workers_per_model" in data:
+            data = {k: v for k, v in data.items() if k != "workers_per_model"}
+            log.warning("models.workers_per_model is retired and ignored: remove it")
+        return data
 
 
 class CacheSettings(Closed):
