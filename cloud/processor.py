@@ -171,6 +171,10 @@ class CaseProcessor:
                 "waiting (its quota)",
                 retry_after_s=self.retry_after_s,
             )
+        try:
+            self.store.record_delivery(case.case_id, source=source, replica=self.replica)
+        except Exception:  # the record only counts duplicates: the case itself goes on
+            log.exception("recording the delivery of %s failed", case.case_id)
         job = self._job(case, image, source=source, rgb=rgb, hold=flow_controlled)
         self._queue.put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
