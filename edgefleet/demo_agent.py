@@ -9,6 +9,7 @@ ground truth afterwards.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -85,9 +86,28 @@ def run_agent_recording(config: Path, results: Path) -> None:
     agent.add_escalation_callback(on_escalation)
     agent.add_verdict_callback(on_verdict)
     try:
-        agent.run_forever()
+        run_until_stopped(agent)
     finally:
         out.close()
+
+
+def run_until_stopped(agent: Any) -> None:
+    """Run until SIGTERM/SIGINT; SIGUSR1 stops the capture only (no new frames, so no new
+    cases) while the uplink keeps sending the outbox and receiving the answers: the demo
+    drains this way before its ledger, so that every case can be answered on its device."""
+    stop, drain = threading.Event(), threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: drain.set())
+    try:
+        agent.start()
+        drained = False
+        while not stop.wait(0.5):
+            if drain.is_set() and not drained:
+                agent.stop_capture()
+                drained = True
+    finally:
+        agent.stop()
 
 
 def main(argv: list[str]) -> None:
