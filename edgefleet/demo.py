@@ -152,6 +152,9 @@ def demo(
         console.print(ledger.table())
         for line in ledger.verdict_lines():
             console.print(line)
+        if plan.chaos and (ledger.lost or ledger.duplicates_processed):
+            console.print("[red]the chaos run lost or re-did cases[/]: see the ledger above")
+            raise typer.Exit(1)
         if total.frames == 0:
             console.print("[red]no frame was processed[/]: see the agents' logs")
             raise typer.Exit(1)

@@ -189,9 +189,7 @@ def test_model_download_supports_range_and_capabilities(tmp_path, server) -> Non
     )
     assert_error(httpx.get(f"{server.url}/v1/models/det/9"), 401, "unauthorized")
     token = {"Authorization": f"Bearer {server.registry.enroll('cam-9').token}"}
-    assert_error(
-        httpx.get(f"{server.url}/v1/models/det/9", headers=token), 404, "model_not_found"
-    )
+    assert_error(httpx.get(f"{server.url}/v1/models/det/9", headers=token), 404, "model_not_found")
     assert_error(
         httpx.get(f"{server.url}/v1/models/.hidden/1", headers=token), 422, "invalid_input"
     )

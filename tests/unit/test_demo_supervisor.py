@@ -1,15 +1,21 @@
-"""The demo's supervisor against real child processes, on an injected clock."""
+"""The demo's supervisor against real child processes (and a real broker), mostly on an
+injected clock."""
 
 from __future__ import annotations
 
+import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from edgefleet.demo_chaos import broker_answers
 from edgefleet.demo_stack import Stack
-from edgefleet.demo_supervisor import GaveUp, Supervised, Supervisor
+from edgefleet.demo_supervisor import GaveUp, Incident, Supervised, Supervisor
+from edgefleet.shared.mosquitto import MosquittoBroker
 
 
 class Clock:
@@ -117,3 +123,53 @@ def test_a_component_that_keeps_crashing_is_given_up_with_its_log(stack: Stack) 
             if component.restart_at is not None:
                 clock.now = component.restart_at
                 supervisor.tick()
+
+
+@pytest.mark.skipif(
+    not (shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists()),
+    reason="mosquitto is not installed",
+)
+def test_a_broker_killed_unasked_is_restarted_on_its_port_and_answers_again(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # given a real Mosquitto under the supervisor's thread, as the demo runs it
+    broker = MosquittoBroker(tmp_path / "broker")
+    broker.write_config()
+    child = stack.start("mosquitto", [broker.binary, "-c", str(broker.config_path)])
+    healed = threading.Event()
+
+    def notify(incident: Incident) -> None:
+        healed.set()
+
+    supervisor = Supervisor(notify=notify)
+    supervisor.add(
+        Supervised(
+            "broker",
+            child,
+            lambda: stack.restart(supervisor.components["broker"].child),
+            lambda: broker_answers(broker.port),
+        )
+    )
+    assert _eventually_answers(broker.port)
+    supervisor.start(every_s=0.1)
+    try:
+        # when it is killed without being asked to stop
+        child.process.send_signal(signal.SIGKILL)
+        # then it is restarted, answers MQTT again, and the incident says so
+        assert healed.wait(60), [i.line() for i in supervisor.incidents]
+    finally:
+        supervisor.stop()
+    incident = supervisor.incidents[0]
+    assert incident.restarts == 1 and incident.closed
+    assert "exited unasked (code -9)" in incident.line()
+    assert supervisor.components["broker"].child is not child
+    assert broker_answers(broker.port)
+
+
+def _eventually_answers(port: int) -> bool:
+    done = threading.Event()
+    for _ in range(200):
+        if broker_answers(port):
+            return True
+        done.wait(0.05)
+    return False
