@@ -399,14 +399,17 @@ def _drain(
 
     from edgefleet.demo_report import read_jsonl
 
-    for device in devices:
-        if device.agent is not None and device.agent.alive():
-            device.agent.process.send_signal(signals.SIGUSR1)
+    signalled: set[int] = set()
     deadline = time.monotonic() + timeout_s
     last_progress, last_pending = time.monotonic(), -1
     with console.status("waiting for every case's answer on its device…") as status:
         while True:
             supervisor.check()
+            for device in devices:  # an agent restarted meanwhile is told again
+                agent = device.agent
+                if agent is not None and agent.alive() and agent.process.pid not in signalled:
+                    agent.process.send_signal(signals.SIGUSR1)
+                    signalled.add(agent.process.pid)
             made: set[str] = set()
             answered: set[str] = set()
             for device in devices:
