@@ -74,17 +74,17 @@ def chaos_schedule(seed: int, duration_s: float, agents: list[str]) -> list[Faul
     rng.shuffle(kinds)
     start, end = WINDOW[0] * duration_s, WINDOW[1] * duration_s
     slot = (end - start) / len(kinds)
+    fixed_targets = {"broker_kill": "broker", "broker_freeze": "broker", "cloud_kill": SECOND_CLOUD}
     faults = []
     for i, kind in enumerate(kinds):
         at = start + i * slot + rng.uniform(0.0, 0.3 * slot)
         lasts = 0.0
-        target = {"broker_kill": "broker", "broker_freeze": "broker", "cloud_kill": SECOND_CLOUD}
         if kind == "broker_freeze":
             lasts = 2.5 * CHAOS_KEEPALIVE_S + rng.uniform(0.0, 2.0)
         elif kind == "uplink_cut":
             lasts = min(20.0, max(6.0, 0.12 * duration_s)) + rng.uniform(0.0, 2.0)
-        name = target.get(kind) or agents[rng.randrange(len(agents))]
-        faults.append(Fault(kind, round(at, 1), round(lasts, 1), name))
+        target = fixed_targets.get(kind) or agents[rng.randrange(len(agents))]
+        faults.append(Fault(kind, round(at, 1), round(lasts, 1), target))
     return faults
 
 

@@ -233,9 +233,10 @@ async def _event_stream(
     last_deployments = ""
     last_marker: tuple[Any, ...] | None = None
     ticks = 0
-    yield {"event": "hello", "data": json.dumps({"interval_s": interval_s})}
+    # the log's position before `hello`: a line added once the client has `hello` is sent
     latest = await to_thread.run_sync(event_log.recent, 1)
     last_event = latest[-1].id if latest else 0
+    yield {"event": "hello", "data": json.dumps({"interval_s": interval_s})}
     while not await request.is_disconnected():
         lines = await to_thread.run_sync(functools.partial(event_log.recent, 100, last_event))
         if lines:
