@@ -3,7 +3,8 @@
 Each fault, whether the chaos schedule caused it or not, is an `Incident`: what happened,
 when, and how long until the component (or the criterion the fault names, e.g. "the
 agent's outbox drained") was healthy again. The live table shows the open and the last
-closed ones; each closed one is handed to `notify` (the dashboard's event feed).
+closed ones; each is handed to `notify` (the dashboard's event feed) once closed, or at
+`stop` if it never closed.
 
 A component that keeps dying right after each restart (`give_up_after` in a row, none
 staying up `stable_s`) is broken, not unlucky: the supervisor then raises with its log.
@@ -216,9 +217,15 @@ class Supervisor:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop watching; the incidents still open are handed to `notify` as they are
+        ("not healthy yet"), so that the event feed misses no fault."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        with self._lock:
+            for incident in self.incidents:
+                if not incident.closed:
+                    self.notify(incident)
 
     def check(self) -> None:
         """Raise the supervisor's failure (a component it gave up on), if any."""

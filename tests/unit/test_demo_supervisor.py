@@ -112,6 +112,17 @@ def test_an_incident_stays_open_until_its_own_criterion_holds(stack: Stack) -> N
     assert incident.healthy_after_s == pytest.approx(5.5)
 
 
+def test_stop_hands_on_the_incidents_that_never_healed(stack: Stack) -> None:
+    notified: list[str] = []
+    supervisor = Supervisor(clock=Clock(), notify=lambda i: notified.append(i.line()))
+    _supervised(stack, supervisor, SLEEPER)
+    supervisor.open_incident("worker", "uplink cut 6 s", lambda: False)
+    supervisor.tick()
+    assert notified == []
+    supervisor.stop()
+    assert notified == ["t=0.0 s worker: uplink cut 6 s; not healthy yet"]
+
+
 def test_a_component_that_keeps_crashing_is_given_up_with_its_log(stack: Stack) -> None:
     clock = Clock()
     supervisor = Supervisor(clock=clock, give_up_after=2)
