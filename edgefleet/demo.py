@@ -399,7 +399,8 @@ def _drain(
 
     from edgefleet.demo_report import read_jsonl
 
-    signalled: set[int] = set()
+    signalled: dict[str, float] = {}  # device id → when its current agent was told
+    told: set[int] = set()
     deadline = time.monotonic() + timeout_s
     last_progress, last_pending = time.monotonic(), -1
     with console.status("waiting for every case's answer on its device…") as status:
@@ -407,18 +408,24 @@ def _drain(
             supervisor.check()
             for device in devices:  # an agent restarted meanwhile is told again
                 agent = device.agent
-                if agent is not None and agent.alive() and agent.process.pid not in signalled:
+                if agent is not None and agent.alive() and agent.process.pid not in told:
+                    signalled[device.device_id] = time.time()
                     agent.process.send_signal(signals.SIGUSR1)
-                    signalled.add(agent.process.pid)
+                    told.add(agent.process.pid)
             made: set[str] = set()
             answered: set[str] = set()
+            capturing = 0  # agents whose pipeline may still make a case
             for device in devices:
+                drained_at = 0.0
                 for row in read_jsonl(device.results):
                     if row.get("kind") == "escalated":
                         made.add(row["case_id"])
                     elif row.get("kind") == "verdict":
                         answered.add(row["case_id"])
-            pending = len(made - answered)
+                    elif row.get("kind") == "drained":
+                        drained_at = max(drained_at, float(row.get("t", 0.0)))
+                capturing += drained_at < signalled.get(device.device_id, float("inf"))
+            pending = len(made - answered) + capturing
             if pending != last_pending:
                 last_pending, last_progress = pending, time.monotonic()
             status.update(

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,17 +91,24 @@ def run_agent_recording(
     agent.on_tracks.append(on_tracks)
     agent.add_escalation_callback(on_escalation)
     agent.add_verdict_callback(on_verdict)
+
+    def on_drained() -> None:
+        # the pipeline has finished: every case this agent will make is recorded above
+        write({"kind": "drained"})
+
     try:
-        run_until_stopped(agent, stop or threading.Event(), drain or threading.Event())
+        run_until_stopped(agent, stop or threading.Event(), drain or threading.Event(), on_drained)
     finally:
         out.close()
 
 
-def run_until_stopped(agent: Any, stop: threading.Event, drain: threading.Event) -> None:
+def run_until_stopped(
+    agent: Any, stop: threading.Event, drain: threading.Event, on_drained: Callable[[], None]
+) -> None:
     """Run until `stop` (SIGTERM/SIGINT); `drain` (SIGUSR1) stops the capture only (no new
-    frames, so no new cases) while the uplink keeps sending the outbox and receiving the
-    answers: the demo drains this way before its ledger, so that every case can be
-    answered on its device."""
+    frames, so no new cases; `on_drained` once the pipeline is empty) while the uplink
+    keeps sending the outbox and receiving the answers: the demo drains this way before
+    its ledger, so that every case can be answered on its device."""
     try:
         agent.start()
         drained = False
@@ -108,6 +116,7 @@ def run_until_stopped(agent: Any, stop: threading.Event, drain: threading.Event)
             if drain.is_set() and not drained:
                 agent.stop_capture()
                 drained = True
+                on_drained()
     finally:
         agent.stop()
 

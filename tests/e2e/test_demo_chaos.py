@@ -61,6 +61,10 @@ def test_a_short_chaos_run_loses_nothing_and_shows_every_fault(tmp_path: Path) -
     for stage in ("delivered", "stored", "answered", "received"):
         assert ledger[stage] == ledger["created"], ledger
     assert re.search(r"lost = 0, duplicates processed = 0, (\d+) of \1 cases answered", output)
+    # every agent had stopped making cases (its pipeline drained) before the ledger was read
+    for device_id in ("demo-cam-01", "demo-cam-02"):
+        rows = (workdir / "devices" / device_id / "results.jsonl").read_text()
+        assert '"kind": "drained"' in rows
     assert "ledger (devices' records" in output
     # the dashboard's event log got one line per healed fault
     conf = (workdir / "broker-auth" / "mosquitto.conf").read_text()
