@@ -25,12 +25,14 @@ import typer
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 
 if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from edgefleet.demo_chaos import Fault
     from edgefleet.demo_ledger import Ledger
     from edgefleet.demo_report import DeviceScore
-    from edgefleet.demo_stack import Device, Stack
+    from edgefleet.demo_stack import Child, Device, Stack
     from edgefleet.demo_steps import Plan
     from edgefleet.demo_supervisor import Supervisor
 
@@ -247,57 +249,45 @@ def _run(
 
 
 def _supervise(stack: Stack, plan: Plan, http: Any, started: dict[str, Any]) -> Supervisor:
-    """Every component under the supervisor (a death restarts it), each with its health."""
-    from edgefleet.demo_chaos import broker_answers, get_json
+    """Every component under the supervisor (a death restarts it), each with its health;
+    each incident goes to the dashboard's event feed."""
+    from edgefleet.demo_chaos import SECOND_CLOUD, broker_answers, get_json
+    from edgefleet.demo_events import post_incident
     from edgefleet.demo_supervisor import Supervised, Supervisor
 
-    def post(incident: Any) -> None:
-        from edgefleet.demo_events import post_incident
+    supervisor = Supervisor(notify=lambda incident: post_incident(http, incident))
 
-        post_incident(http, incident)
+    def again(name: str) -> Callable[[], Child]:
+        return lambda: stack.restart(supervisor.components[name].child)
 
-    supervisor = Supervisor(notify=post)
+    def ready(url: str) -> Callable[[], bool]:
+        return lambda: get_json(f"{url}/readyz").get("ready") is True
+
     supervisor.add(
         Supervised(
             "broker",
             started["broker"],
-            lambda: stack.restart(supervisor.components["broker"].child),
+            again("broker"),
             lambda: broker_answers(plan.broker_port),
         )
     )
-    clouds = {"cloud": plan.base_url}
-    if "cloud-b" in started:
-        clouds["cloud-b"] = f"http://127.0.0.1:{started['cloud-b'][1]}"
-    for name, url in clouds.items():
-        child = started[name] if name == "cloud" else started[name][0]
-
-        def ready(url: str = url) -> bool:
-            return get_json(f"{url}/readyz").get("ready") is True
-
-        supervisor.add(
-            Supervised(
-                name,
-                child,
-                lambda name=name: stack.restart(supervisor.components[name].child),  # type: ignore[misc]
-                ready,
-            )
-        )
+    supervisor.add(Supervised("cloud", started["cloud"], again("cloud"), ready(plan.base_url)))
+    if SECOND_CLOUD in started:
+        child, port = started[SECOND_CLOUD]
+        url = f"http://127.0.0.1:{port}"
+        supervisor.add(Supervised(SECOND_CLOUD, child, again(SECOND_CLOUD), ready(url)))
     for device in started["agents"]:
 
         def connected(device: Device = device) -> bool:
             url = f"http://127.0.0.1:{device.health_port}/healthz"
             return get_json(url).get("broker_connected") is True
 
-        def restarted(child: Any, device: Device = device) -> None:
+        def restarted(child: Child, device: Device = device) -> None:
             device.agent = child
 
         supervisor.add(
             Supervised(
-                device.device_id,
-                device.agent,
-                lambda name=device.device_id: stack.restart(supervisor.components[name].child),  # type: ignore[misc]
-                connected,
-                on_restart=restarted,
+                device.device_id, device.agent, again(device.device_id), connected, restarted
             )
         )
     supervisor.start()
@@ -320,7 +310,7 @@ def _live(
     from rich.console import Group
     from rich.live import Live
 
-    from edgefleet.demo_chaos import ChaosRunner, ChaosTargets
+    from edgefleet.demo_chaos import SECOND_CLOUD, ChaosRunner, ChaosTargets
     from edgefleet.demo_report import agent_pace, incidents_table, live_table, read_jsonl
 
     def cpu_s(device: Device) -> float | None:
@@ -332,7 +322,8 @@ def _live(
 
     runner = None
     if plan.chaos:
-        clouds = {"cloud": plan.base_url, "cloud-b": f"http://127.0.0.1:{started_up['cloud-b'][1]}"}
+        second = f"http://127.0.0.1:{started_up[SECOND_CLOUD][1]}"
+        clouds = {"cloud": plan.base_url, SECOND_CLOUD: second}
         runner = ChaosRunner(
             list(plan.faults),
             supervisor,
