@@ -6,6 +6,8 @@
 - Live first, backlog paced: after a (re)connect, what was already stored is replayed at
   `replay_rate_per_s` while new messages go out at once, so an outage's backlog does not
   starve live traffic.
+- An escalation acknowledged but not answered after `resend_unanswered_s` is sent again
+  (edgefleet.edge.outbox keeps it until the verdict): the broker's PUBACK is not the end.
 - Signing happens when a message is sent: a message older than `restamp_after_s` gets a
   fresh `ts` (and signature) so the cloud's staleness check does not reject a replay.
 - Incoming `results` and `desired` are verified with the device key before any use.
@@ -40,6 +42,7 @@ NACKED = Counter("ef_edge_uplink_nacked_total", "PUBACKs with a failure reason c
 RESENT = Counter("ef_edge_uplink_resent_total", "Messages published again after a timeout")
 CONNECTED = Gauge("ef_edge_uplink_connected", "1 while the broker connection is up")
 INCOMING = Counter("ef_edge_uplink_incoming_total", "Messages received", ["channel", "outcome"])
+UNANSWERED_CHECK_S = 5.0  # how often acknowledged but unanswered escalations are looked at
 
 
 class Uplink:
@@ -75,6 +78,7 @@ class Uplink:
         self._backlog_cursor = 0  # rows in (cursor, live_after] are backlog still to send
         self._replay_tokens = 0.0
         self._connected_since = 0.0
+        self._unanswered_checked = 0.0
         keys = lambda device: key if device == device_id else None  # noqa: E731
         self._verifier = Verifier(key_for_device=keys, topics=self.topics)
         # A retained desired state may be days old: it is checked for signature, not age.
@@ -227,6 +231,11 @@ class Uplink:
                 continue
             try:
                 self._resend_stale(now)
+                if now - self._unanswered_checked >= UNANSWERED_CHECK_S:
+                    self._unanswered_checked = now
+                    self.outbox.resend_unanswered(
+                        self.settings.resend_unanswered_s, self.settings.max_unanswered_resends
+                    )
                 self._send_live()
                 self._send_backlog()
             except Exception:  # keep the sender alive; the rows stay in the outbox
