@@ -380,7 +380,7 @@ def _drain(
     console: Console,
     skip: threading.Event,
     timeout_s: float = 180.0,
-    quiet_s: float = 45.0,
+    quiet_s: float = 75.0,  # over an unanswered case's resend (CHAOS_RESEND_UNANSWERED_S)
 ) -> None:
     """Stop the agents' capture (no new cases) and wait until each case they made has its
     answer on its device: the ledger then checks the whole round trip. Gives up after

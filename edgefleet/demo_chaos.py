@@ -44,6 +44,9 @@ FAULTS: tuple[FaultKind, ...] = (
 # The clients' MQTT keepalive under --chaos: short, so that a partition is noticed (and
 # a freeze longer than it fits) within a demo of a minute or two.
 CHAOS_KEEPALIVE_S = 5
+# An acknowledged case still unanswered after this is sent again (a broker killed between
+# its PUBACK and the delivery lost it): short enough to heal within the demo's drain.
+CHAOS_RESEND_UNANSWERED_S = 30.0
 SECOND_CLOUD = "cloud-b"
 # Where the faults may start: after the first escalations, early enough to heal and drain.
 WINDOW = (0.08, 0.62)

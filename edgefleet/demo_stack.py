@@ -288,6 +288,7 @@ def agent_env(
     devices: int = 1,
     broker_port: int | None = None,
     keepalive_s: int | None = None,
+    resend_unanswered_s: float | None = None,
 ) -> dict[str, str]:
     """The demo's settings for one agent, over its enrollment bundle (EDGEFLEET_EDGE_...);
     `broker_port` points it elsewhere than the bundle says (a relay, under --chaos)."""
@@ -305,6 +306,8 @@ def agent_env(
         chaos["EDGEFLEET_EDGE_MQTT__PORT"] = str(broker_port)
     if keepalive_s is not None:
         chaos["EDGEFLEET_EDGE_MQTT__KEEPALIVE_S"] = str(keepalive_s)
+    if resend_unanswered_s is not None:
+        chaos["EDGEFLEET_EDGE_UPLINK__RESEND_UNANSWERED_S"] = f"{resend_unanswered_s:g}"
     return chaos | {
         "EDGEFLEET_EDGE_STREAMS": json.dumps([stream]),
         "EDGEFLEET_EDGE_OUTBOX__PATH": str(state / "outbox.db"),

@@ -144,7 +144,12 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
     place, so no early case finds nobody to take it), while the models keep warming.
     """
     from edgefleet.demo_cache import cache_dir
-    from edgefleet.demo_chaos import CHAOS_KEEPALIVE_S, SECOND_CLOUD, get_json
+    from edgefleet.demo_chaos import (
+        CHAOS_KEEPALIVE_S,
+        CHAOS_RESEND_UNANSWERED_S,
+        SECOND_CLOUD,
+        get_json,
+    )
     from edgefleet.demo_proxy import UplinkRelay
     from edgefleet.demo_stack import (
         Device,
@@ -248,6 +253,7 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
                 n,
                 broker_port=relay.port if relay else None,
                 keepalive_s=CHAOS_KEEPALIVE_S if plan.chaos else None,
+                resend_unanswered_s=CHAOS_RESEND_UNANSWERED_S if plan.chaos else None,
             )
             device.agent = stack.start(
                 device.device_id,

@@ -57,11 +57,12 @@ def test_chaos_agent_environment_names_real_edge_settings(
 ) -> None:
     # under --chaos an agent may reach the broker through a relay, with a short keepalive
     device = Device("cam-01", tmp_path, tmp_path / "v.mp4", None, tmp_path / "r.jsonl", 8123)
-    env = agent_env(device, tmp_path, broker_port=24001, keepalive_s=5)
+    env = agent_env(device, tmp_path, broker_port=24001, keepalive_s=5, resend_unanswered_s=30)
     env.pop("EDGEFLEET_EDGE_STREAMS")
     assert assert_env_sets_real_settings([EDGE], env, monkeypatch) == len(env)
     settings = load_settings(EDGE.cls, None, **EDGE.required)
     assert (settings.mqtt.port, settings.mqtt.keepalive_s) == (24001, 5)
+    assert settings.uplink.resend_unanswered_s == 30
 
 
 def test_a_second_cloud_replica_config_is_accepted_by_the_real_settings(tmp_path: Path) -> None:
