@@ -63,7 +63,7 @@ class Fault:
         what = {
             "broker_kill": "kill -9, restart on its persistence",
             "broker_freeze": f"SIGSTOP for {self.lasts_s:.1f} s (keepalive {CHAOS_KEEPALIVE_S} s)",
-            "cloud_kill": "kill -9 mid-ingest (cloud-a keeps serving), restart",
+            "cloud_kill": "kill -9 mid-ingest (the first replica keeps serving), restart",
             "agent_kill": "kill -9, restart from its state folder",
             "uplink_cut": f"uplink cut for {self.lasts_s:.1f} s",
         }[self.kind]
