@@ -166,6 +166,7 @@ class CaseProcessor:
         the case's JSON as received (stored as is: a case is parsed once, not re-serialised).
         """
         self._make_room(case, source, flow_controlled)
+        self._record_delivery(case, source)
         job = self._job(case, image, source=source, hold=flow_controlled, meta=meta)
         self._queue.put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
@@ -178,6 +179,7 @@ class CaseProcessor:
         received), then queue it; for a caller that is there to be told (REST). `meta` as
         for `submit`."""
         self._make_room(case, source, flow_controlled=False)
+        self._record_delivery(case, source)
         job = self._job(case, image, source=source, meta=meta)
         try:
             claim = self.admit(job, check_image=True)
@@ -198,6 +200,13 @@ class CaseProcessor:
         self._queue.put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
         return job.future
+
+    def _record_delivery(self, case: EscalationCase, source: str) -> None:
+        """One row per copy that arrives: duplicates delivered are counted from the store."""
+        try:
+            self.store.record_delivery(case.case_id, source=source, replica=self.replica)
+        except Exception:  # the record only counts duplicates: the case itself goes on
+            log.exception("recording the delivery of %s failed", case.case_id)
 
     def _make_room(self, case: EscalationCase, source: str, flow_controlled: bool) -> None:
         """Refuse with `Overloaded` when the queue or the device's quota is full."""

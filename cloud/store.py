@@ -94,6 +94,25 @@ def _schema(db: Database) -> list[str]:
     ]
 
 
+def _deliveries_schema(db: Database) -> list[str]:
+    """One row per copy of a case that reached a replica (MQTT or REST): a case delivered
+    twice has two rows and one ef_cases row, so duplicates are counted from the store; and
+    per case the cascade runs that completed (a verdict computed twice is a duplicate)."""
+    t = db.types
+    return [
+        f"""CREATE TABLE ef_deliveries (
+            id {t.autoid},
+            case_id TEXT NOT NULL,
+            source TEXT NOT NULL,
+            replica TEXT NOT NULL,
+            received_at {t.timestamp} NOT NULL
+        )""",
+        "CREATE INDEX ef_deliveries_case ON ef_deliveries (case_id)",
+        # cascade runs that reached a verdict: more than one is a case processed twice
+        "ALTER TABLE ef_cases ADD COLUMN completed_runs INTEGER NOT NULL DEFAULT 0",
+    ]
+
+
 class ClaimState(str, enum.Enum):
     CLAIMED = "claimed"  # this replica owns the case: run it
     DONE = "done"  # a verdict exists: answer with it
@@ -127,7 +146,6 @@ class ExportRecord:
         return json.dumps(self.__dict__, ensure_ascii=False)
 
 
-
 def _iso_z(value: datetime) -> str:
     return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
@@ -143,6 +161,7 @@ class FeedbackStore:
         self.images_dir = Path(images_dir)
         self.images_dir.mkdir(parents=True, exist_ok=True)
         db.migrate("cloud_001_feedback_store", _schema(db))
+        db.migrate("cloud_002_deliveries", _deliveries_schema(db))
 
     # --- images ---------------------------------------------------------------------
 
@@ -166,6 +185,13 @@ class FeedbackStore:
         return path
 
     # --- cases and verdicts ---------------------------------------------------------
+
+    def record_delivery(self, case_id: CaseId, *, source: str, replica: str) -> None:
+        """Note one arrival of a case (before any de-duplication)."""
+        self.db.execute(
+            "INSERT INTO ef_deliveries (case_id, source, replica, received_at) VALUES (?, ?, ?, ?)",
+            (case_id, source, replica, utcnow()),
+        )
 
     def claim(
         self,
@@ -296,9 +322,43 @@ class FeedbackStore:
                 ),
             )
             self.db.execute(
-                "UPDATE ef_cases SET status = 'done' WHERE case_id = ?", (verdict.case_id,)
+                "UPDATE ef_cases SET status = 'done', completed_runs = completed_runs + 1 "
+                "WHERE case_id = ?",
+                (verdict.case_id,),
             )
         return bool(inserted)
+
+    def accounts(self) -> list[dict[str, Any]]:
+        """Every case delivered or stored, with its deliveries, runs and whether it has a
+        verdict: what an audit of "nothing lost, nothing done twice" reads."""
+        cases = self.db.query(
+            """SELECT c.case_id, c.device_id, c.status, c.attempts, c.completed_runs,
+                      v.case_id IS NOT NULL AS answered
+               FROM ef_cases c LEFT JOIN ef_verdicts v ON v.case_id = c.case_id"""
+        )
+        counts = self.db.query("SELECT case_id, COUNT(*) AS n FROM ef_deliveries GROUP BY case_id")
+        delivered = {row["case_id"]: int(row["n"]) for row in counts}
+        rows = [
+            {
+                **row,
+                "answered": bool(row["answered"]),
+                "deliveries": delivered.pop(row["case_id"], 0),
+            }
+            for row in cases
+        ]
+        rows += [  # delivered but never stored (refused, or the replica died before the insert)
+            {
+                "case_id": case_id,
+                "device_id": None,
+                "status": None,
+                "attempts": 0,
+                "completed_runs": 0,
+                "answered": False,
+                "deliveries": n,
+            }
+            for case_id, n in delivered.items()
+        ]
+        return rows
 
     def verdict(self, case_id: CaseId) -> CloudVerdict | None:
         row = self.db.query_one("SELECT verdict FROM ef_verdicts WHERE case_id = ?", (case_id,))

@@ -1,5 +1,11 @@
 """The disk outbox: every outgoing message is stored here first and removed only on PUBACK.
 
+An escalation is kept beyond its PUBACK, aside (`awaiting`), until the cloud's verdict for
+it arrives: a broker that crashes (`kill -9`, power) between its PUBACK and its delivery to
+the cloud loses what it held in memory, so an acknowledged case still unanswered after
+`resend_unanswered` is sent again (the cloud is idempotent by case id: a repeat is answered
+from its store, never run twice), at most `max_resends` times, then dropped and counted.
+
 SQLite in WAL mode. fsync policy: `synchronous=FULL` by default — in WAL mode that fsyncs
 the log on every commit, so a message whose `put` returned survives a power cut, not just
 a crash of the agent (NORMAL would survive `kill -9` but may lose the last commits when
@@ -23,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import Counter, Gauge
 
@@ -40,6 +46,12 @@ PUT = Counter("ef_edge_outbox_put_total", "Messages accepted into the outbox", [
 ACKED = Counter("ef_edge_outbox_acked_total", "Messages removed on PUBACK", ["kind"])
 DROPPED = Counter("ef_edge_outbox_dropped_total", "Messages dropped by the size bound", ["kind"])
 CORRUPT = Counter("ef_edge_outbox_corrupt_total", "Corrupt outbox files moved aside at start")
+AWAITING = Gauge(
+    "ef_edge_outbox_awaiting_answer", "Escalations the broker acknowledged, kept until answered"
+)
+RESENT_UNANSWERED = Counter(
+    "ef_edge_outbox_unanswered_resent_total", "Acknowledged escalations sent again, unanswered"
+)
 
 # Errors opening the file that say nothing about its content (permissions, locks, disk).
 _NOT_CORRUPT = frozenset(
@@ -66,6 +78,9 @@ CHANNEL_OF: dict[OutboxKind, Channel] = {kind: channel for channel, kind in KIND
 
 # Drop order when full: lowest priority first.
 PRIORITY: dict[OutboxKind, int] = {"telemetry": 0, "reported": 1, "escalation": 2}
+# Why a message was dropped: its kind (the size bound), or an escalation never answered.
+DropReason = OutboxKind | Literal["escalation_unanswered"]
+UNANSWERED: DropReason = "escalation_unanswered"  # sent `max_resends` times, never answered
 
 _MESSAGES = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -86,6 +101,18 @@ _SCHEMA = f"""
 {_MESSAGES};
 CREATE INDEX IF NOT EXISTS messages_drop ON messages (priority, id);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS awaiting (
+    case_id TEXT PRIMARY KEY,
+    schema TEXT NOT NULL,
+    body BLOB NOT NULL,
+    image BLOB,
+    content_type TEXT,
+    qos INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    created REAL NOT NULL,
+    acked REAL NOT NULL,
+    resends INTEGER NOT NULL DEFAULT 0
+);
 """
 
 
@@ -127,7 +154,11 @@ class Outbox:
             "SELECT count(*), coalesce(sum(size), 0) FROM messages"
         ).fetchone()
         self._count, self._bytes = int(count), int(size)
-        self.dropped = {kind: self._counter(f"dropped_{kind}") for kind in PRIORITY}
+        self.dropped: dict[DropReason, int] = {
+            kind: self._counter(f"dropped_{kind}") for kind in PRIORITY
+        }
+        if unanswered := self._counter(f"dropped_{UNANSWERED}"):  # shown once it happened
+            self.dropped[UNANSWERED] = unanswered
         self._publish_gauges()
 
     # --- opening and recovery ----------------------------------------------------------
@@ -271,7 +302,7 @@ class Outbox:
             log.warning("outbox full: dropped %s message %d", row[1], row[0])
         return True
 
-    def _count_drop(self, kind: OutboxKind) -> None:
+    def _count_drop(self, kind: DropReason) -> None:
         self._db.execute(
             "INSERT INTO counters VALUES (?, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1",
             (f"dropped_{kind}",),
@@ -313,13 +344,17 @@ class Outbox:
             try:
                 for message_id in ids:
                     row = self._db.execute(
-                        "DELETE FROM messages WHERE id = ? RETURNING kind, size", (message_id,)
+                        "DELETE FROM messages WHERE id = ? "
+                        "RETURNING kind, size, schema, body, image, content_type, qos, created",
+                        (message_id,),
                     ).fetchone()
                     if row is not None:
                         removed += 1
                         self._count -= 1
                         self._bytes -= int(row[1])
                         ACKED.labels(row[0]).inc()
+                        if row[0] == "escalation":
+                            self._await_answer(row)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -359,6 +394,84 @@ class Outbox:
         except sqlite3.Error:
             return False
 
+    def _await_answer(self, row: tuple[Any, ...]) -> None:
+        """Keep an acknowledged escalation aside until its verdict (inside the transaction)."""
+        try:
+            case_id = str(json.loads(row[3])["case_id"])
+        except (ValueError, KeyError, TypeError):
+            return  # not a case we can match to a verdict: PUBACK is all we can wait for
+        self._db.execute(
+            "INSERT INTO awaiting (case_id, schema, body, image, content_type, qos, size, "
+            "created, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(case_id) DO UPDATE SET acked = excluded.acked",
+            (case_id, row[2], row[3], row[4], row[5], row[6], row[1], row[7], time.time()),
+        )
+
+    def answered(self, case_id: str) -> bool:
+        """The cloud's verdict for the case arrived: the copy kept for it goes."""
+        with self._lock:
+            cur = self._db.execute("DELETE FROM awaiting WHERE case_id = ?", (case_id,))
+            self._publish_gauges()
+        return cur.rowcount > 0
+
+    def resend_unanswered(self, older_than_s: float, max_resends: int) -> int:
+        """Put back in line the escalations acknowledged more than `older_than_s` ago and
+        still unanswered; drop (and count) those already sent again `max_resends` times."""
+        now = time.time()
+        again = 0
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self._db.execute(
+                    "SELECT case_id, schema, body, image, content_type, qos, size, created, "
+                    "resends FROM awaiting WHERE acked < ? ORDER BY acked",
+                    (now - older_than_s,),
+                ).fetchall()
+                for case_id, schema, body, image, content_type, qos, size, created, resends in rows:
+                    if resends >= max_resends:
+                        self._db.execute("DELETE FROM awaiting WHERE case_id = ?", (case_id,))
+                        self._count_drop(UNANSWERED)
+                        log.error("case %s: no answer after %d resends, dropped", case_id, resends)
+                        continue
+                    self._db.execute(
+                        "INSERT INTO messages (kind, priority, schema, body, image, content_type, "
+                        "qos, retain, size, created) "
+                        "VALUES ('escalation', ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                        (
+                            PRIORITY["escalation"],
+                            schema,
+                            body,
+                            image,
+                            content_type,
+                            qos,
+                            size,
+                            created,
+                        ),
+                    )
+                    self._db.execute(
+                        "UPDATE awaiting SET resends = resends + 1, acked = ? WHERE case_id = ?",
+                        (now, case_id),
+                    )
+                    self._count += 1
+                    self._bytes += int(size)
+                    again += 1
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._publish_gauges()
+        if again:
+            RESENT_UNANSWERED.inc(again)
+            log.warning(
+                "%d acknowledged case(s) unanswered after %.0f s: sent again", again, older_than_s
+            )
+        return again
+
+    def awaiting(self) -> int:
+        """Escalations the broker acknowledged and the cloud has not answered yet."""
+        with self._lock:
+            return int(self._db.execute("SELECT count(*) FROM awaiting").fetchone()[0])
+
     def checkpoint(self) -> None:
         """Fold the WAL into the main file (on shutdown)."""
         with self._lock:
@@ -371,6 +484,7 @@ class Outbox:
     def _publish_gauges(self) -> None:
         DEPTH.set(self._count)
         BYTES.set(self._bytes)
+        AWAITING.set(self._db.execute("SELECT count(*) FROM awaiting").fetchone()[0])
 
 
 def _migrate_topic_rows(db: sqlite3.Connection) -> None:

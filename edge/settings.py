@@ -182,6 +182,16 @@ class UplinkSettings(Closed):
     restamp_after_s: float = Field(
         120.0, gt=0, description="messages older than this get a fresh ts and signature when sent"
     )
+    resend_unanswered_s: float = Field(
+        300.0,
+        gt=0,
+        description="an escalation the broker acknowledged but the cloud has not answered after "
+        "this is sent again (a broker that crashes after its PUBACK loses what it held); the "
+        "cloud answers a repeat from its store",
+    )
+    max_unanswered_resends: int = Field(
+        3, ge=0, description="after this many resends an unanswered escalation is dropped, counted"
+    )
     telemetry_qos: Literal[0, 1] = Field(1, description="QoS of telemetry")
 
 

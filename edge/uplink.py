@@ -10,6 +10,8 @@
   stored longer than `restamp_after_s` ago is parsed, given a fresh `ts` and serialised
   again (the only second serialisation), so the cloud's staleness check does not reject
   a replay.
+- An escalation acknowledged but not answered after `resend_unanswered_s` is sent again
+  (edgefleet.edge.outbox keeps it until the verdict): the broker's PUBACK is not the end.
 - Incoming `results` and `desired` are verified with the device key before any use.
 """
 
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 PUBLISHED = Counter("ef_edge_uplink_published_total", "Messages handed to the broker", ["kind"])
 CONNECTED = Gauge("ef_edge_uplink_connected", "1 while the broker connection is up")
 INCOMING = Counter("ef_edge_uplink_incoming_total", "Messages received", ["channel", "outcome"])
+UNANSWERED_CHECK_S = 5.0  # how often acknowledged but unanswered escalations are looked at
 
 
 class Uplink:
@@ -87,6 +90,7 @@ class Uplink:
         self._acks: queue.SimpleQueue[tuple[int, bool, str]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._unanswered_checked = 0.0
         keys = lambda device: key if device == device_id else None  # noqa: E731
         self._verifier = Verifier(key_for_device=keys, topics=self.topics)
         # A retained desired state may be days old: it is checked for signature, not age.
@@ -235,6 +239,12 @@ class Uplink:
             if not self.connected.is_set():
                 continue
             try:
+                now = time.monotonic()
+                if now - self._unanswered_checked >= UNANSWERED_CHECK_S:
+                    self._unanswered_checked = now
+                    self.outbox.resend_unanswered(
+                        self.settings.resend_unanswered_s, self.settings.max_unanswered_resends
+                    )
                 while self.connected.is_set() and (batch := self.delivery.next_batch()):
                     for item in batch:
                         self._publish(item)

@@ -25,11 +25,16 @@ import typer
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 
 if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
+    from collections.abc import Callable
+
     from rich.console import Console
 
+    from edgefleet.demo_chaos import Fault
+    from edgefleet.demo_ledger import Ledger
     from edgefleet.demo_report import DeviceScore
     from edgefleet.demo_stack import Child, Device, Stack
     from edgefleet.demo_steps import Plan
+    from edgefleet.demo_supervisor import Supervisor
 
 
 # ----------------------------------------------------------------- the command
@@ -57,6 +62,15 @@ def demo(
         min=0.0,
         help="seconds the dashboard stays up after the report (Ctrl-C ends it sooner)",
     ),
+    chaos: bool = typer.Option(
+        False,
+        "--chaos",
+        help="while it runs, kill and freeze the broker, kill a cloud replica and an agent, "
+        "cut an agent's uplink (a seeded schedule); the report's ledger proves nothing was lost",
+    ),
+    chaos_seed: int = typer.Option(
+        None, "--chaos-seed", min=0, help="seed of the chaos schedule (default: a random one)"
+    ),
 ) -> None:
     """Run the whole system here: broker, cloud, agents, dashboard, report.
 
@@ -66,9 +80,13 @@ def demo(
     Live: fps, escalations, cloud corrections. On Ctrl-C or after DURATION
     seconds it prints edge-only, edge+cloud and cloud-only accuracy, the share
     escalated, the bytes uplinked and how fast verdicts came back; the
-    dashboard stays up LINGER seconds more.
+    dashboard stays up LINGER seconds more. With --chaos, faults hit the real
+    processes while it runs (each shown with how long until healthy again) and
+    the report's ledger follows every case from its device to the answer back.
 
     Example: edgefleet demo --duration 30 --devices 2
+
+    Example: edgefleet demo --chaos --duration 120 --chaos-seed 7
     """
     from rich.console import Console
 
@@ -103,6 +121,16 @@ def demo(
         sig: signal.signal(sig, lambda *_: interrupted.set())
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     }
+    faults: tuple[Fault, ...] = ()
+    if chaos:
+        from edgefleet.demo_chaos import chaos_schedule
+
+        seed_used = secrets.randbelow(10_000) if chaos_seed is None else chaos_seed
+        device_ids = [f"demo-cam-{i + 1:02d}" for i in range(devices)]
+        faults = tuple(chaos_schedule(seed_used, duration, device_ids))
+        console.print(f"chaos schedule (seed {seed_used}; --chaos-seed {seed_used} repeats it):")
+        for fault in faults:
+            console.print(f"  {fault.describe()}")
     plan = Plan(
         root=root,
         mosquitto=mosquitto,
@@ -113,14 +141,22 @@ def demo(
         http_port=port or free_port(),
         broker_port=free_port(),
         operator_key="efk_" + secrets.token_urlsafe(24),
+        faults=faults,
     )
     try:
-        scores = _run(stack, plan, interrupted)
+        scores, ledger = _run(stack, plan, interrupted)
         console.print()
         console.print(report_table(scores))
         total = total_score(scores)
         for line in story(total, len(scores)):
             console.print(line)
+        console.print()
+        console.print(ledger.table())
+        for line in ledger.verdict_lines():
+            console.print(line)
+        if plan.chaos and (ledger.lost or ledger.duplicates_processed):
+            console.print("[red]the chaos run lost or re-did cases[/]: see the ledger above")
+            raise typer.Exit(1)
         if total.frames == 0:
             console.print("[red]no frame was processed[/]: see the agents' logs")
             raise typer.Exit(1)
@@ -145,7 +181,9 @@ def demo(
             temp.cleanup()
 
 
-def _run(stack: Stack, plan: Plan, interrupted: threading.Event) -> list[DeviceScore]:
+def _run(
+    stack: Stack, plan: Plan, interrupted: threading.Event
+) -> tuple[list[DeviceScore], Ledger]:
     import httpx
     import psutil
 
@@ -159,18 +197,22 @@ def _run(stack: Stack, plan: Plan, interrupted: threading.Event) -> list[DeviceS
         headers={"Authorization": f"Bearer {plan.operator_key}"},
         timeout=5.0,
     )
+    supervisor: Supervisor | None = None
     try:
         started = start_up(stack, plan, http, interrupted)
         fleet_devices: list[Device] = started["agents"]
-        broker, cloud = started["broker"], started["cloud"]
         meter: UplinkMeter = started["meter"]
         console.print(f"dashboard: [link={plan.dashboard_url}]{plan.dashboard_url}[/link]")
         console.print(f"REST API:  {plan.base_url}/docs   (operator key: {plan.operator_key})")
         console.print(f"work dir:  {plan.root}   — Ctrl-C stops the demo early")
         console.print(f"up in {time.time() - psutil.Process().create_time():.1f} s\n")
-        pace = _live(stack, plan, http, fleet_devices, [broker, cloud], interrupted)
+        supervisor = _supervise(stack, plan, http, started)
+        pace = _live(stack, plan, http, fleet_devices, supervisor, started, interrupted)
         interrupted.clear()  # from here a (second) Ctrl-C skips waiting for late answers
+        _drain(fleet_devices, supervisor, console, interrupted)
         with console.status("stopping the agents (they flush their outboxes)…"):
+            for device in fleet_devices:
+                supervisor.forget(device.device_id)  # asked to stop: not to be restarted
             for device in fleet_devices:
                 if device.agent is not None:
                     device.agent.terminate()  # all at once: each flushes in parallel
@@ -187,10 +229,69 @@ def _run(stack: Stack, plan: Plan, interrupted: threading.Event) -> list[DeviceS
             score.jpeg_bytes_per_frame = jpeg_bytes_per_frame(device.video)
             score.fps, score.cpu_ms_per_frame = pace[device.device_id]
             score.cloud_only_accuracy = sampled.get(device.device_id)
+        ledger = _ledger(plan, fleet_devices)
         (plan.root / "report.json").write_text(json.dumps([s.as_json() for s in scores], indent=1))
-        return scores
+        (plan.root / "ledger.json").write_text(
+            json.dumps(
+                {
+                    "ledger": ledger.as_json(),
+                    "faults": [f.describe() for f in plan.faults],
+                    "incidents": [i.as_json() for i in supervisor.incidents],
+                },
+                indent=1,
+            )
+        )
+        return scores, ledger
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         http.close()
+
+
+def _supervise(stack: Stack, plan: Plan, http: Any, started: dict[str, Any]) -> Supervisor:
+    """Every component under the supervisor (a death restarts it), each with its health;
+    each incident goes to the dashboard's event feed."""
+    from edgefleet.demo_chaos import SECOND_CLOUD, broker_answers, get_json
+    from edgefleet.demo_events import post_incident
+    from edgefleet.demo_supervisor import Supervised, Supervisor
+
+    supervisor = Supervisor(notify=lambda incident: post_incident(http, incident))
+
+    def again(name: str) -> Callable[[], Child]:
+        return lambda: stack.restart(supervisor.components[name].child)
+
+    def ready(url: str) -> Callable[[], bool]:
+        return lambda: get_json(f"{url}/readyz").get("ready") is True
+
+    supervisor.add(
+        Supervised(
+            "broker",
+            started["broker"],
+            again("broker"),
+            lambda: broker_answers(plan.broker_port),
+        )
+    )
+    supervisor.add(Supervised("cloud", started["cloud"], again("cloud"), ready(plan.base_url)))
+    if SECOND_CLOUD in started:
+        child, port = started[SECOND_CLOUD]
+        url = f"http://127.0.0.1:{port}"
+        supervisor.add(Supervised(SECOND_CLOUD, child, again(SECOND_CLOUD), ready(url)))
+    for device in started["agents"]:
+
+        def connected(device: Device = device) -> bool:
+            url = f"http://127.0.0.1:{device.health_port}/healthz"
+            return get_json(url).get("broker_connected") is True
+
+        def restarted(child: Child, device: Device = device) -> None:
+            device.agent = child
+
+        supervisor.add(
+            Supervised(
+                device.device_id, device.agent, again(device.device_id), connected, restarted
+            )
+        )
+    supervisor.start()
+    return supervisor
 
 
 def _live(
@@ -198,15 +299,19 @@ def _live(
     plan: Plan,
     http: Any,
     devices: list[Device],
-    vital: list[Child],
+    supervisor: Supervisor,
+    started_up: dict[str, Any],
     interrupted: threading.Event,
 ) -> dict[str, tuple[float | None, float | None]]:
-    """The live table until `duration` or Ctrl-C; each agent's fps and CPU ms per frame."""
+    """The live table until `duration` or Ctrl-C, with the chaos schedule playing if any;
+    each agent's fps and CPU ms per frame."""
     import httpx
     import psutil
+    from rich.console import Group
     from rich.live import Live
 
-    from edgefleet.demo_report import agent_pace, live_table, read_jsonl
+    from edgefleet.demo_chaos import SECOND_CLOUD, ChaosRunner, ChaosTargets
+    from edgefleet.demo_report import agent_pace, incidents_table, live_table, read_jsonl
 
     def cpu_s(device: Device) -> float | None:
         try:
@@ -215,25 +320,51 @@ def _live(
             return None
         return float(times.user + times.system)
 
+    runner = None
+    if plan.chaos:
+        second = f"http://127.0.0.1:{started_up[SECOND_CLOUD][1]}"
+        clouds = {"cloud": plan.base_url, SECOND_CLOUD: second}
+        runner = ChaosRunner(
+            list(plan.faults),
+            supervisor,
+            ChaosTargets(
+                broker_port=plan.broker_port,
+                cloud_urls=clouds,
+                cloud_replicas={name: f"demo-{name}" for name in clouds},
+                database=plan.root / "cloud" / "cloud.db",
+                agent_health={
+                    d.device_id: f"http://127.0.0.1:{d.health_port}/healthz" for d in devices
+                },
+                relays=started_up["relays"],
+            ),
+        )
     cpu_before = {d.device_id: cpu_s(d) for d in devices}
     since = time.time()
     started = time.monotonic()
     fleet: dict[str, dict[str, Any]] = {}
-    with Live(live_table(devices, fleet, 0), console=stack.console, refresh_per_second=2) as live:
-        while not interrupted.is_set() and time.monotonic() - started < plan.duration:
-            try:
-                listing = http.get("/v1/devices").json().get("devices", [])
-                fleet = {d["device_id"]: d for d in listing}
-            except (httpx.HTTPError, ValueError):
-                pass  # the table keeps the last answer
-            live.update(live_table(devices, fleet, time.monotonic() - started))
-            for child in vital:
-                if not child.alive():
-                    raise EdgefleetError(
-                        f"{child.name} stopped unexpectedly; its log ends with:\n{child.tail()}",
-                        code="demo_failed",
-                    )
-            interrupted.wait(1.0)
+
+    def view() -> Group:
+        return Group(
+            live_table(devices, fleet, time.monotonic() - started),
+            incidents_table(supervisor.recent()),
+        )
+
+    if runner is not None:
+        runner.start()
+    try:
+        with Live(view(), console=stack.console, refresh_per_second=2) as live:
+            while not interrupted.is_set() and time.monotonic() - started < plan.duration:
+                try:
+                    listing = http.get("/v1/devices").json().get("devices", [])
+                    fleet = {d["device_id"]: d for d in listing}
+                except (httpx.HTTPError, ValueError):
+                    pass  # the table keeps the last answer
+                live.update(view())
+                supervisor.check()
+                interrupted.wait(1.0)
+    finally:
+        if runner is not None:
+            runner.stop()
     until = time.time()
     pace = {}
     for device in devices:
@@ -241,6 +372,82 @@ def _live(
         used = None if before is None or after is None else after - before
         pace[device.device_id] = agent_pace(read_jsonl(device.results), since, until, used)
     return pace
+
+
+def _drain(
+    devices: list[Device],
+    supervisor: Supervisor,
+    console: Console,
+    skip: threading.Event,
+    timeout_s: float = 180.0,
+    quiet_s: float = 75.0,  # over an unanswered case's resend (CHAOS_RESEND_UNANSWERED_S)
+) -> None:
+    """Stop the agents' capture (no new cases) and wait until each case they made has its
+    answer on its device: the ledger then checks the whole round trip. Gives up after
+    `timeout_s`, after `quiet_s` without progress, or on Ctrl-C (the ledger says what is
+    missing and where it stopped)."""
+    import signal as signals
+
+    from edgefleet.demo_report import read_jsonl
+
+    signalled: dict[str, float] = {}  # device id → when its current agent was told
+    told: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    last_progress, last_pending = time.monotonic(), -1
+    with console.status("waiting for every case's answer on its device…") as status:
+        while True:
+            supervisor.check()
+            for device in devices:  # an agent restarted meanwhile is told again
+                agent = device.agent
+                if agent is not None and agent.alive() and agent.process.pid not in told:
+                    signalled[device.device_id] = time.time()
+                    agent.process.send_signal(signals.SIGUSR1)
+                    told.add(agent.process.pid)
+            made: set[str] = set()
+            answered: set[str] = set()
+            capturing = 0  # agents whose pipeline may still make a case
+            for device in devices:
+                drained_at = 0.0
+                for row in read_jsonl(device.results):
+                    if row.get("kind") == "escalated":
+                        made.add(row["case_id"])
+                    elif row.get("kind") == "verdict":
+                        answered.add(row["case_id"])
+                    elif row.get("kind") == "drained":
+                        drained_at = max(drained_at, float(row.get("t", 0.0)))
+                capturing += drained_at < signalled.get(device.device_id, float("inf"))
+            pending = len(made - answered) + capturing
+            if pending != last_pending:
+                last_pending, last_progress = pending, time.monotonic()
+            status.update(
+                f"waiting for every case's answer on its device… {pending} of {len(made)} due "
+                "(Ctrl-C: report now)"
+            )
+            now = time.monotonic()
+            if pending == 0 or now > deadline or now - last_progress > quiet_s:
+                return
+            if skip.wait(1.0):
+                return
+
+
+def _ledger(plan: Plan, devices: list[Device]) -> Ledger:
+    """The ledger from the agents' records, their outboxes and the cloud's store."""
+    from edgefleet.cloud.store import FeedbackStore
+    from edgefleet.demo_ledger import build_ledger, outbox_case_ids
+    from edgefleet.demo_report import read_jsonl
+    from edgefleet.shared.db import Database
+
+    db = Database.connect(f"sqlite:///{plan.root / 'cloud' / 'cloud.db'}")
+    try:
+        accounts = FeedbackStore(db, plan.root / "cloud" / "images").accounts()
+    finally:
+        db.close()
+    rows = {d.device_id: read_jsonl(d.results) for d in devices}
+    outboxes = {
+        d.device_id: outbox_case_ids(plan.root / "devices" / d.device_id / "outbox.db")
+        for d in devices
+    }
+    return build_ledger(rows, accounts, outboxes)
 
 
 def _cloud_only(

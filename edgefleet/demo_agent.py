@@ -9,14 +9,21 @@ ground truth afterwards.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def run_agent_recording(config: Path, results: Path) -> None:
+def run_agent_recording(
+    config: Path,
+    results: Path,
+    stop: threading.Event | None = None,
+    drain: threading.Event | None = None,
+) -> None:
     """Run the agent until SIGTERM, appending `frame`, `escalated` and `verdict` rows.
 
     Every row comes from the agent's public callbacks: each frame's result, each case once
@@ -84,16 +91,46 @@ def run_agent_recording(config: Path, results: Path) -> None:
     agent.on_tracks.append(on_tracks)
     agent.add_escalation_callback(on_escalation)
     agent.add_verdict_callback(on_verdict)
+
+    def on_drained() -> None:
+        # the pipeline has finished: every case this agent will make is recorded above
+        write({"kind": "drained"})
+
     try:
-        agent.run_forever()
+        run_until_stopped(agent, stop or threading.Event(), drain or threading.Event(), on_drained)
     finally:
         out.close()
 
 
+def run_until_stopped(
+    agent: Any, stop: threading.Event, drain: threading.Event, on_drained: Callable[[], None]
+) -> None:
+    """Run until `stop` (SIGTERM/SIGINT); `drain` (SIGUSR1) stops the capture only (no new
+    frames, so no new cases; `on_drained` once the pipeline is empty) while the uplink
+    keeps sending the outbox and receiving the answers: the demo drains this way before
+    its ledger, so that every case can be answered on its device."""
+    try:
+        agent.start()
+        drained = False
+        while not stop.wait(0.5):
+            if drain.is_set() and not drained:
+                agent.stop_capture()
+                drained = True
+                on_drained()
+    finally:
+        agent.stop()
+
+
 def main(argv: list[str]) -> None:
+    # The signals first, before the slow imports: a SIGUSR1 that came before its handler
+    # would end the process (its default action).
+    stop, drain = threading.Event(), threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: drain.set())
     if len(argv) != 2:
         sys.exit("usage: python -m edgefleet.demo_agent EDGE_YAML RESULTS_JSONL")
-    run_agent_recording(Path(argv[0]), Path(argv[1]))
+    run_agent_recording(Path(argv[0]), Path(argv[1]), stop, drain)
 
 
 if __name__ == "__main__":

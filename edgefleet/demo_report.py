@@ -17,6 +17,7 @@ from rich.table import Table
 
 from edgefleet.bench.scoring import best_match_accuracy, normalise_text
 from edgefleet.demo_stack import Device
+from edgefleet.demo_supervisor import Incident
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -221,6 +222,18 @@ def live_table(devices: list[Device], fleet: dict[str, dict[str, Any]], elapsed:
             pct(agreement),
             "–" if row.get("outbox_depth") is None else str(row["outbox_depth"]),
         )
+    return table
+
+
+def incidents_table(incidents: list[Incident]) -> Table:
+    """The faults of the run, newest last: what, when, how long until healthy again."""
+    table = Table(title="incidents", title_justify="left", show_header=False, box=None)
+    table.add_column("event")
+    if not incidents:
+        table.add_row("[dim]none so far[/]")
+    for incident in incidents:
+        style = "green" if incident.closed else "yellow"
+        table.add_row(f"[{style}]{incident.line()}[/]")
     return table
 
 

@@ -50,6 +50,9 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    argv: list[str] = field(default_factory=list)  # what started it: a restart repeats it
+    env: dict[str, str] = field(default_factory=dict)
+    nice: int = 0
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -98,6 +101,21 @@ class Stack:
         self, name: str, argv: list[str], env: dict[str, str] | None = None, nice: int = 0
     ) -> Child:
         """Start a child with its log in the work folder; `nice` > 0 lowers its priority."""
+        child = self._spawn(name, argv, env or {}, nice)
+        self.children.append(child)
+        return child
+
+    def restart(self, child: Child) -> Child:
+        """Start a (dead) child again the same way, in its place in the stopping order."""
+        again = self._spawn(child.name, child.argv, child.env, child.nice)
+        index = next((i for i, c in enumerate(self.children) if c is child), None)
+        if index is None:
+            self.children.append(again)
+        else:
+            self.children[index] = again
+        return again
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], nice: int) -> Child:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
@@ -106,17 +124,15 @@ class Stack:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, **env},
                 cwd=self.workdir,
                 # Own session: Ctrl-C reaches only the demo, which then stops the children
                 # in order (agents flush their outboxes while the broker is still up).
                 start_new_session=True,
             )
-        child = Child(name, process, log)
-        self.children.append(child)
         if nice:
             lower_priority(process.pid, nice)
-        return child
+        return Child(name, process, log, argv, env, nice)
 
     def stop_all(self) -> None:
         for child in reversed(self.children):
@@ -207,11 +223,21 @@ def edgefleet_argv(*args: str) -> list[str]:
 
 
 def write_cloud_config(
-    workdir: Path, http_port: int, broker_port: int, operator_key: str, service_password: str
+    workdir: Path,
+    http_port: int,
+    broker_port: int,
+    operator_key: str,
+    service_password: str,
+    *,
+    name: str = "cloud",
+    client_id: str | None = None,
+    keepalive_s: int | None = None,
 ) -> Path:
+    """`name`.yaml for one cloud replica; replicas share the data folder (one store),
+    each with its own HTTP port and, when given, its own fixed MQTT client id."""
     from edgefleet.cloud.auth import key_digest
 
-    config = {
+    config: dict[str, Any] = {
         "http": {"host": "127.0.0.1", "port": http_port},
         "mqtt": {
             "host": "127.0.0.1",
@@ -239,7 +265,11 @@ def write_cloud_config(
         "telemetry": {"bucket_s": 5},
         "log_level": "WARNING",
     }
-    path = workdir / "cloud.yaml"
+    if client_id is not None:
+        config["ingest"] = {"client_id": client_id}
+    if keepalive_s is not None:
+        config["mqtt"]["keepalive_s"] = keepalive_s
+    path = workdir / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=1))  # JSON is YAML
     path.chmod(0o600)
     return path
@@ -252,8 +282,16 @@ def write_cloud_config(
 CLOUD_CASES_PER_MIN = 30.0
 
 
-def agent_env(device: Device, workdir: Path, devices: int = 1) -> dict[str, str]:
-    """The demo's settings for one agent, over its enrollment bundle (EDGEFLEET_EDGE_...)."""
+def agent_env(
+    device: Device,
+    workdir: Path,
+    devices: int = 1,
+    broker_port: int | None = None,
+    keepalive_s: int | None = None,
+    resend_unanswered_s: float | None = None,
+) -> dict[str, str]:
+    """The demo's settings for one agent, over its enrollment bundle (EDGEFLEET_EDGE_...);
+    `broker_port` points it elsewhere than the bundle says (a relay, under --chaos)."""
     state = workdir / "devices" / device.device_id
     stream = {
         "id": "cam",
@@ -263,7 +301,14 @@ def agent_env(device: Device, workdir: Path, devices: int = 1) -> dict[str, str]
         "loop": True,
         "expect_result": True,
     }
-    return {
+    chaos = {}
+    if broker_port is not None:
+        chaos["EDGEFLEET_EDGE_MQTT__PORT"] = str(broker_port)
+    if keepalive_s is not None:
+        chaos["EDGEFLEET_EDGE_MQTT__KEEPALIVE_S"] = str(keepalive_s)
+    if resend_unanswered_s is not None:
+        chaos["EDGEFLEET_EDGE_UPLINK__RESEND_UNANSWERED_S"] = f"{resend_unanswered_s:g}"
+    return chaos | {
         "EDGEFLEET_EDGE_STREAMS": json.dumps([stream]),
         "EDGEFLEET_EDGE_OUTBOX__PATH": str(state / "outbox.db"),
         "EDGEFLEET_EDGE_STATE_DIR": str(state / "state"),

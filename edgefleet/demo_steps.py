@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 
 if TYPE_CHECKING:
+    from edgefleet.demo_chaos import Fault
     from edgefleet.demo_stack import Child, Device, Stack, UplinkMeter
     from edgefleet.demo_video import GroundTruth
 
@@ -115,6 +116,16 @@ class Plan:
     http_port: int
     broker_port: int
     operator_key: str
+    faults: tuple[Fault, ...] = ()  # the chaos schedule (--chaos), empty without
+
+    @property
+    def chaos(self) -> bool:
+        return bool(self.faults)
+
+    @property
+    def cut_uplinks(self) -> set[str]:
+        """Devices whose uplink the schedule cuts: they reach the broker through a relay."""
+        return {f.target for f in self.faults if f.kind == "uplink_cut"}
 
     @property
     def base_url(self) -> str:
@@ -133,6 +144,13 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
     place, so no early case finds nobody to take it), while the models keep warming.
     """
     from edgefleet.demo_cache import cache_dir
+    from edgefleet.demo_chaos import (
+        CHAOS_KEEPALIVE_S,
+        CHAOS_RESEND_UNANSWERED_S,
+        SECOND_CLOUD,
+        get_json,
+    )
+    from edgefleet.demo_proxy import UplinkRelay
     from edgefleet.demo_stack import (
         Device,
         UplinkMeter,
@@ -180,26 +198,38 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
             raise EdgefleetError("the uplink meter got no SUBACK from the broker in 30 s")
         return counter
 
-    def cloud(ctx: StepContext) -> Child:
+    def start_cloud(ctx: StepContext, name: str, http_port: int) -> Child:
         cloud_yaml = write_cloud_config(
             root,
-            plan.http_port,
+            http_port,
             plan.broker_port,
             plan.operator_key,
             ctx.results["enroll"].cloud_password,
+            name=name,
+            # fixed ids under --chaos: the schedule finds the cases a replica holds
+            client_id=f"demo-{name}" if plan.chaos else None,
+            keepalive_s=CHAOS_KEEPALIVE_S if plan.chaos else None,
         )
-        child = stack.start("cloud", edgefleet_argv("cloud", "serve", "-c", str(cloud_yaml)))
+        child = stack.start(name, edgefleet_argv("cloud", "serve", "-c", str(cloud_yaml)))
         ctx.note("starting; it subscribes once the broker listens")
+        url = f"http://127.0.0.1:{http_port}/readyz"
         wait_until(
-            lambda: bool(readyz().get("broker", {}).get("connected")),
+            lambda: bool(get_json(url).get("broker", {}).get("connected")),
             300,
-            "the cloud to subscribe to the broker",
+            f"{name} to subscribe to the broker",
             [child],
             ctx.stop,
         )
         return child
 
-    def agents(ctx: StepContext) -> list[Device]:
+    def cloud(ctx: StepContext) -> Child:
+        return start_cloud(ctx, "cloud", plan.http_port)
+
+    def second_cloud(ctx: StepContext) -> tuple[Child, int]:
+        port = free_port()
+        return start_cloud(ctx, SECOND_CLOUD, port), port
+
+    def agents(ctx: StepContext) -> tuple[list[Device], dict[str, UplinkRelay]]:
         scenes = ctx.results["videos"]
         enrolled = ctx.results["enroll"]
         devices = [
@@ -213,8 +243,18 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
             )
             for i, device_id in enumerate(plan.device_ids)
         ]
+        relays = {d: UplinkRelay(plan.broker_port) for d in sorted(plan.cut_uplinks)}
         for device in devices:
             device.results.parent.mkdir(parents=True, exist_ok=True)
+            relay = relays.get(device.device_id)
+            env = agent_env(
+                device,
+                root,
+                n,
+                broker_port=relay.port if relay else None,
+                keepalive_s=CHAOS_KEEPALIVE_S if plan.chaos else None,
+                resend_unanswered_s=CHAOS_RESEND_UNANSWERED_S if plan.chaos else None,
+            )
             device.agent = stack.start(
                 device.device_id,
                 [
@@ -224,7 +264,7 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
                     str(device.bundle / "edge.yaml"),
                     str(device.results),
                 ],
-                env=agent_env(device, root, n),
+                env=env,
                 nice=agent_niceness(n),
             )
         children = [d.agent for d in devices if d.agent is not None]
@@ -235,7 +275,7 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
             return up == n
 
         wait_until(loaded, 300, "the edge agents to load their models", children, ctx.stop)
-        return devices
+        return devices, relays
 
     def models(ctx: StepContext) -> list[dict[str, Any]]:
         child = ctx.results["cloud"]
@@ -255,11 +295,17 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
         Step("meter", "uplink meter (bytes per device)", meter, after=("broker",)),
         Step("cloud", "cloud orchestrator", cloud, after=("enroll",)),
         Step("models", "cloud models (load + warm)", models, after=("cloud",)),
+    ]
+    if plan.chaos:  # a second replica in the share group, to be killed mid-ingest
+        steps.append(Step(SECOND_CLOUD, "second cloud replica (--chaos)", second_cloud, ("cloud",)))
+    steps.append(
         Step(
             "agents",
             f"{n} edge agents",
             agents,
-            after=("videos", "broker", "meter", "cloud"),
-        ),
-    ]
-    return run_steps(steps, stack.console, interrupted).results
+            after=("videos", "broker", "meter", "cloud", *([SECOND_CLOUD] if plan.chaos else [])),
+        )
+    )
+    results = run_steps(steps, stack.console, interrupted).results
+    results["agents"], results["relays"] = results["agents"]
+    return results

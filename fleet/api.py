@@ -7,7 +7,8 @@ Live updates: one SSE stream per dashboard (`GET /v1/events`). Every `interval_s
 sends one `devices` event with all devices changed since the last one (a batch, not a
 message per telemetry sample) and a `deployments` event when rollout progress changed.
 The change feed is read from the database (`updated_at`), so it works with several
-orchestrator replicas writing to one store.
+orchestrator replicas writing to one store; so are the fleet event log's lines (`events`,
+edgefleet.fleet.events).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from typing import Any
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from edgefleet.fleet.deployment import parse_request
+from edgefleet.fleet.events import EventLog, FleetEventIn
 from edgefleet.fleet.models import ModelStore, capability
 from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.fleet.rollout import RolloutController
@@ -55,6 +58,7 @@ def build_router(
     """Routes of the fleet: devices, deployments, models, events and the dashboard."""
     router = APIRouter()
     operator = [Depends(require_operator)]
+    event_log = EventLog(registry.db)
 
     @router.get("/", include_in_schema=False)
     def dashboard() -> HTMLResponse:
@@ -111,6 +115,20 @@ def build_router(
         view = await to_thread.run_sync(rollouts.cancel, deployment_id)
         return view.model_dump(mode="json")
 
+    @router.post("/v1/fleet/events", dependencies=operator, status_code=201, tags=["fleet"])
+    async def post_event(request: Request) -> dict[str, Any]:
+        """Add a line to the fleet's event log (e.g. a fault `edgefleet demo --chaos` saw)."""
+        try:
+            event = FleetEventIn.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise InvalidInput(f"not a fleet event: {exc.errors()[0]['msg']}") from None
+        await to_thread.run_sync(event_log.add, event)
+        return {"status": "stored"}
+
+    @router.get("/v1/fleet/events", dependencies=operator, tags=["fleet"])
+    def list_events(limit: int = Query(50, ge=1, le=500)) -> dict[str, Any]:
+        return {"events": [e.model_dump(mode="json") for e in event_log.recent(limit)]}
+
     @router.get("/v1/fleet/cases", dependencies=operator, tags=["fleet"])
     def cases(limit: int = Query(20, ge=1, le=200)) -> dict[str, Any]:
         return {"cases": recent_cases(limit) if recent_cases else []}
@@ -132,7 +150,7 @@ def build_router(
     @router.get("/v1/events", dependencies=operator, tags=["fleet"])
     async def events(request: Request) -> EventSourceResponse:
         return EventSourceResponse(
-            _event_stream(request, registry, rollouts, events_interval_s), ping=15
+            _event_stream(request, registry, rollouts, event_log, events_interval_s), ping=15
         )
 
     return router
@@ -205,16 +223,28 @@ async def _event_stream(
     request: Request,
     registry: DeviceRegistry,
     rollouts: RolloutController,
+    event_log: EventLog,
     interval_s: float,
 ):
-    """Batched changes: devices updated since the last batch, rollout progress when it moves."""
+    """Batched changes: devices updated since the last batch, rollout progress when it moves,
+    event-log lines as they are added."""
     cursor = datetime.now(timezone.utc) - timedelta(seconds=1)
     sent: dict[str, datetime] = {}
     last_deployments = ""
     last_marker: tuple[Any, ...] | None = None
     ticks = 0
+    # the log's position before `hello`: a line added once the client has `hello` is sent
+    latest = await to_thread.run_sync(event_log.recent, 1)
+    last_event = latest[-1].id if latest else 0
     yield {"event": "hello", "data": json.dumps({"interval_s": interval_s})}
     while not await request.is_disconnected():
+        lines = await to_thread.run_sync(functools.partial(event_log.recent, 100, last_event))
+        if lines:
+            last_event = lines[-1].id
+            yield {
+                "event": "events",
+                "data": json.dumps([e.model_dump(mode="json") for e in lines]),
+            }
         # a small overlap catches rows committed just after the previous read;
         # `sent` drops the repeats
         since = cursor - timedelta(seconds=2)

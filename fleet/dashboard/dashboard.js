@@ -320,6 +320,23 @@ async function loadCases() {
   }
 }
 
+// --- fleet events (e.g. the faults `edgefleet demo --chaos` saw) ------------------------------
+
+function addEvents(events) {
+  const box = $("events");
+  if (events.length) box.querySelector(".empty")?.remove();
+  for (const e of events) {
+    const item = el("li", e.healthy_after_s == null ? "event open" : "event", e.message);
+    item.title = (e.source || "") + " · " + ago(e.created_at);
+    box.prepend(item);
+  }
+  while (box.children.length > 50) box.lastChild.remove();
+}
+
+async function loadEvents() {
+  try { addEvents((await api("/v1/fleet/events?limit=20")).events); } catch (err) { /* next event */ }
+}
+
 // --- the live stream ---------------------------------------------------------------------------
 
 function setLive(on, text) {
@@ -331,6 +348,7 @@ function setLive(on, text) {
 function dispatch(event, data) {
   if (event === "devices") applyDevices(JSON.parse(data), true);
   else if (event === "deployments") renderRollouts(JSON.parse(data));
+  else if (event === "events") addEvents(JSON.parse(data));
   else if (event === "hello") setLive(true, "live");
 }
 
@@ -387,6 +405,7 @@ async function start() {
     return;
   }
   loadCases();
+  loadEvents();
   setInterval(loadCases, 10000);
   setInterval(scheduleRender, 5000); // keeps "last seen" fresh
   stream();

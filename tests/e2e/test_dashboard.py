@@ -41,6 +41,7 @@ PNG = bytes.fromhex(
     "18dd8db00000000049454e44ae426082"
 )
 
+
 def telemetry(device: str, seq: int, fps: float, temp: float) -> DeviceTelemetry:
     return DeviceTelemetry(
         device_id=device,
@@ -177,6 +178,34 @@ def test_dashboard_shows_the_fleet_and_updates_live(fleet, browser) -> None:
     page.fill("#filter", "")
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
+    assert problems == []
+    page.close()
+
+
+def test_dashboard_shows_fleet_event_lines_and_new_ones_live(fleet, browser) -> None:
+    import httpx
+
+    # given an event line already in the log (a fault `edgefleet demo --chaos` saw)
+    auth = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+    first = "t=7.8 s cloud-b: kill -9; restarted 1x; healthy again after 4.0 s"
+    event = {"source": "demo", "component": "cloud-b", "message": first, "healthy_after_s": 4.0}
+    assert httpx.post(f"{fleet.url}/v1/fleet/events", json=event, headers=auth).status_code == 201
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    # when the page opens, then it lists it
+    page.goto(f"{fleet.url}/#key={OPERATOR_KEY}")
+    page.wait_for_function(
+        f"document.getElementById('events').textContent.includes({first!r})", timeout=30_000
+    )
+    # and a line posted once the live stream is up arrives over it, newest first
+    page.wait_for_function("document.getElementById('conn').textContent === 'live'")
+    second = "t=26.2 s broker: frozen (SIGSTOP) 13.7 s > keepalive 5 s; healthy again after 14.3 s"
+    event = {"source": "demo", "component": "broker", "message": second, "healthy_after_s": 14.3}
+    assert httpx.post(f"{fleet.url}/v1/fleet/events", json=event, headers=auth).status_code == 201
+    page.wait_for_function(
+        f"document.querySelector('#events li').textContent === {second!r}", timeout=30_000
+    )
     assert problems == []
     page.close()
 

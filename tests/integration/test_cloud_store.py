@@ -73,6 +73,35 @@ def test_claim_verdict_feedback_export(store: FeedbackStore) -> None:
     ) == {("cam-pg", "ppocr"): [0.42]}
 
 
+def test_accounts_count_deliveries_and_completed_runs(store: FeedbackStore) -> None:
+    # given a case delivered twice and answered twice (two replicas raced), one delivered
+    # and never stored, and one stored and still pending
+    twice, pending = escalation_case("cam-pg", frame_index=1), escalation_case("cam-pg")
+    claim = dict(image_sha256="c" * 64, image=PNG, source="mqtt", stale_after_s=60)
+    for case_id in (twice.case_id, twice.case_id, pending.case_id, "never-stored"):
+        store.record_delivery(case_id, source="mqtt", replica="r1")
+    store.claim(twice, replica="r1", **claim)
+    store.claim(pending, replica="r1", **claim)
+    store.save_verdict(_verdict(twice), replica="r1")
+    store.save_verdict(_verdict(twice, "late"), replica="r2")
+    # when the accounts are read, then each says what the store saw of it
+    accounts = {row["case_id"]: row for row in store.accounts()}
+    assert accounts[twice.case_id]["deliveries"] == 2
+    assert accounts[twice.case_id]["completed_runs"] == 2
+    assert accounts[twice.case_id]["answered"] is True
+    assert accounts[pending.case_id]["answered"] is False
+    assert accounts[pending.case_id]["completed_runs"] == 0
+    assert accounts["never-stored"] == {
+        "case_id": "never-stored",
+        "device_id": None,
+        "status": None,
+        "attempts": 0,
+        "completed_runs": 0,
+        "answered": False,
+        "deliveries": 1,
+    }
+
+
 def test_export_pages_through_many_cases_in_order(store: FeedbackStore) -> None:
     cases = [escalation_case("cam-pg", frame_index=i) for i in range(7)]
     for case in cases:

@@ -13,16 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from edgefleet.bench.harness import escalation_case
 from edgefleet.edge.delivery import NACKED
 from edgefleet.edge.outbox import Outbox
 from edgefleet.edge.settings import UplinkSettings
 from edgefleet.edge.uplink import Uplink
 from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters, utcnow
 from edgefleet.shared.mqtt import MqttSettings
-from edgefleet.shared.wire import Serialised, serialise
+from edgefleet.shared.wire import Serialised, serialise, serialise_case
 from tests.support.broker import MosquittoBroker
 from tests.support.edge import DEVICE, KEY, Collector
 from tests.support.waiting import eventually
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"pixels"
 
 
 def _telemetry(seq: int, ts: datetime | None = None) -> Serialised:
@@ -203,3 +206,35 @@ def test_replay_after_an_outage_is_paced_and_live_messages_overtake_it(
     finally:
         uplink.stop()
         collector.close()
+
+
+def test_a_case_the_broker_acked_then_lost_in_a_crash_is_sent_again(tmp_path: Path) -> None:
+    # given a broker that saves its state rarely, and a cloud session subscribed but away
+    # (so the broker holds the case in memory for it after its PUBACK)
+    broker = MosquittoBroker(tmp_path / "mq", extra_config="autosave_interval 3600").start()
+    collector = Collector(broker, "cloud-away")
+    collector.client.disconnect()
+    collector.client.loop_stop()
+    box = Outbox(tmp_path / "o.db")
+    uplink = _uplink(broker, box, resend_unanswered_s=1).start()
+    try:
+        eventually(uplink.connected.is_set, 30, "connection")
+        case = escalation_case(DEVICE)
+        box.put(serialise_case(case, PNG)[1])
+        uplink.wake()
+        # when the broker has acknowledged it (it left the line, a copy waits for the answer)
+        eventually(lambda: box.depth() == 0 and box.awaiting() == 1, 30, "the broker's PUBACK")
+        # and the broker is killed before it saved or delivered the case, then restarted
+        broker.kill()
+        broker.start()
+        back = Collector(broker, "cloud-away")
+        # then the unanswered case is sent again and reaches the cloud
+        eventually(lambda: case.case_id in back.cases or back.rejected, 60, "the case sent again")
+        assert back.rejected == [] and back.cases[case.case_id][1] == PNG
+        # and once its verdict arrives the copy goes
+        assert box.answered(case.case_id) and box.awaiting() == 0
+        back.close()
+    finally:
+        uplink.stop(publish_offline=False)
+        box.close()
+        broker.kill()

@@ -189,9 +189,7 @@ def test_model_download_supports_range_and_capabilities(tmp_path, server) -> Non
     )
     assert_error(httpx.get(f"{server.url}/v1/models/det/9"), 401, "unauthorized")
     token = {"Authorization": f"Bearer {server.registry.enroll('cam-9').token}"}
-    assert_error(
-        httpx.get(f"{server.url}/v1/models/det/9", headers=token), 404, "model_not_found"
-    )
+    assert_error(httpx.get(f"{server.url}/v1/models/det/9", headers=token), 404, "model_not_found")
     assert_error(
         httpx.get(f"{server.url}/v1/models/.hidden/1", headers=token), 422, "invalid_input"
     )
@@ -252,3 +250,58 @@ def test_a_hash_that_does_not_match_the_stored_model_is_refused(tmp_path, server
     assert server.sent == []
     assert httpx.get(f"{server.url}/v1/deployments", headers=AUTH).json()["deployments"] == []
     assert all(server.registry.desired(d) is None for d in ("cam-0", "cam-1", "cam-2"))
+
+
+def test_fleet_event_lines_are_stored_listed_and_streamed(server) -> None:
+    # given a client on the live stream
+    events: list[tuple[str, object]] = []
+
+    def listen() -> None:
+        with httpx.stream("GET", f"{server.url}/v1/events", headers=AUTH, timeout=60) as resp:
+            event = "message"
+            for line in resp.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    events.append((event, json.loads(line[5:].strip())))
+                    if event == "events":
+                        return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert wait_until(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
+    # when the demo posts a fault's event line
+    line = "t=22.3 s broker: kill -9; restarted 1x; healthy again after 1.7 s"
+    posted = httpx.post(
+        f"{server.url}/v1/fleet/events",
+        json={"source": "demo", "component": "broker", "message": line, "healthy_after_s": 1.7},
+        headers=AUTH,
+    )
+    assert posted.status_code == 201, posted.text
+    # then it is listed and reaches the stream
+    listed = httpx.get(f"{server.url}/v1/fleet/events", headers=AUTH).json()["events"]
+    assert [(e["component"], e["message"], e["healthy_after_s"]) for e in listed] == [
+        ("broker", line, 1.7)
+    ]
+    assert wait_until(lambda: any(e == "events" for e, _ in events), timeout_s=30)
+    streamed = next(d for e, d in events if e == "events")
+    assert [e["message"] for e in streamed] == [line]  # type: ignore[union-attr]
+    thread.join(timeout=10)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"component": "broker", "message": "x"},  # no source
+        {"source": "demo", "component": "broker", "message": ""},
+        {"source": "demo", "component": "broker", "message": "x", "extra": 1},
+        {"source": "demo", "component": "broker", "message": "x", "healthy_after_s": -1},
+        "not an object",
+    ],
+)
+def test_bad_fleet_events_are_a_422_and_store_nothing(server, payload) -> None:
+    resp = httpx.post(f"{server.url}/v1/fleet/events", json=payload, headers=AUTH)
+    assert_error(resp, 422, "invalid_input")
+    assert httpx.get(f"{server.url}/v1/fleet/events", headers=AUTH).json()["events"] == []
+    no_key = httpx.post(f"{server.url}/v1/fleet/events", json={"source": "x"})
+    assert_error(no_key, 401, "unauthorized")

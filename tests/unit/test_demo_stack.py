@@ -52,6 +52,36 @@ def test_agent_environment_names_real_edge_settings(
     assert settings.outbox.path.parent == tmp_path / "devices" / "cam-01"
 
 
+def test_chaos_agent_environment_names_real_edge_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # under --chaos an agent may reach the broker through a relay, with a short keepalive
+    device = Device("cam-01", tmp_path, tmp_path / "v.mp4", None, tmp_path / "r.jsonl", 8123)
+    env = agent_env(device, tmp_path, broker_port=24001, keepalive_s=5, resend_unanswered_s=30)
+    env.pop("EDGEFLEET_EDGE_STREAMS")
+    assert assert_env_sets_real_settings([EDGE], env, monkeypatch) == len(env)
+    settings = load_settings(EDGE.cls, None, **EDGE.required)
+    assert (settings.mqtt.port, settings.mqtt.keepalive_s) == (24001, 5)
+    assert settings.uplink.resend_unanswered_s == 30
+
+
+def test_a_second_cloud_replica_config_is_accepted_by_the_real_settings(tmp_path: Path) -> None:
+    path = write_cloud_config(
+        tmp_path,
+        18081,
+        11883,
+        "efk_operator",
+        "pw",
+        name="cloud-b",
+        client_id="demo-cloud-b",
+        keepalive_s=5,
+    )
+    assert path.name == "cloud-b.yaml"
+    settings = load_settings(CloudSettings, path)
+    assert settings.ingest.client_id == "demo-cloud-b" and settings.mqtt.keepalive_s == 5
+    assert settings.data_dir == tmp_path / "cloud"  # the same store as the first replica
+
+
 def test_cloud_config_is_accepted_by_the_real_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -209,3 +209,36 @@ def test_outbox_and_store_files_are_private(tmp_path: Path) -> None:
         assert mode(file) & 0o077 == 0, file
     box.close()
     db.close()
+
+
+def test_an_acknowledged_case_is_kept_until_answered_and_sent_again_if_not(
+    tmp_path: Path,
+) -> None:
+    # given two cases and a telemetry message, all acknowledged by the broker
+    box = Outbox(tmp_path / "o.db")
+    answered = box.put(_message("escalation", b'{"case_id": "c-1"}'))
+    lost = box.put(_message("escalation", b'{"case_id": "c-2"}'))
+    tel = box.put(_message("telemetry", b'{"seq": 1}'))
+    box.ack([answered, lost, tel])
+    assert box.depth() == 0 and box.awaiting() == 2  # the cases wait for their answer
+    # when one answer arrives and the other case's broker crashed after its PUBACK
+    assert box.answered("c-1") is True
+    assert box.answered("c-1") is False
+    box.close()
+    box = Outbox(tmp_path / "o.db")  # (an agent restart keeps what waits)
+    # then nothing goes back before `older_than_s`, the unanswered one after it
+    assert box.resend_unanswered(older_than_s=3600, max_resends=2) == 0
+    assert box.resend_unanswered(older_than_s=0, max_resends=2) == 1
+    again = box.read(0)
+    assert [(i.kind, i.message) for i in again] == [
+        ("escalation", _message("escalation", b'{"case_id": "c-2"}'))
+    ]
+    # and after `max_resends` unanswered sends the copy is dropped and counted
+    box.ack([again[0].id])
+    assert box.resend_unanswered(older_than_s=0, max_resends=2) == 1
+    box.ack([box.read(again[0].id)[0].id])
+    assert box.resend_unanswered(older_than_s=0, max_resends=2) == 0
+    assert box.awaiting() == 0 and box.depth() == 0
+    assert box.dropped["escalation_unanswered"] == 1
+    box.close()
+    assert Outbox(tmp_path / "o.db").dropped["escalation_unanswered"] == 1
