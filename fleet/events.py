@@ -46,8 +46,12 @@ class FleetEvent(FleetEventIn):
 
 
 class EventLog:
-    def __init__(self, db: Database):
+    """The newest `keep` lines (a history bounded by count: a script posting in a loop
+    cannot fill the database)."""
+
+    def __init__(self, db: Database, keep: int = 10_000):
         self.db = db
+        self.keep = keep
         t = db.types
         db.migrate(
             "fleet_events_v1",
@@ -59,6 +63,10 @@ class EventLog:
             """INSERT INTO fleet_events (source, component, message, healthy_after_s, created_at)
                VALUES (?, ?, ?, ?, ?)""",
             (event.source, event.component, event.message, event.healthy_after_s, utcnow()),
+        )
+        self.db.execute(
+            "DELETE FROM fleet_events WHERE id <= (SELECT max(id) FROM fleet_events) - ?",
+            (self.keep,),
         )
 
     def recent(self, limit: int = 50, after_id: int = 0) -> list[FleetEvent]:
