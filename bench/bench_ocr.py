@@ -50,8 +50,9 @@ class Result:
 
 
 def edgefleet_reader(model_name: str, threads: int) -> tuple[Read, Callable[[], None]]:
+    import cv2
+
     from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
-    from edgefleet.shared.imaging.decode import decode_image
     from edgefleet.shared.models import load_model
 
     settings = ExecutionSettings(
@@ -62,7 +63,10 @@ def edgefleet_reader(model_name: str, threads: int) -> tuple[Read, Callable[[], 
     model = load_model(model_name, settings=settings)
 
     def read(jpeg: bytes) -> list[tuple[str, Box | None]]:
-        lines = model.predict_many([decode_image(jpeg)])[0]
+        bgr = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise ValueError("JPEG decoding failed")
+        lines = model.predict_many([bgr], fmt="bgr")[0]  # as a camera frame: no conversion
         return [(d.text or "", d.box) for d in lines]
 
     return read, model.close
@@ -75,10 +79,7 @@ def faster_paddle_reader(size: str, threads: int) -> tuple[Read, Callable[[], No
 
     def read(jpeg: bytes) -> list[tuple[str, Box | None]]:
         bounds = engine.ocr(jpeg)["bounds"].values()
-        return [
-            (b["text"], (*b["topLeftCoord"], *b["bottomRightCoord"]))
-            for b in bounds
-        ]
+        return [(b["text"], (*b["topLeftCoord"], *b["bottomRightCoord"])) for b in bounds]
 
     return read, lambda: None
 

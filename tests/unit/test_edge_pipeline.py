@@ -33,7 +33,7 @@ class ConstantModel:
 
     info = ModelInfo(name="constant", version="1")
 
-    def predict(self, rgb: np.ndarray) -> list[Detection]:
+    def predict(self, image: np.ndarray, *, fmt: str = "rgb") -> list[Detection]:
         return [Detection(text="LOT", score=0.99)]
 
     def close(self) -> None:

@@ -177,6 +177,7 @@ def test_top_k_keeps_probabilities_and_checks_labels():
 
 
 def test_yolo_pre_processing_matches_the_reference_path(tmp_path):
+    from edgefleet.shared.models.frames import FrameIn
     from edgefleet.shared.models.preprocess import stack_canvases
 
     registry = registry_with(
@@ -191,13 +192,16 @@ def test_yolo_pre_processing_matches_the_reference_path(tmp_path):
     )
     with load_model("tiny-pre", settings=SETTINGS, registry=registry) as model:
         image = np.random.default_rng(3).integers(0, 255, (32, 64, 3), dtype=np.uint8)
-        prepared = model.pre_process([image])
-        reference = stack_canvases(
-            [image], prepared.plans, model._fill, [0.1, 0.2, 0.3], [0.5, 0.6, 0.7], 1 / 255, True
-        )
-        # no resize is needed (32x64 fits 64x64 at scale 1): only order, pad and normalise
-        assert np.allclose(prepared.tensor, reference, atol=1e-3)
-        assert prepared.plans[0].pad_top == 16
+        # the same picture as RGB and as a camera's BGR frame: the same tensor
+        for frame in (FrameIn.checked(image), FrameIn.checked(image[..., ::-1].copy(), "bgr")):
+            prepared = model.pre_process([frame])
+            reference = stack_canvases(
+                [image], prepared.plans, model._fill, [0.1, 0.2, 0.3], [0.5, 0.6, 0.7], 1 / 255,
+                True,
+            )  # fmt: skip
+            # no resize is needed (32x64 fits 64x64 at scale 1): only order, pad and normalise
+            assert np.allclose(prepared.tensor, reference, atol=1e-3)
+            assert prepared.plans[0].pad_top == 16
 
 
 def test_a_closed_model_refuses_with_a_typed_retryable_error(tmp_path):
