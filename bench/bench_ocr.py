@@ -124,6 +124,22 @@ def measure(name: str, make: Callable[[], tuple[Read, Callable[[], None]]], imag
     return result
 
 
+STAGES = ("det_pre", "det_infer", "db_boxes", "crops", "rec_pre", "rec_infer", "ctc")
+
+
+def stage_seconds(model: str) -> dict[str, float]:
+    """Seconds spent so far in each OCR stage of `model` (ef_ocr_stage_seconds)."""
+    from prometheus_client import REGISTRY
+
+    return {
+        stage: REGISTRY.get_sample_value(
+            "ef_ocr_stage_seconds_sum", {"model": model, "stage": stage}
+        )
+        or 0.0
+        for stage in STAGES
+    }
+
+
 def table(results: list[Result], levels: list[str]) -> None:
     typer.echo(f"{'contender':<28}{'set':<6}{'p50 ms':>8}{'p95 ms':>8}{'char acc':>10}{'exact':>8}")
     for r in results:
@@ -179,9 +195,17 @@ def main(
         "rapidocr": lambda: rapidocr_reader(threads),
     }
     chosen = [f"edgefleet {model}", *[p.strip() for p in peers.split(",") if p.strip()]]
-    results = [measure(name, makers[name], images, rounds) for name in chosen]
+    before = stage_seconds(model)
+    results = [measure(chosen[0], makers[chosen[0]], images, rounds)]
+    spent = {k: v - before[k] for k, v in stage_seconds(model).items()}
+    results += [measure(name, makers[name], images, rounds) for name in chosen[1:]]
     typer.echo("")
     table(results, levels)
+    reads = (len(images) * rounds + 1) / 1000  # the warm-up read counts too
+    typer.echo(
+        f"\n{model}, where the time goes (ms per image, all images): "
+        + ", ".join(f"{k} {v / reads:.1f}" for k, v in spent.items())
+    )
     by_name = {r.name: r for r in results}
     if "faster-paddle-tiny" in by_name:
         verdict(results[0], by_name["faster-paddle-tiny"], levels)

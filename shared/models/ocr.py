@@ -11,12 +11,16 @@ run was decided by measurement (BENCHMARKS.md, "OCR ladder").
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
+from prometheus_client import Histogram
 
 from edgefleet.shared import kernels
 from edgefleet.shared.errors import ConfigError
@@ -35,6 +39,12 @@ from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOption
 from edgefleet.shared.models.session import Session, open_session
 
 KEYS_FILE = Path(__file__).with_name("ppocr_keys_v4.txt")
+OCR_STAGE = Histogram(
+    "ef_ocr_stage_seconds",
+    "Time per OCR stage and batch: det_pre, det_infer, db_boxes, crops, rec_pre, rec_infer, ctc",
+    ["model", "stage"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)
 DET_PAD = 114  # the detector's canvas outside the image: mid-grey, no edges
 
 
@@ -179,6 +189,10 @@ class OcrModel(Model):
     # --- template ----------------------------------------------------------------------
 
     def pre_process(self, frames: list[FrameIn]) -> _DetBatch:
+        with self._stage("det_pre"):
+            return self._det_batch(frames)
+
+    def _det_batch(self, frames: list[FrameIn]) -> _DetBatch:
         plans = [det_plan(f.hw, self.opts.det_max_side) for f in frames]
         mean, std, scale, bgr = self._det_norm
         if scale != 1 / 255:  # the kernels normalise x / 255 only
@@ -192,7 +206,8 @@ class OcrModel(Model):
         return _DetBatch(frames, plans, tensor)
 
     def forward(self, prepared: _DetBatch) -> np.ndarray:
-        return self.det.run(prepared.tensor)[0]
+        with self._stage("det_infer"):
+            return self.det.run(prepared.tensor)[0]
 
     def post_process(self, raw: np.ndarray, prepared: _DetBatch) -> list[list[Detection]]:
         quads_per_image: list[np.ndarray] = []
@@ -201,7 +216,8 @@ class OcrModel(Model):
         bgr_crops: list[bool] = []  # the crop's pixels are B, G, R (cut from a BGR frame)
         for i, (frame, plan) in enumerate(zip(prepared.frames, prepared.plans, strict=True)):
             prob = raw[i, 0, : plan.dst_h, : plan.dst_w]
-            quads, _ = db_boxes(prob, self._db)
+            with self._stage("db_boxes"):
+                quads, _ = db_boxes(prob, self._db)
             kept = []
             for quad in quads:
                 src = order_quad(plan.points_to_source(quad))
@@ -211,6 +227,7 @@ class OcrModel(Model):
                     continue
                 kept.append(src)
             quads_per_image.append(np.array(kept, np.float32).reshape(-1, 4, 2))
+            started = time.perf_counter()
             for j, quad in enumerate(kept):
                 crop, is_bgr = frame_crop(frame, quad)
                 views = [crop]
@@ -221,6 +238,7 @@ class OcrModel(Model):
                 crops += views
                 owners += [(i, j)] * len(views)
                 bgr_crops += [is_bgr] * len(views)
+            OCR_STAGE.labels(self.spec.name, "crops").observe(time.perf_counter() - started)
         if crops and self.cls is not None:
             crops = self.classify_angles(crops, bgr_crops)
         ballots: dict[tuple[int, int], list[tuple[str, float]]] = defaultdict(list)
@@ -242,6 +260,12 @@ class OcrModel(Model):
         return results
 
     # --- stages ------------------------------------------------------------------------
+
+    @contextmanager
+    def _stage(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        OCR_STAGE.labels(self.spec.name, stage).observe(time.perf_counter() - started)
 
     def classify_angles(self, crops: list[np.ndarray], bgr_crops: list[bool]) -> list[np.ndarray]:
         """Flip lines the angle classifier is sure are upside down."""
@@ -280,6 +304,7 @@ class OcrModel(Model):
         out: list[tuple[str, float]] = [("", 0.0)] * len(crops)
         step = self.opts.rec_batch
         for start in range(0, len(crops), step):
+            started = time.perf_counter()
             idx = order[start : start + step]
             width = math.ceil(h * float(ratios[idx].max()))
             width = int(min(self.opts.rec_max_width, max(self.opts.rec_min_width, width)))
@@ -288,8 +313,12 @@ class OcrModel(Model):
                 rw = min(width, max(1, math.ceil(h * ratios[ci])))
                 swap = wants_bgr != bgr_crops[ci]
                 batch[k, :, :, :rw] = normalise(cv2.resize(crops[ci], (rw, h)), *norm, swap)
-            probs = session.run(batch)[0]
-            for ci, read in zip(idx, ctc_greedy(probs, charset), strict=True):
+            OCR_STAGE.labels(self.spec.name, "rec_pre").observe(time.perf_counter() - started)
+            with self._stage("rec_infer"):
+                probs = session.run(batch)[0]
+            with self._stage("ctc"):
+                decoded = ctc_greedy(probs, charset)
+            for ci, read in zip(idx, decoded, strict=True):
                 out[int(ci)] = read
         return out
 
