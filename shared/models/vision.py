@@ -163,14 +163,16 @@ class ClassificationModel(_SingleSessionModel):
     default_size = 224
 
     def pre_process(self, frames: list[FrameIn]) -> _Prepared:
+        # an area filter (a large downscale to e.g. 224x224, where bilinear taps alias), so
+        # not the bilinear kernel: packed frames are resized as they are and only the small
+        # result is put in the model's channel order; YUV frames are converted first
         h, w = self.hw
-        images = [kernels.to_rgb(f.pixels, f.fmt) for f in frames]
-        batch = np.stack(
-            [
-                normalise(cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA), *self._norm)
-                for img in images
-            ]
-        )
+        mean, std, scale, bgr = self._norm
+        batch = np.empty((len(frames), 3, h, w), np.float32)
+        for i, f in enumerate(frames):
+            packed = f.pixels if f.fmt in ("rgb", "bgr") else kernels.to_rgb(f.pixels, f.fmt)
+            small = cv2.resize(packed, (w, h), interpolation=cv2.INTER_AREA)
+            batch[i] = normalise(small, mean, std, scale, bgr != f.is_bgr)
         return _Prepared(batch, [])
 
     def post_process(self, raw: np.ndarray, prepared: _Prepared) -> list[list[Detection]]:

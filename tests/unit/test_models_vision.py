@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import yaml
@@ -158,6 +159,10 @@ def test_classification_top_k(tmp_path):
         blue[..., 2] = 255
         out = model.predict_many([red, blue])
         assert [d.label for d in out[0]] == ["red", "green"]
+        # a camera's BGR frame and an I420 one read as the same colours
+        assert model.predict(np.ascontiguousarray(red[..., ::-1]), fmt="bgr")[0].label == "red"
+        i420 = cv2.cvtColor(blue, cv2.COLOR_RGB2YUV_I420)
+        assert model.predict(i420, fmt="i420")[0].label == "blue"
         assert out[1][0].label == "blue"
         assert out[0][0].score == pytest.approx(np.exp(10) / (np.exp(10) + 2), rel=1e-4)
         assert out[0][0].box is None
