@@ -164,7 +164,7 @@ def verdict(ours: Result, peer: Result, levels: list[str]) -> None:
         a, b = ours.tallies[level].char_accuracy, peer.tallies[level].char_accuracy
         ok = ratio <= 0.8 and a >= b
         typer.echo(
-            f"  {level:<5} p50 x{ratio:.2f}  char acc {a:.3f} vs {b:.3f}  "
+            f"  {level:<5} p50 x{ratio:.2f}  char acc {a:.4f} vs {b:.4f}  "
             f"{'met' if ok else 'NOT met'}"
         )
 
