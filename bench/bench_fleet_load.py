@@ -373,15 +373,10 @@ def measure(
             deadline = time.monotonic() + 300
             stored = 0.0
             while time.monotonic() < deadline:
-                stored = (
-                    sum(
-                        r.scrape(
-                            "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"}
-                        )
-                        for r in fleet
-                    )
-                    - stored_before
-                )
+                stored = sum(
+                    r.scrape("ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"})
+                    for r in fleet
+                ) - stored_before
                 if stored >= sent:
                     break
                 time.sleep(0.2)
