@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edgefleet.shared import kernels
+from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import load_model
 from edgefleet.shared.models.frames import FrameIn
@@ -111,3 +112,18 @@ def test_no_full_frame_conversion_or_copy_between_capture_and_tensor(ocr, fmt, m
     full = 1080 * 1920
     assert all(np.prod(shape[:2]) < full // 20 for shape in converted + regions), converted
     assert len(regions) == (2 if fmt == "nv12" else 0)  # one small region per line
+
+
+@pytest.mark.parametrize(
+    "pixels,fmt,why",
+    [
+        (np.zeros((48, 64, 3), np.uint8), "yuyv", "unknown pixel format"),
+        (np.zeros((48, 64, 3), np.uint8), "nv12", r"\(H\*3/2, W\)"),
+        (np.zeros((49, 64), np.uint8), "i420", "multiple of 3"),
+        (np.zeros((45, 63), np.uint8), "nv12", "even"),
+        (np.zeros((72, 64), np.uint16), "nv12", "uint8"),
+    ],
+)
+def test_a_frame_that_is_not_what_its_format_says_is_a_typed_error(ocr, pixels, fmt, why):
+    with pytest.raises(InvalidInput, match=why):
+        ocr.predict(pixels, fmt=fmt)
