@@ -265,6 +265,9 @@ def main(
     rounds: int = typer.Option(3, help="rounds, alternating the contenders; medians printed"),
     messages: int = typer.Option(1000, help="messages for the outbox/uplink figures"),
     model: str = typer.Option("ppocr6-tiny", help="the OCR model (the edge default)"),
+    fps: float = typer.Option(
+        30.0, help="the video's frame rate: real time is capped at it (a 60 fps camera: 60)"
+    ),
     uplink: bool = typer.Option(True, help="also measure the outbox and the uplink"),
 ) -> None:
     """Print the agent pipeline vs the naive loop (fps, latency) and outbox/uplink rates.
@@ -275,11 +278,11 @@ def main(
     """
     workdir = Path(tempfile.mkdtemp(prefix="bench-edge-"))
     try:
-        video = write_video(workdir / "1080p.mp4", frames)
+        video = write_video(workdir / "1080p.mp4", frames, fps)
         workers = PipelineSettings().infer_workers
         ours = edge_execution(workers)
         print(
-            f"1080p video, {frames} frames at 30 fps, model {model}, "
+            f"1080p video, {frames} frames at {fps:g} fps, model {model}, "
             f"{os.cpu_count()} CPUs, {rounds} alternating rounds (medians); "
             "latency = frame decoded -> result"
         )
