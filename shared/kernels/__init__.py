@@ -127,9 +127,6 @@ def backend() -> str:
     return _active().name
 
 
-FORMATS = ("nv12", "i420", "bgr", "rgb")
-
-
 def frame_to_tensor(
     frame,
     fmt,
@@ -148,8 +145,8 @@ def frame_to_tensor(
     the planes go out in `channels` order ('bgr' for models trained on OpenCV's order);
     written into `out` if given.
     """
-    if fmt not in FORMATS:
-        raise InvalidInput(f"unknown frame format {fmt!r}; one of {FORMATS}")
+    if fmt not in checks.FORMATS:  # before any backend indexes its tables with it
+        raise InvalidInput(f"unknown frame format {fmt!r}; one of {checks.FORMATS}")
     return _active().module.frame_to_tensor(frame, fmt, size, mean, std, pad, dtype, out, channels)
 
 
