@@ -69,11 +69,11 @@ def ladder(clips: list[Clip], names: tuple[str, ...]) -> None:
     typer.echo(f"{'pipeline':<14}{'p50 ms':>8}{'p95 ms':>8}{'char acc':>10}{'exact':>8}")
     for name in names:
         with load_model(name) as model:
-            model.predict(frames[0][0])
+            model.predict(frames[0][0], fmt="bgr")
             tally, times = Tally(), []
             for image, truth in frames:
                 started = time.perf_counter()
-                lines = model.predict(image)
+                lines = model.predict(image, fmt="bgr")  # the clips are BGR, as decoded
                 times.append(time.perf_counter() - started)
                 tally.add(frame_scores([(d.text or "", d.box) for d in lines], truth))
         typer.echo(
@@ -191,7 +191,7 @@ def main(
         ladder(rendered, LADDER)
 
     with load_model(edge) as edge_model:
-        edge_reads = [[edge_model.predict(f) for f in clip.frames] for clip in rendered]
+        edge_reads = [[edge_model.predict(f, fmt="bgr") for f in clip.frames] for clip in rendered]
         info = edge_model.info
     edge_row = Row(f"edge only ({edge})", Tally())
     for clip, reads in zip(rendered, edge_reads, strict=True):

@@ -31,6 +31,7 @@ from edgefleet.shared.executor.registry import probe_backends
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import load_model
 from edgefleet.shared.models.base import Model
+from edgefleet.shared.models.frames import FrameIn
 from edgefleet.shared.models.ocr import OcrModel
 
 app = typer.Typer(add_completion=False)
@@ -91,7 +92,7 @@ def forward_only(data: list[np.ndarray], rounds: int) -> None:
     settings = ExecutionSettings(batching=BatcherSettings(enabled=False))
     with load_model("ppocr", settings=settings) as model:
         assert isinstance(model, OcrModel)  # ppocr: its detector is model.det
-        batch = model.pre_process(data[:4]).tensor
+        batch = model.pre_process([FrameIn.checked(d) for d in data[:4]]).tensor
         singles = [batch[i : i + 1] for i in range(4)]
         model.det.run(batch)
         one_by_one = min(_time(lambda: [model.det.run(x) for x in singles]) for _ in range(rounds))

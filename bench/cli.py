@@ -36,6 +36,10 @@ BENCHMARKS = {
         "edgefleet.bench.bench_fleet_load",
         "N enrolled devices against R cloud replicas: stored/s, CPU, latency, loss, RSS",
     ),
+    "ocr": (
+        "edgefleet.bench.bench_ocr",
+        "edge OCR vs faster-paddle and rapidocr: ms/image and accuracy, easy and hard scenes",
+    ),
     "cascade": (
         "edgefleet.bench.bench_cascade",
         "edge-only vs cloud-only vs the cascade at 4 budgets",

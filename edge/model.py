@@ -22,8 +22,9 @@ class Predictor(Protocol):
     def info(self) -> ModelInfo:
         """Name, version, sha256, backend and precision (reported in cases and telemetry)."""
 
-    def predict(self, rgb: np.ndarray) -> list[Detection]:
-        """Results for one RGB uint8 HxWx3 image, in its pixel coordinates."""
+    def predict(self, image: np.ndarray, *, fmt: str = "rgb") -> list[Detection]:
+        """Results for one image in pixel format `fmt` (rgb, bgr, nv12, i420), in its
+        pixel coordinates."""
 
     def close(self) -> None:
         """Free the model."""

@@ -1,7 +1,8 @@
 """The real-time pipeline: capture → pre-process → infer → post/policy → uplink.
 
-Stages are threads, so decode (one capture thread per stream), colour conversion and
-inference (N workers sharing one model through its dynamic batcher) and JPEG/outbox work
+Stages are threads, so decode (one capture thread per stream), inference (N workers
+sharing one model through its dynamic batcher; each frame goes to the model in its
+source's pixel format, colour-converted inside the pre-processing kernel) and JPEG/outbox work
 (the post thread, behind a bounded queue) overlap; OpenCV and ONNX Runtime release the
 GIL. When inference falls behind, the capture threads keep overwriting their one-frame
 slot: the pipeline always works on the newest frame and counts the ones it skipped.
@@ -16,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import cv2
 from prometheus_client import Counter, Histogram
 
 from edgefleet.edge.policy import Escalation, EscalationPolicy
@@ -162,13 +162,10 @@ class Pipeline:
     def _infer_one(self, work: Work) -> bool:
         """Pre-process and infer one frame, then queue it for post; False if it was shed."""
         start = time.perf_counter()
-        rgb = cv2.cvtColor(work.frame.image, cv2.COLOR_BGR2RGB)  # pre-process
-        mid = time.perf_counter()
-        STAGE.labels("preprocess").observe(mid - start)
         try:
             with self._model.lease() as model:
                 work.model = model.info
-                work.detections = model.predict(rgb)
+                work.detections = model.predict(work.frame.image, fmt=work.frame.fmt)
         except Overloaded as exc:  # the executor sheds load: a dropped frame, not a case
             OVERLOADED.inc()
             log.debug("frame %s#%d shed: %s", work.frame.stream_id, work.frame.index, exc)
@@ -179,7 +176,7 @@ class Pipeline:
             log.warning(
                 "inference failed on %s#%d: %s", work.frame.stream_id, work.frame.index, work.error
             )
-        STAGE.labels("infer").observe(time.perf_counter() - mid)
+        STAGE.labels("infer").observe(time.perf_counter() - start)
         with self._ready:
             self._in_post += 1  # before the worker stops being busy: idle has no gap
         self._post_q.put(work)

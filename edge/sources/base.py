@@ -13,13 +13,19 @@ from edgefleet.shared.messages import StreamId
 
 @dataclass
 class Frame:
-    """One decoded frame (BGR, as OpenCV yields it) and when it was captured."""
+    """One decoded frame in the format its source delivers it, and when it was captured.
+
+    `fmt` is `image`'s pixel format: "bgr" (H, W, 3) from OpenCV; "nv12" / "i420"
+    (H*3/2, W) from sources that hand over raw camera buffers. The frame reaches the model
+    as it is: the kernels convert while they resize.
+    """
 
     stream_id: StreamId
     index: int
     image: np.ndarray
     captured: float = field(default_factory=time.monotonic)  # monotonic seconds
     wall_ts: float = field(default_factory=time.time)
+    fmt: str = "bgr"
 
 
 class VideoSource(ABC):

@@ -170,18 +170,18 @@ def calibration_batches(
 def letterbox_loader(
     hw: tuple[int, int], mean: Sequence[float], std: Sequence[float], bgr: bool = False
 ) -> Callable[[Path], np.ndarray]:
-    """Image file -> CHW float32 as the model sees it (letterboxed, normalised, its order)."""
+    """Image file -> CHW float32 as the model sees it (letterboxed, normalised, its order):
+    the same kernel as at run time, so INT8 calibration sees the run's tensors."""
+    # mean/std come in the model's channel order; the kernels take them per R, G, B
+    rgb_mean, rgb_std = (mean[::-1], std[::-1]) if bgr else (mean, std)
 
     def load(path: Path) -> np.ndarray:
+        from edgefleet.shared import kernels
         from edgefleet.shared.imaging.decode import decode_file
-        from edgefleet.shared.imaging.letterbox import LetterboxTransform
-        from edgefleet.shared.imaging.normalise import letterbox_into, pad_norm_value
 
-        rgb = decode_file(path)
-        plan = LetterboxTransform.plan(rgb.shape[:2], hw)
-        canvas = np.empty((3, *hw), np.float32)
-        canvas[:] = pad_norm_value(114, list(mean), list(std), 1 / 255, bgr).reshape(3, 1, 1)
-        letterbox_into(canvas, rgb, plan, list(mean), list(std), 1 / 255, bgr)
-        return canvas
+        tensor, _ = kernels.frame_to_tensor(
+            decode_file(path), "rgb", hw, rgb_mean, rgb_std, 114, channels="bgr" if bgr else "rgb"
+        )
+        return tensor[0]
 
     return load

@@ -19,6 +19,7 @@ from prometheus_client import Gauge
 
 from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.kernels import checks
 
 __all__ = [
     "BackendChoice",
@@ -26,11 +27,13 @@ __all__ = [
     "bgr_to_tensor",
     "choose_backend",
     "crop_resize",
+    "frame_to_tensor",
     "i420_to_tensor",
     "keypoint_nms",
     "nms",
     "nv12_to_tensor",
     "rgb_to_tensor",
+    "to_rgb",
     "use_backend",
 ]
 
@@ -124,40 +127,64 @@ def backend() -> str:
     return _active().name
 
 
-def _to_tensor(fmt, frame, size, mean, std, pad, dtype, out):
-    return _active().module.frame_to_tensor(frame, fmt, size, mean, std, pad, dtype, out)
+def frame_to_tensor(
+    frame,
+    fmt,
+    size,
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    pad=114,
+    dtype=np.float32,
+    out=None,
+    channels="rgb",
+) -> tuple[np.ndarray, LetterboxTransform]:
+    """A frame in its native `fmt` (nv12, i420, bgr, rgb) -> (1, 3, h, w) tensor in one pass.
+
+    Scaled by min(h/H, w/W) with bilinear (cv2 INTER_LINEAR) sampling, centred on a
+    `pad`-valued canvas, normalised as (x / 255 - mean) / std with mean/std per R, G, B;
+    the planes go out in `channels` order ('bgr' for models trained on OpenCV's order);
+    written into `out` if given.
+    """
+    if fmt not in checks.FORMATS:  # before any backend indexes its tables with it
+        raise InvalidInput(f"unknown frame format {fmt!r}; one of {checks.FORMATS}")
+    return _active().module.frame_to_tensor(frame, fmt, size, mean, std, pad, dtype, out, channels)
+
+
+def to_rgb(frame, fmt) -> np.ndarray:
+    """A (small) frame in `fmt` as packed RGB, by the reference's definition: for crops of
+    YUV frames that a warp must read; whole frames go through `frame_to_tensor`."""
+    from edgefleet.shared.kernels.reference import to_rgb as convert
+
+    checks.frame_hw(frame, fmt)
+    return convert(frame, fmt)
 
 
 def nv12_to_tensor(
     frame, size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), pad=114, dtype=np.float32, out=None
 ) -> tuple[np.ndarray, LetterboxTransform]:
-    """NV12 frame (H*3/2, W) uint8 -> (1, 3, h, w) tensor in one pass, and its letterbox.
-
-    Scaled by min(h/H, w/W) with bilinear (cv2 INTER_LINEAR) sampling, centred on a
-    `pad`-valued canvas, normalised as (x / 255 - mean) / std; written into `out` if given.
-    """
-    return _to_tensor("nv12", frame, size, mean, std, pad, dtype, out)
+    """`frame_to_tensor` of an NV12 frame (H*3/2, W) uint8, RGB planes out."""
+    return frame_to_tensor(frame, "nv12", size, mean, std, pad, dtype, out)
 
 
 def i420_to_tensor(
     frame, size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), pad=114, dtype=np.float32, out=None
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """As `nv12_to_tensor` for planar I420 (Y, then U, then V) frames."""
-    return _to_tensor("i420", frame, size, mean, std, pad, dtype, out)
+    return frame_to_tensor(frame, "i420", size, mean, std, pad, dtype, out)
 
 
 def bgr_to_tensor(
     frame, size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), pad=114, dtype=np.float32, out=None
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """As `nv12_to_tensor` for packed (H, W, 3) BGR frames (OpenCV's order); RGB out."""
-    return _to_tensor("bgr", frame, size, mean, std, pad, dtype, out)
+    return frame_to_tensor(frame, "bgr", size, mean, std, pad, dtype, out)
 
 
 def rgb_to_tensor(
     frame, size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), pad=114, dtype=np.float32, out=None
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """As `nv12_to_tensor` for packed (H, W, 3) RGB frames."""
-    return _to_tensor("rgb", frame, size, mean, std, pad, dtype, out)
+    return frame_to_tensor(frame, "rgb", size, mean, std, pad, dtype, out)
 
 
 def crop_resize(

@@ -88,6 +88,13 @@ def frame_geometry(
     return int(h), int(w)
 
 
+def channel_order(channels: object) -> bool:
+    """True when the planes go out in B, G, R order ('bgr'), False for 'rgb'."""
+    if channels not in ("rgb", "bgr"):
+        raise InvalidInput(f"channels must be 'rgb' or 'bgr', got {channels!r}")
+    return channels == "bgr"
+
+
 def model_size(size: object) -> tuple[int, int]:
     """The model input (height, width): two positive integers."""
     unchecked: Any = size  # whatever does not unpack to two integers is refused here

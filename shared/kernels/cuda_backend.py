@@ -25,6 +25,7 @@ from edgefleet.shared.kernels import checks
 CUDA_DIR = Path(__file__).with_name("cuda")
 NVCC_OPTIONS = ["--fmad=false", "-std=c++14"]
 FORMAT_CODES = {"nv12": 0, "i420": 1, "bgr": 2, "rgb": 3}
+BGR_OUT = 16  # or'ed into the format code: planes out in B, G, R order (preprocess.cu)
 MAX_NMS_BOXES = 40_000  # the n x n/64 bitmask stays under ~200 MB
 BLOCK = (32, 8, 1)
 
@@ -95,6 +96,7 @@ def frame_to_tensor(
     pad=114,
     dtype=np.float32,
     out=None,
+    channels="rgb",
 ):
     """Fused pre-processing on the GPU.
 
@@ -104,6 +106,7 @@ def frame_to_tensor(
     from pycuda import gpuarray
 
     hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
+    swap = checks.channel_order(channels)
     ptr, holder, (h, w) = _device_frame(frame, fmt)  # holder keeps the memory alive
     t = LetterboxTransform.plan((h, w), hw)
     if out is None or isinstance(out, np.ndarray):
@@ -117,7 +120,8 @@ def frame_to_tensor(
     kernel = _module().get_function("ef_to_tensor_f16" if dt == np.float16 else "ef_to_tensor_f32")
     pitch = w * 3 if fmt in ("bgr", "rgb") else w
     grid = ((hw[1] + BLOCK[0] - 1) // BLOCK[0], (hw[0] + BLOCK[1] - 1) // BLOCK[1], 1)
-    ints = (FORMAT_CODES[fmt], h, w, pitch, t.dst_h, t.dst_w, t.new_h, t.new_w)
+    code = FORMAT_CODES[fmt] | (BGR_OUT if swap else 0)
+    ints = (code, h, w, pitch, t.dst_h, t.dst_w, t.new_h, t.new_w)
     kernel(
         np.uintp(ptr),
         _out_pointer(dev_out),

@@ -17,6 +17,7 @@ from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.kernels import _native, checks
 
 FORMAT_CODES = {"nv12": 0, "i420": 1, "bgr": 2, "rgb": 3}
+BGR_OUT = 16  # or'ed into the format code: planes out in B, G, R order
 IMPL_AUTO, IMPL_PORTABLE = 0, 1
 
 _threads = max(1, min(4, os.cpu_count() or 1))
@@ -59,11 +60,13 @@ def frame_to_tensor(
     pad: object = 114,
     dtype: object = np.float32,
     out: np.ndarray | None = None,
+    channels: str = "rgb",
     *,
     impl: int = IMPL_AUTO,
     threads: int | None = None,
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """Fused colour conversion, letterbox resize, normalisation and NCHW layout."""
+    swap = checks.channel_order(channels)
     h, w = checks.frame_hw(frame, fmt)
     hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
     buf = checks.out_buffer(out, hw, dt)
@@ -71,7 +74,7 @@ def frame_to_tensor(
     scale, bias, pad_value = norm.fixed_point_affine()
     _native.preprocess(
         frame,
-        FORMAT_CODES[fmt],
+        FORMAT_CODES[fmt] | (BGR_OUT if swap else 0),
         h,
         w,
         t.dst_h,

@@ -38,6 +38,7 @@ def letterbox_normalise(
     norm: checks.Normalise,
     dtype: np.dtype,
     out: np.ndarray | None = None,
+    bgr_out: bool = False,
 ) -> tuple[np.ndarray, LetterboxTransform]:
     t = LetterboxTransform.plan(rgb.shape[:2], size)
     resized = cv2.resize(rgb, (t.new_w, t.new_h), interpolation=cv2.INTER_LINEAR)
@@ -46,7 +47,8 @@ def letterbox_normalise(
     mean = np.asarray(norm.mean, np.float32)
     std = np.asarray(norm.std, np.float32)
     x = (canvas.astype(np.float32) / np.float32(255.0) - mean) / std
-    tensor = np.ascontiguousarray(x.transpose(2, 0, 1)[None], dtype=dtype)
+    planes = x.transpose(2, 0, 1)
+    tensor = np.ascontiguousarray((planes[::-1] if bgr_out else planes)[None], dtype=dtype)
     if out is not None:
         out[...] = tensor
         tensor = out
@@ -62,12 +64,15 @@ def frame_to_tensor(
     pad: object = 114,
     dtype: object = np.float32,
     out: np.ndarray | None = None,
+    channels: str = "rgb",
 ) -> tuple[np.ndarray, LetterboxTransform]:
-    """Reference pre-processing of a frame in `fmt` (nv12, i420, bgr, rgb)."""
+    """Reference pre-processing of a frame in `fmt` (nv12, i420, bgr, rgb); `channels`
+    says the planes' order out ('rgb', or 'bgr' for models trained on OpenCV's order)."""
     checks.frame_hw(frame, fmt)
+    swap = checks.channel_order(channels)
     hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
     buf = None if out is None else checks.out_buffer(out, hw, dt)
-    return letterbox_normalise(to_rgb(frame, fmt), hw, norm, dt, buf)
+    return letterbox_normalise(to_rgb(frame, fmt), hw, norm, dt, buf, swap)
 
 
 def nms(

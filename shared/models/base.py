@@ -17,7 +17,7 @@ from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.metrics import PREDICT_SECONDS, PREDICTIONS
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Detection, ModelInfo
-from edgefleet.shared.models.preprocess import check_image
+from edgefleet.shared.models.frames import FrameIn
 from edgefleet.shared.models.registry import ModelSpec
 from edgefleet.shared.models.session import Session
 
@@ -64,12 +64,12 @@ class Model(abc.ABC):
         self._recent_lock = threading.Lock()
         self._closing = False  # no new requests
         self._closed = False  # queue drained, sessions freed
-        self._batcher: DynamicBatcher[np.ndarray, list[Detection]] | None = None
+        self._batcher: DynamicBatcher[FrameIn, list[Detection]] | None = None
         if settings.batching.enabled:
             per_item = sum(s.footprint.activations_per_item for s in sessions)
             cap = settings.batching.max_batch_size
             self._batcher = DynamicBatcher(
-                self.predict_many,
+                self.predict_frames,
                 settings.batching,
                 name=spec.name,
                 max_batch=lambda: budget.max_batch(per_item, cap),
@@ -78,8 +78,8 @@ class Model(abc.ABC):
     # --- the template -------------------------------------------------------------------
 
     @abc.abstractmethod
-    def pre_process(self, images: list[np.ndarray]) -> Any:
-        """RGB uint8 images -> what `forward` needs (tensors and the transforms)."""
+    def pre_process(self, frames: list[FrameIn]) -> Any:
+        """Frames in their native format -> what `forward` needs (tensors and transforms)."""
 
     @abc.abstractmethod
     def forward(self, prepared: Any) -> Any:
@@ -91,11 +91,18 @@ class Model(abc.ABC):
 
     # --- the public API ----------------------------------------------------------------
 
-    def predict_many(self, images: list[np.ndarray]) -> list[list[Detection]]:
-        """One batch, run directly (no queue): detections per image, in input order."""
+    def predict_many(self, images: list[np.ndarray], fmt: str = "rgb") -> list[list[Detection]]:
+        """One batch, run directly (no queue): detections per image, in input order.
+
+        `fmt` is the images' pixel format (rgb, bgr, nv12, i420): frames go to the
+        kernels as the camera delivered them.
+        """
+        return self.predict_frames([FrameIn.checked(image, fmt) for image in images])
+
+    def predict_frames(self, checked: list[FrameIn]) -> list[list[Detection]]:
+        """`predict_many` for frames already checked (what the batcher runs)."""
         if self._closed:
             raise ModelClosed(f"model {self.spec.name} is closed")
-        checked = [check_image(image) for image in images]
         if not checked:
             return []
         started = time.perf_counter()
@@ -119,43 +126,57 @@ class Model(abc.ABC):
         return count / window_s
 
     def predict(
-        self, image_rgb: np.ndarray, *, priority: int = 0, timeout_s: float | None = None
+        self,
+        image: np.ndarray,
+        *,
+        fmt: str = "rgb",
+        priority: int = 0,
+        timeout_s: float | None = None,
     ) -> list[Detection]:
-        """Detections for one RGB uint8 HxWx3 image; batched with concurrent callers, the
-        higher `priority` first, answered or failed by the request's deadline.
+        """Detections for one image (uint8 RGB or BGR HxWx3, NV12/I420 (H*3/2)xW); batched
+        with concurrent callers, the higher `priority` first, answered or failed by the
+        request's deadline.
 
         Raises InvalidInput, Overloaded (queue full or memory watermark: retry later) or
         InferenceTimeout. Without batching the image runs at once on the caller's thread.
         """
-        batcher = self._admit(image_rgb)
+        frame, batcher = self._admit(image, fmt)
         if batcher is None:
-            return self.predict_many([image_rgb])[0]
+            return self.predict_frames([frame])[0]
         try:
-            return batcher(image_rgb, priority=priority, timeout_s=timeout_s)
+            return batcher(frame, priority=priority, timeout_s=timeout_s)
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
 
     async def predict_async(
-        self, image_rgb: np.ndarray, *, priority: int = 0, timeout_s: float | None = None
+        self,
+        image: np.ndarray,
+        *,
+        fmt: str = "rgb",
+        priority: int = 0,
+        timeout_s: float | None = None,
     ) -> list[Detection]:
         """`predict` for asyncio callers (the event loop is never blocked)."""
-        batcher = self._admit(image_rgb)
+        frame, batcher = self._admit(image, fmt)
         if batcher is None:
             import asyncio
 
-            return (await asyncio.to_thread(self.predict_many, [image_rgb]))[0]
+            return (await asyncio.to_thread(self.predict_frames, [frame]))[0]
         try:
-            return await batcher.submit_async(image_rgb, priority=priority, timeout_s=timeout_s)
+            return await batcher.submit_async(frame, priority=priority, timeout_s=timeout_s)
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
 
-    def _admit(self, image_rgb: np.ndarray) -> DynamicBatcher[np.ndarray, list[Detection]] | None:
-        """Refuse a bad image, a closed model or a full memory budget; the batcher, if any."""
-        check_image(image_rgb)
+    def _admit(
+        self, image: np.ndarray, fmt: str
+    ) -> tuple[FrameIn, DynamicBatcher[FrameIn, list[Detection]] | None]:
+        """Refuse a bad image, a closed model or a full memory budget; the checked frame
+        and the batcher, if any."""
+        frame = FrameIn.checked(image, fmt)
         if self._closing:
             raise ModelClosed(f"model {self.spec.name} is closed")
         self.budget.check_watermark()
-        return self._batcher
+        return frame, self._batcher
 
     @property
     def memory_bytes(self) -> int:

@@ -11,13 +11,18 @@ run was decided by measurement (BENCHMARKS.md, "OCR ladder").
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
+from prometheus_client import Histogram
 
+from edgefleet.shared import kernels
 from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.settings import ExecutionSettings
@@ -28,16 +33,24 @@ from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
-from edgefleet.shared.models.preprocess import det_plan, stack_canvases
+from edgefleet.shared.models.frames import FrameIn
+from edgefleet.shared.models.preprocess import det_plan, kernel_batch, stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
 from edgefleet.shared.models.session import Session, open_session
 
 KEYS_FILE = Path(__file__).with_name("ppocr_keys_v4.txt")
+OCR_STAGE = Histogram(
+    "ef_ocr_stage_seconds",
+    "Time per OCR stage and batch: det_pre, det_infer, db_boxes, crops, rec_pre, rec_infer, ctc",
+    ["model", "stage"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)
+DET_PAD = 114  # the detector's canvas outside the image: mid-grey, no edges
 
 
 @dataclass
 class _DetBatch:
-    images: list[np.ndarray]
+    frames: list[FrameIn]
     plans: list[LetterboxTransform]
     tensor: np.ndarray
 
@@ -55,6 +68,19 @@ def crop_quad(image: np.ndarray, quad: np.ndarray) -> np.ndarray:
     if h / w >= 1.5:  # a vertical line: read it as horizontal
         crop = np.ascontiguousarray(np.rot90(crop))
     return crop
+
+
+def frame_crop(frame: FrameIn, quad: np.ndarray) -> tuple[np.ndarray, bool]:
+    """`crop_quad` of a frame in any format, and whether the crop's pixels are B, G, R.
+
+    Packed frames are warped in place; of a YUV frame only the quad's bounding box (plus
+    the cubic filter's reach) is converted, never the whole frame.
+    """
+    if frame.fmt in ("rgb", "bgr"):
+        return crop_quad(frame.pixels, quad), frame.is_bgr
+    lo, hi = quad.min(axis=0) - 3, quad.max(axis=0) + 3
+    region, x0, y0 = frame.region(float(lo[0]), float(lo[1]), float(hi[0]), float(hi[1]))
+    return crop_quad(region, quad - np.array([x0, y0], np.float32)), False
 
 
 def pad_quad(quad: np.ndarray, ratio: float) -> np.ndarray:
@@ -112,6 +138,7 @@ class OcrModel(Model):
                 budget=budget,
             )
             sessions.append(det)
+
             def recogniser(name: str) -> Session:
                 """A recogniser (the reader or a voter): same input shape, same budget."""
                 session = open_session(
@@ -161,21 +188,36 @@ class OcrModel(Model):
 
     # --- template ----------------------------------------------------------------------
 
-    def pre_process(self, images: list[np.ndarray]) -> _DetBatch:
-        plans = [det_plan(img.shape[:2], self.opts.det_max_side) for img in images]
-        tensor = stack_canvases(images, plans, self._det_fill, *self._det_norm)
-        return _DetBatch(images, plans, tensor)
+    def pre_process(self, frames: list[FrameIn]) -> _DetBatch:
+        with self._stage("det_pre"):
+            return self._det_batch(frames)
+
+    def _det_batch(self, frames: list[FrameIn]) -> _DetBatch:
+        plans = [det_plan(f.hw, self.opts.det_max_side) for f in frames]
+        mean, std, scale, bgr = self._det_norm
+        if scale != 1 / 255:  # the kernels normalise x / 255 only
+            rgb = [kernels.to_rgb(f.pixels, f.fmt) for f in frames]
+            tensor = stack_canvases(rgb, plans, self._det_fill, *self._det_norm)
+            return _DetBatch(frames, plans, tensor)
+        # mean/std are given in the model's channel order; the kernels take them per R, G, B
+        mean, std = (mean[::-1], std[::-1]) if bgr else (mean, std)
+        channels = "bgr" if bgr else "rgb"
+        tensor = kernel_batch(frames, plans, mean, std, DET_PAD, channels)
+        return _DetBatch(frames, plans, tensor)
 
     def forward(self, prepared: _DetBatch) -> np.ndarray:
-        return self.det.run(prepared.tensor)[0]
+        with self._stage("det_infer"):
+            return self.det.run(prepared.tensor)[0]
 
     def post_process(self, raw: np.ndarray, prepared: _DetBatch) -> list[list[Detection]]:
         quads_per_image: list[np.ndarray] = []
         crops: list[np.ndarray] = []
         owners: list[tuple[int, int]] = []
-        for i, (image, plan) in enumerate(zip(prepared.images, prepared.plans, strict=True)):
+        bgr_crops: list[bool] = []  # the crop's pixels are B, G, R (cut from a BGR frame)
+        for i, (frame, plan) in enumerate(zip(prepared.frames, prepared.plans, strict=True)):
             prob = raw[i, 0, : plan.dst_h, : plan.dst_w]
-            quads, _ = db_boxes(prob, self._db)
+            with self._stage("db_boxes"):
+                quads, _ = db_boxes(prob, self._db)
             kept = []
             for quad in quads:
                 src = order_quad(plan.points_to_source(quad))
@@ -185,20 +227,24 @@ class OcrModel(Model):
                     continue
                 kept.append(src)
             quads_per_image.append(np.array(kept, np.float32).reshape(-1, 4, 2))
+            started = time.perf_counter()
             for j, quad in enumerate(kept):
-                crops.append(crop_quad(image, quad))
-                owners.append((i, j))
+                crop, is_bgr = frame_crop(frame, quad)
+                views = [crop]
                 if self.opts.tta:
-                    crops.append(crop_quad(image, pad_quad(quad, 0.12)))
-                    owners.append((i, j))
+                    views.append(frame_crop(frame, pad_quad(quad, 0.12))[0])
                 if self.opts.enhance:
-                    crops.append(enhance(crops[-1]))
-                    owners.append((i, j))
+                    views.append(enhance(views[-1]))
+                crops += views
+                owners += [(i, j)] * len(views)
+                bgr_crops += [is_bgr] * len(views)
+            OCR_STAGE.labels(self.spec.name, "crops").observe(time.perf_counter() - started)
         if crops and self.cls is not None:
-            crops = self.classify_angles(crops)
+            crops = self.classify_angles(crops, bgr_crops)
         ballots: dict[tuple[int, int], list[tuple[str, float]]] = defaultdict(list)
         for session, charset in self.readers if crops else []:
-            for owner, read in zip(owners, self.recognise(crops, session, charset), strict=True):
+            reads = self.recognise(crops, bgr_crops, session, charset)
+            for owner, read in zip(owners, reads, strict=True):
                 ballots[owner].append(read)
         best = {owner: (*vote(reads), max(r[1] for r in reads)) for owner, reads in ballots.items()}
         results: list[list[Detection]] = []
@@ -215,12 +261,19 @@ class OcrModel(Model):
 
     # --- stages ------------------------------------------------------------------------
 
-    def classify_angles(self, crops: list[np.ndarray]) -> list[np.ndarray]:
+    @contextmanager
+    def _stage(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        OCR_STAGE.labels(self.spec.name, stage).observe(time.perf_counter() - started)
+
+    def classify_angles(self, crops: list[np.ndarray], bgr_crops: list[bool]) -> list[np.ndarray]:
         """Flip lines the angle classifier is sure are upside down."""
         assert self.cls is not None  # called only when the pipeline has one
         spec = self.cls.spec
         h, w = spec.input.height or 48, spec.input.width or 192
-        norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
+        norm = (spec.mean, spec.std, spec.input.scale)
+        wants_bgr = spec.input.color == "BGR"
         out = list(crops)
         step = self.opts.rec_batch
         for start in range(0, len(crops), step):
@@ -228,7 +281,8 @@ class OcrModel(Model):
             batch = np.zeros((len(chunk), 3, h, w), np.float32)
             for k, crop in enumerate(chunk):
                 rw = min(w, max(1, math.ceil(h * crop.shape[1] / crop.shape[0])))
-                batch[k, :, :, :rw] = normalise(cv2.resize(crop, (rw, h)), *norm)
+                swap = wants_bgr != bgr_crops[start + k]
+                batch[k, :, :, :rw] = normalise(cv2.resize(crop, (rw, h)), *norm, swap)
             probs = self.cls.run(batch)[0]
             for k, flip in enumerate(
                 angle_flips(probs, spec.labels or ["0", "180"], self.opts.cls_threshold)
@@ -238,26 +292,33 @@ class OcrModel(Model):
         return out
 
     def recognise(
-        self, crops: list[np.ndarray], session: Session, charset: list[str]
+        self, crops: list[np.ndarray], bgr_crops: list[bool], session: Session, charset: list[str]
     ) -> list[tuple[str, float]]:
         """(text, confidence) per crop; lines of similar width are batched together."""
         spec = session.spec
         h = self.opts.rec_height
-        norm = (spec.mean, spec.std, spec.input.scale, spec.input.color == "BGR")
+        norm = (spec.mean, spec.std, spec.input.scale)
+        wants_bgr = spec.input.color == "BGR"
         ratios = np.array([c.shape[1] / max(1, c.shape[0]) for c in crops])
         order = np.argsort(ratios, kind="stable")
         out: list[tuple[str, float]] = [("", 0.0)] * len(crops)
         step = self.opts.rec_batch
         for start in range(0, len(crops), step):
+            started = time.perf_counter()
             idx = order[start : start + step]
             width = math.ceil(h * float(ratios[idx].max()))
             width = int(min(self.opts.rec_max_width, max(self.opts.rec_min_width, width)))
             batch = np.zeros((len(idx), 3, h, width), np.float32)
             for k, ci in enumerate(idx):
                 rw = min(width, max(1, math.ceil(h * ratios[ci])))
-                batch[k, :, :, :rw] = normalise(cv2.resize(crops[ci], (rw, h)), *norm)
-            probs = session.run(batch)[0]
-            for ci, read in zip(idx, ctc_greedy(probs, charset), strict=True):
+                swap = wants_bgr != bgr_crops[ci]
+                batch[k, :, :, :rw] = normalise(cv2.resize(crops[ci], (rw, h)), *norm, swap)
+            OCR_STAGE.labels(self.spec.name, "rec_pre").observe(time.perf_counter() - started)
+            with self._stage("rec_infer"):
+                probs = session.run(batch)[0]
+            with self._stage("ctc"):
+                decoded = ctc_greedy(probs, charset)
+            for ci, read in zip(idx, decoded, strict=True):
                 out[int(ci)] = read
         return out
 

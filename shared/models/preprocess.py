@@ -11,25 +11,10 @@ import math
 
 import numpy as np
 
-from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared import kernels
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.imaging.normalise import letterbox_into
-
-MAX_SIDE = 16384
-
-
-def check_image(image: object) -> np.ndarray:
-    """An RGB uint8 HxWx3 array, or InvalidInput saying what is wrong."""
-    if not isinstance(image, np.ndarray):
-        raise InvalidInput(f"expected a numpy array, got {type(image).__name__}")
-    if image.dtype != np.uint8:
-        raise InvalidInput(f"expected uint8 pixels, got {image.dtype}")
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise InvalidInput(f"expected an RGB image of shape (H, W, 3), got {image.shape}")
-    h, w = image.shape[:2]
-    if min(h, w) < 1 or max(h, w) > MAX_SIDE:
-        raise InvalidInput(f"image size {w}x{h} is outside 1..{MAX_SIDE} pixels")
-    return image
+from edgefleet.shared.models.frames import FrameIn
 
 
 def ceil_to(value: float, multiple: int) -> int:
@@ -60,4 +45,38 @@ def stack_canvases(
     batch[:] = fill.reshape(1, 3, 1, 1)
     for i, (image, plan) in enumerate(zip(images, plans, strict=True)):
         letterbox_into(batch[i], image, plan, mean, std, scale, bgr)
+    return batch
+
+
+def kernel_batch(
+    frames: list[FrameIn],
+    plans: list[LetterboxTransform],
+    mean: list[float],
+    std: list[float],
+    pad: int,
+    channels: str,
+) -> np.ndarray:
+    """One (N, 3, H, W) batch filled by the kernels straight from each frame's pixels.
+
+    `mean`/`std` per R, G, B; `plans` from `det_plan`-style planning (the kernel letterboxes
+    each frame onto its plan's canvas). A smaller canvas in a mixed batch is written at the
+    top left and the rest padded with the pad's normalised value.
+    """
+    height = max(p.dst_h for p in plans)
+    width = max(p.dst_w for p in plans)
+    batch = np.empty((len(frames), 3, height, width), np.float32)
+    for i, (frame, plan) in enumerate(zip(frames, plans, strict=True)):
+        size = (plan.dst_h, plan.dst_w)
+        if size == (height, width):
+            kernels.frame_to_tensor(
+                frame.pixels, frame.fmt, size, mean, std, pad, out=batch[i : i + 1],
+                channels=channels,
+            )  # fmt: skip
+            continue
+        one, _ = kernels.frame_to_tensor(
+            frame.pixels, frame.fmt, size, mean, std, pad, channels=channels
+        )
+        fill = (pad / 255.0 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+        batch[i] = (fill[::-1] if channels == "bgr" else fill).reshape(3, 1, 1)
+        batch[i, :, : plan.dst_h, : plan.dst_w] = one[0]
     return batch

@@ -19,6 +19,7 @@ from edgefleet.shared.messages import Detection
 from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.decoders.classification import top_k
 from edgefleet.shared.models.decoders.yolo import decode_yolo
+from edgefleet.shared.models.frames import FrameIn
 from edgefleet.shared.models.preprocess import stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
 from edgefleet.shared.models.session import Session, open_session, warmup_guard
@@ -98,20 +99,29 @@ class YoloModel(_SingleSessionModel):
         super().__init__(spec, registry, settings, budget)
         self._fill = pad_norm_value(spec.input.pad_value, *self._norm)
 
-    def pre_process(self, images: list[np.ndarray]) -> _Prepared:
+    def pre_process(self, frames: list[FrameIn]) -> _Prepared:
         mean, std, scale, bgr = self._norm
         if scale != 1 / 255:  # the kernels normalise x / 255 only
-            plans = [LetterboxTransform.plan(img.shape[:2], self.hw) for img in images]
+            images = [kernels.to_rgb(f.pixels, f.fmt) for f in frames]
+            plans = [LetterboxTransform.plan(f.hw, self.hw) for f in frames]
             return _Prepared(stack_canvases(images, plans, self._fill, *self._norm), plans)
-        # resize + pad + normalise + NCHW in one pass, through the one dispatcher (CUDA,
-        # native C/NEON or the reference); an RGB image read as BGR comes out channel-
-        # swapped, which is the order a BGR model wants
-        convert = kernels.bgr_to_tensor if bgr else kernels.rgb_to_tensor
-        batch = np.empty((len(images), 3, *self.hw), np.float32)
+        # colour conversion + resize + pad + normalise + NCHW in one pass from the frame's
+        # own format, through the one dispatcher (CUDA, native C/NEON or the reference);
+        # mean/std are given in the model's channel order, the kernels take them per R, G, B
+        if bgr:
+            mean, std = mean[::-1], std[::-1]
+        batch = np.empty((len(frames), 3, *self.hw), np.float32)
         plans = []
-        for i, img in enumerate(images):
-            _, plan = convert(
-                img, self.hw, mean, std, self.spec.input.pad_value, out=batch[i : i + 1]
+        for i, frame in enumerate(frames):
+            _, plan = kernels.frame_to_tensor(
+                frame.pixels,
+                frame.fmt,
+                self.hw,
+                mean,
+                std,
+                self.spec.input.pad_value,
+                out=batch[i : i + 1],
+                channels="bgr" if bgr else "rgb",
             )
             plans.append(plan)
         return _Prepared(batch, plans)
@@ -152,14 +162,17 @@ class ClassificationModel(_SingleSessionModel):
 
     default_size = 224
 
-    def pre_process(self, images: list[np.ndarray]) -> _Prepared:
+    def pre_process(self, frames: list[FrameIn]) -> _Prepared:
+        # an area filter (a large downscale to e.g. 224x224, where bilinear taps alias), so
+        # not the bilinear kernel: packed frames are resized as they are and only the small
+        # result is put in the model's channel order; YUV frames are converted first
         h, w = self.hw
-        batch = np.stack(
-            [
-                normalise(cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA), *self._norm)
-                for img in images
-            ]
-        )
+        mean, std, scale, bgr = self._norm
+        batch = np.empty((len(frames), 3, h, w), np.float32)
+        for i, f in enumerate(frames):
+            packed = f.pixels if f.fmt in ("rgb", "bgr") else kernels.to_rgb(f.pixels, f.fmt)
+            small = cv2.resize(packed, (w, h), interpolation=cv2.INTER_AREA)
+            batch[i] = normalise(small, mean, std, scale, bgr != f.is_bgr)
         return _Prepared(batch, [])
 
     def post_process(self, raw: np.ndarray, prepared: _Prepared) -> list[list[Detection]]:

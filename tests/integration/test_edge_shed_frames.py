@@ -31,7 +31,7 @@ class SheddingModel:
         self.calls = 0
         self._lock = threading.Lock()
 
-    def predict(self, rgb: np.ndarray) -> list[Detection]:
+    def predict(self, image: np.ndarray, *, fmt: str = "rgb") -> list[Detection]:
         with self._lock:
             self.calls += 1
             call = self.calls

@@ -24,7 +24,7 @@ class ConstantModel:
 
     info = ModelInfo(name="constant", version="1")
 
-    def predict(self, rgb: np.ndarray) -> list[Detection]:
+    def predict(self, image: np.ndarray, *, fmt: str = "rgb") -> list[Detection]:
         return [Detection(text="LOT", score=0.99)]
 
     def close(self) -> None:
@@ -69,3 +69,57 @@ def test_the_pipeline_is_not_idle_while_the_last_frame_is_post_processed(tmp_pat
         release.set()
         capture.stop()
         pipeline.stop()
+
+
+class RecordingModel(ConstantModel):
+    """Keeps what the pipeline handed over: the pixels and the format it said they are in."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[np.ndarray, str]] = []
+
+    def predict(self, image: np.ndarray, *, fmt: str = "rgb") -> list[Detection]:
+        self.seen.append((image, fmt))
+        return super().predict(image, fmt=fmt)
+
+
+def test_frames_go_to_the_model_as_captured_without_colour_conversion(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # given a two-frame video whose frames are blue in BGR, and a spy on cvtColor
+    video = tmp_path / "blue.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10, (64, 48))
+    for _ in range(2):
+        writer.write(np.full((48, 64, 3), (200, 0, 0), np.uint8))
+    writer.release()
+    settings = SourceSettings(id="blue", url=str(video), realtime=False)
+    capture = Capture(settings, OpenCvSource(settings))
+    delivered: list[np.ndarray] = []
+    offer = capture._offer
+    monkeypatch.setattr(capture, "_offer", lambda f: (delivered.append(f.image), offer(f))[1])
+    converted: list[tuple[int, ...]] = []
+    real_cvt = cv2.cvtColor
+    monkeypatch.setattr(
+        cv2, "cvtColor", lambda s, *a, **k: (converted.append(s.shape), real_cvt(s, *a, **k))[1]
+    )
+    model = RecordingModel()
+    pipeline = Pipeline(
+        [capture],
+        lambda: model,
+        EscalationPolicy(PolicySettings()),
+        lambda work, escalations: None,
+        WindowStats(),
+        PipelineSettings(),
+    ).start()
+    capture.start()
+    try:
+        # when both frames have gone through
+        eventually(lambda: capture.finished and pipeline.idle and len(model.seen) == 2)
+    finally:
+        capture.stop()
+        pipeline.stop()
+    # then the model got the capture's own BGR buffers, said to be BGR, and no stage
+    # converted a frame's colours
+    assert [fmt for _, fmt in model.seen] == ["bgr", "bgr"]
+    assert all(image is frame for (image, _), frame in zip(model.seen, delivered, strict=True))
+    assert model.seen[0][0][0, 0, 0] > 150  # blue first: still OpenCV's order
+    assert converted == []

@@ -56,17 +56,19 @@ def frames(draw):
     f16=st.booleans(),
     threads=st.integers(1, 3),
     portable=st.booleans(),
+    channels=st.sampled_from(["rgb", "bgr"]),
 )
-def test_preprocess_matches_reference(case, size, mean, std, pad, f16, threads, portable):
+def test_preprocess_matches_reference(case, size, mean, std, pad, f16, threads, portable, channels):
     fmt, frame = case
     dtype = np.float16 if f16 else np.float32
     impl = native.IMPL_PORTABLE if portable else native.IMPL_AUTO
     got, t = native.frame_to_tensor(
-        frame, fmt, size, mean, std, pad, dtype, impl=impl, threads=threads
+        frame, fmt, size, mean, std, pad, dtype, None, channels, impl=impl, threads=threads
     )
-    want, t_ref = reference.frame_to_tensor(frame, fmt, size, mean, std, pad, dtype)
+    want, t_ref = reference.frame_to_tensor(frame, fmt, size, mean, std, pad, dtype, None, channels)
     assert t == t_ref
-    s = np.asarray(std, np.float32)[None, :, None, None]
+    plane_std = std[::-1] if channels == "bgr" else std  # the planes' order out
+    s = np.asarray(plane_std, np.float32)[None, :, None, None]
     diff = np.abs((got.astype(np.float32) - want.astype(np.float32)) * s).max()
     # float16 rounds |x - mean| on the [0, 1] scale to ~2^-11 relative: allow that on top.
     assert diff <= TOL + (1e-3 if f16 else 1e-6)

@@ -134,7 +134,7 @@ def test_concurrent_threads_and_asyncio_go_through_the_batcher(ppocr):
         (np.zeros((10, 10), np.uint8), r"\(H, W, 3\)"),
         (np.zeros((10, 10, 4), np.uint8), r"\(H, W, 3\)"),
         (np.zeros((10, 10, 3), np.float32), "uint8"),
-        (np.zeros((0, 10, 3), np.uint8), "outside"),
+        (np.zeros((0, 10, 3), np.uint8), "empty"),
         ("not an image", "numpy array"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import yaml
@@ -116,6 +117,10 @@ def test_classification_top_k(tmp_path):
         blue[..., 2] = 255
         out = model.predict_many([red, blue])
         assert [d.label for d in out[0]] == ["red", "green"]
+        # a camera's BGR frame and an I420 one read as the same colours
+        assert model.predict(np.ascontiguousarray(red[..., ::-1]), fmt="bgr")[0].label == "red"
+        i420 = cv2.cvtColor(blue, cv2.COLOR_RGB2YUV_I420)
+        assert model.predict(i420, fmt="i420")[0].label == "blue"
         assert out[1][0].label == "blue"
         assert out[0][0].score == pytest.approx(np.exp(10) / (np.exp(10) + 2), rel=1e-4)
         assert out[0][0].box is None
@@ -135,6 +140,7 @@ def test_top_k_keeps_probabilities_and_checks_labels():
 
 
 def test_yolo_pre_processing_matches_the_reference_path(tmp_path):
+    from edgefleet.shared.models.frames import FrameIn
     from edgefleet.shared.models.preprocess import stack_canvases
 
     registry = registry_with(
@@ -149,13 +155,16 @@ def test_yolo_pre_processing_matches_the_reference_path(tmp_path):
     )
     with load_model("tiny-pre", settings=SETTINGS, registry=registry) as model:
         image = np.random.default_rng(3).integers(0, 255, (32, 64, 3), dtype=np.uint8)
-        prepared = model.pre_process([image])
-        reference = stack_canvases(
-            [image], prepared.plans, model._fill, [0.1, 0.2, 0.3], [0.5, 0.6, 0.7], 1 / 255, True
-        )
-        # no resize is needed (32x64 fits 64x64 at scale 1): only order, pad and normalise
-        assert np.allclose(prepared.tensor, reference, atol=1e-3)
-        assert prepared.plans[0].pad_top == 16
+        # the same picture as RGB and as a camera's BGR frame: the same tensor
+        for frame in (FrameIn.checked(image), FrameIn.checked(image[..., ::-1].copy(), "bgr")):
+            prepared = model.pre_process([frame])
+            reference = stack_canvases(
+                [image], prepared.plans, model._fill, [0.1, 0.2, 0.3], [0.5, 0.6, 0.7], 1 / 255,
+                True,
+            )  # fmt: skip
+            # no resize is needed (32x64 fits 64x64 at scale 1): only order, pad and normalise
+            assert np.allclose(prepared.tensor, reference, atol=1e-3)
+            assert prepared.plans[0].pad_top == 16
 
 
 def test_a_closed_model_refuses_with_a_typed_retryable_error(tmp_path):

@@ -93,11 +93,15 @@ __device__ void to_tensor(const uint8_t *frame, int format, int src_h, int src_w
     int oy = blockIdx.y * blockDim.y + threadIdx.y;
     if (ox >= dst_w || oy >= dst_h) return;
     size_t plane = (size_t)dst_h * dst_w, i = (size_t)oy * dst_w + ox;
+    // EF_BGR_OUT (16) or'ed into the format: RGB channel c lands in plane 2 - c
+    size_t first = (format & 16) ? 2 * plane : 0;
+    ptrdiff_t step = (format & 16) ? -(ptrdiff_t)plane : (ptrdiff_t)plane;
+    format &= 15;
     int rx = ox - left, ry = oy - top;
     if (rx < 0 || ry < 0 || rx >= new_w || ry >= new_h) {
-        store(out, i, pad.x);
-        store(out, plane + i, pad.y);
-        store(out, 2 * plane + i, pad.z);
+        store(out, first + i, pad.x);
+        store(out, first + step + i, pad.y);
+        store(out, first + 2 * step + i, pad.z);
         return;
     }
     Axis ax = axis(src_w, new_w, rx), ay = axis(src_h, new_h, ry);
@@ -111,7 +115,7 @@ __device__ void to_tensor(const uint8_t *frame, int format, int src_h, int src_w
         int h0 = p00[c] * ax.w0 + p01[c] * ax.w1;
         int h1 = p10[c] * ax.w0 + p11[c] * ax.w1;
         int v = h0 * ay.w0 + h1 * ay.w1;
-        store(out, c * plane + i, (float)v * k[c] + b[c]);
+        store(out, first + c * step + i, (float)v * k[c] + b[c]);
     }
 }
 

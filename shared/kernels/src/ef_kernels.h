@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 enum ef_format { EF_NV12 = 0, EF_I420 = 1, EF_BGR = 2, EF_RGB = 3 };
+/* Or'ed into the format code by callers (Python, CUDA launch): planes out in B, G, R order. */
+enum { EF_FORMAT_MASK = 15, EF_BGR_OUT = 16 };
 enum ef_impl { EF_IMPL_AUTO = 0, EF_IMPL_PORTABLE = 1 };
 
 typedef struct {
@@ -23,6 +25,7 @@ typedef struct {
     float bias[3];
     float pad_value[3];       /* normalised value of the padding, per channel */
     int f16;                  /* 1: IEEE half output, 0: float32 */
+    int bgr_out;              /* 1: channel c lands in plane 2 - c (models fed B, G, R) */
     void *out;                /* (3, dst_h, dst_w) */
 } ef_pre_args;
 

@@ -39,6 +39,8 @@ static PyObject *py_preprocess(PyObject *self, PyObject *args) {
                           &a.dst_h, &a.dst_w, &a.new_h, &a.new_w, &a.top, &a.left, &scale, &bias,
                           &pad, &out, &a.f16, &impl, &threads))
         return NULL;
+    a.bgr_out = (a.format & EF_BGR_OUT) != 0;
+    if (a.format >= 0) a.format &= EF_FORMAT_MASK;
     const char *err = NULL;
     Py_ssize_t expect_in = 0;
     if (a.src_h < 1 || a.src_w < 1 || a.src_h > 65536 || a.src_w > 65536) err = "bad source size";

@@ -379,6 +379,9 @@ static const int32_t *resampled(const ef_pre_args *a, const tables *t, row_cache
     return c->h[slot];
 }
 
+/* The output plane of RGB channel ch. */
+static size_t plane_of(const ef_pre_args *a, int ch) { return (size_t)(a->bgr_out ? 2 - ch : ch); }
+
 static void run_job(job *j) {
     const ef_pre_args *a = j->a;
     const tables *t = j->t;
@@ -388,8 +391,8 @@ static void run_job(job *j) {
         int row = p < a->top ? p : a->top + a->new_h + (p - a->top);
         (void)bottom;
         for (int ch = 0; ch < 3; ch++)
-            fill_row(a->out, a->f16, ch * plane + (size_t)row * a->dst_w, a->dst_w,
-                     a->pad_value[ch]);
+            fill_row(a->out, a->f16, plane_of(a, ch) * plane + (size_t)row * a->dst_w,
+                     a->dst_w, a->pad_value[ch]);
     }
     if (j->img_begin >= j->img_end) return;
     row_cache c;
@@ -418,7 +421,7 @@ static void run_job(job *j) {
         }
         int row = a->top + ry;
         for (int ch = 0; ch < 3; ch++) {
-            size_t base = ch * plane + (size_t)row * a->dst_w;
+            size_t base = plane_of(a, ch) * plane + (size_t)row * a->dst_w;
             fill_row(a->out, a->f16, base, a->left, a->pad_value[ch]);
             fill_row(a->out, a->f16, base + a->left + a->new_w, right, a->pad_value[ch]);
             const int32_t *p0 = h0 + (size_t)ch * a->new_w, *p1 = h1 + (size_t)ch * a->new_w;

@@ -13,21 +13,21 @@ def ppocr_charset(characters: list[str]) -> list[str]:
 def ctc_greedy(probs: np.ndarray, charset: list[str]) -> list[tuple[str, float]]:
     """(N, T, C) softmax outputs -> (text, mean confidence of the kept characters) each.
 
-    Greedy: best class per step, merge repeats, drop blanks (class 0).
+    Greedy: best class per step, merge repeats, drop blanks (class 0). One pass over the
+    (large: thousands of classes) probabilities for the argmax; the rest is on (N, T).
     """
     if probs.ndim != 3:
         raise ValueError(f"CTC expects (N, T, C) probabilities, got shape {probs.shape}")
     if probs.shape[2] != len(charset):
         raise ValueError(f"model has {probs.shape[2]} classes, dictionary {len(charset)}")
     idx = probs.argmax(axis=2)
-    conf = probs.max(axis=2)
+    conf = np.take_along_axis(probs, idx[..., None], axis=2)[..., 0]
+    keep = idx != 0
+    keep[:, 1:] &= idx[:, 1:] != idx[:, :-1]
     out: list[tuple[str, float]] = []
-    for row_idx, row_conf in zip(idx, conf, strict=True):
-        keep = np.ones(row_idx.shape, dtype=bool)
-        keep[1:] = row_idx[1:] != row_idx[:-1]
-        keep &= row_idx != 0
-        chars = row_idx[keep]
+    for row_idx, row_conf, row_keep in zip(idx, conf, keep, strict=True):
+        chars = row_idx[row_keep]
         text = "".join(charset[c] for c in chars)
-        score = float(row_conf[keep].mean()) if chars.size else 0.0
+        score = float(row_conf[row_keep].mean()) if chars.size else 0.0
         out.append((text, score))
     return out

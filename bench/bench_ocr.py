@@ -1,0 +1,216 @@
+"""Edge OCR against its peers, side by side in one run, on the same images and threads.
+
+Run: `edgefleet bench ocr` (a few minutes on 2 cores; `--easy 4 --hard 12` for ~1 minute).
+
+Contenders, each given the same JPEG bytes (decoding is part of every figure):
+- edgefleet's edge model (`--model`, default `ppocr6-tiny`), ONNX Runtime with `--threads`;
+- `faster-paddle` (Rust + ONNX Runtime, PP-OCRv6 tiny and small bundled), `threads` set
+  to the same number; an optional bench dependency (`pip install 'edgefleet[bench]'`):
+  skipped, and said so, where it is not installed;
+- `rapidocr-onnxruntime` (PP-OCRv4 mobile, Python + ONNX Runtime), same threads.
+
+Images (bench/ocr_scenes.py, all from `--seed`): easy 1080p stills and hard 640x360
+frames (small, faint, blurred, glare, heavy JPEG). Per contender and set: ms per image
+(p50, p95; each image read `--rounds` times, one image at a time, after a warm-up) and
+character accuracy / exact lines per true line (the best read overlapping it, case and
+spaces ignored). The last table gives the edge model's time and accuracy over the
+faster-paddle model of the same size (tiny): the issue's bar is accuracy >= and p50 <= 0.8x.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from edgefleet.bench.hard_scenes import Tally, frame_scores
+from edgefleet.bench.ocr_scenes import Scene, scenes
+
+app = typer.Typer(add_completion=False)
+
+Box = tuple[float, float, float, float]
+Read = Callable[[bytes], list[tuple[str, Box | None]]]
+
+
+@dataclass
+class Result:
+    name: str
+    times: dict[str, list[float]] = field(default_factory=dict)
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    skipped: str = ""
+
+    def p(self, level: str, q: float) -> float:
+        values = self.times.get(level) or [float("nan")]
+        return float(np.percentile(values, q)) * 1000
+
+
+def edgefleet_reader(model_name: str, threads: int) -> tuple[Read, Callable[[], None]]:
+    import cv2
+
+    from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+    from edgefleet.shared.models import load_model
+
+    settings = ExecutionSettings(
+        backends=["onnxruntime-cpu"],
+        intra_op_threads=threads,
+        batching=BatcherSettings(enabled=False),
+    )
+    model = load_model(model_name, settings=settings)
+
+    def read(jpeg: bytes) -> list[tuple[str, Box | None]]:
+        bgr = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise ValueError("JPEG decoding failed")
+        lines = model.predict_many([bgr], fmt="bgr")[0]  # as a camera frame: no conversion
+        return [(d.text or "", d.box) for d in lines]
+
+    return read, model.close
+
+
+def faster_paddle_reader(size: str, threads: int) -> tuple[Read, Callable[[], None]]:
+    from faster_paddle import OcrEngine
+
+    engine = OcrEngine(model_size=size, threads=threads)
+
+    def read(jpeg: bytes) -> list[tuple[str, Box | None]]:
+        bounds = engine.ocr(jpeg)["bounds"].values()
+        return [(b["text"], (*b["topLeftCoord"], *b["bottomRightCoord"])) for b in bounds]
+
+    return read, lambda: None
+
+
+def rapidocr_reader(threads: int) -> tuple[Read, Callable[[], None]]:
+    import cv2
+    from rapidocr_onnxruntime import RapidOCR
+
+    engine = RapidOCR(intra_op_num_threads=threads, inter_op_num_threads=1)
+
+    def read(jpeg: bytes) -> list[tuple[str, Box | None]]:
+        bgr = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        found, _ = engine(bgr)
+        out: list[tuple[str, Box | None]] = []
+        for quad, text, _score in found or []:
+            q = np.asarray(quad, np.float32)
+            out.append((text, (q[:, 0].min(), q[:, 1].min(), q[:, 0].max(), q[:, 1].max())))
+        return out
+
+    return read, lambda: None
+
+
+def measure(name: str, make: Callable[[], tuple[Read, Callable[[], None]]], images, rounds):
+    result = Result(name)
+    try:
+        read, close = make()
+    except ImportError as exc:
+        result.skipped = f"not installed ({exc.name}): pip install 'edgefleet[bench]'"
+        return result
+    try:
+        read(images[0].jpeg)  # warm-up
+        for scene in images:
+            best = []
+            for _ in range(rounds):
+                started = time.perf_counter()
+                reads = read(scene.jpeg)
+                best.append(time.perf_counter() - started)
+            result.times.setdefault(scene.level, []).append(min(best))
+            result.tallies.setdefault(scene.level, Tally()).add(frame_scores(reads, scene.truth))
+    finally:
+        close()
+    return result
+
+
+STAGES = ("det_pre", "det_infer", "db_boxes", "crops", "rec_pre", "rec_infer", "ctc")
+
+
+def stage_seconds(model: str) -> dict[str, float]:
+    """Seconds spent so far in each OCR stage of `model` (ef_ocr_stage_seconds)."""
+    from prometheus_client import REGISTRY
+
+    return {
+        stage: REGISTRY.get_sample_value(
+            "ef_ocr_stage_seconds_sum", {"model": model, "stage": stage}
+        )
+        or 0.0
+        for stage in STAGES
+    }
+
+
+def table(results: list[Result], levels: list[str]) -> None:
+    typer.echo(f"{'contender':<28}{'set':<6}{'p50 ms':>8}{'p95 ms':>8}{'char acc':>10}{'exact':>8}")
+    for r in results:
+        if r.skipped:
+            typer.echo(f"{r.name:<28}skipped: {r.skipped}")
+            continue
+        for level in levels:
+            t = r.tallies[level]
+            typer.echo(
+                f"{r.name:<28}{level:<6}{r.p(level, 50):>8.1f}{r.p(level, 95):>8.1f}"
+                f"{t.char_accuracy:>10.3f}{t.exact_share:>8.3f}"
+            )
+
+
+def verdict(ours: Result, peer: Result, levels: list[str]) -> None:
+    if peer.skipped:
+        typer.echo(f"\n{peer.name} not run: no verdict")
+        return
+    typer.echo(f"\n{ours.name} over {peer.name} (bar: time <= 0.80x, accuracy >= peer's)")
+    for level in levels:
+        ratio = ours.p(level, 50) / peer.p(level, 50)
+        a, b = ours.tallies[level].char_accuracy, peer.tallies[level].char_accuracy
+        ok = ratio <= 0.8 and a >= b
+        typer.echo(
+            f"  {level:<5} p50 x{ratio:.2f}  char acc {a:.4f} vs {b:.4f}  "
+            f"{'met' if ok else 'NOT met'}"
+        )
+
+
+@app.command()
+def main(
+    model: Annotated[str, typer.Option(help="edgefleet's edge OCR model")] = "ppocr6-tiny",
+    easy: Annotated[int, typer.Option(help="easy 1080p stills")] = 12,
+    hard: Annotated[int, typer.Option(help="hard 640x360 frames")] = 60,
+    seed: Annotated[int, typer.Option(help="first seed of the scenes (tune on another)")] = 1000,
+    threads: Annotated[int, typer.Option(help="threads every contender gets")] = 2,
+    rounds: Annotated[int, typer.Option(help="reads per image; its fastest counts")] = 1,
+    peers: Annotated[str, typer.Option(help="comma-separated peers")] = (
+        "faster-paddle-tiny,faster-paddle-small,rapidocr"
+    ),
+) -> None:
+    images: list[Scene] = scenes(easy, hard, seed)
+    levels = [lv for lv in ("easy", "hard") if any(s.level == lv for s in images)]
+    load = os.getloadavg()[0]
+    typer.echo(
+        f"{len(images)} images (seed {seed}), {threads} threads each, {rounds} round(s); "
+        f"load average {load:.1f} on {os.cpu_count()} cores"
+    )
+    makers: dict[str, Callable[[], tuple[Read, Callable[[], None]]]] = {
+        f"edgefleet {model}": lambda: edgefleet_reader(model, threads),
+        "faster-paddle-tiny": lambda: faster_paddle_reader("tiny", threads),
+        "faster-paddle-small": lambda: faster_paddle_reader("small", threads),
+        "rapidocr": lambda: rapidocr_reader(threads),
+    }
+    chosen = [f"edgefleet {model}", *[p.strip() for p in peers.split(",") if p.strip()]]
+    before = stage_seconds(model)
+    results = [measure(chosen[0], makers[chosen[0]], images, rounds)]
+    spent = {k: v - before[k] for k, v in stage_seconds(model).items()}
+    results += [measure(name, makers[name], images, rounds) for name in chosen[1:]]
+    typer.echo("")
+    table(results, levels)
+    reads = (len(images) * rounds + 1) / 1000  # the warm-up read counts too
+    typer.echo(
+        f"\n{model}, where the time goes (ms per image, all images): "
+        + ", ".join(f"{k} {v / reads:.1f}" for k, v in spent.items())
+    )
+    by_name = {r.name: r for r in results}
+    if "faster-paddle-tiny" in by_name:
+        verdict(results[0], by_name["faster-paddle-tiny"], levels)
+    typer.echo(f"load average after the run {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,129 @@
+"""Camera frames reach the OCR model's tensor in their own format, through the kernels.
+
+The reference backend (OpenCV + numpy) defines correct; the native kernels must give the
+same detector tensor, and no stage may convert or copy the whole frame on the way.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from edgefleet.shared import kernels
+from edgefleet.shared.errors import InvalidInput
+from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+from edgefleet.shared.models import load_model
+from edgefleet.shared.models.frames import FrameIn
+
+
+@pytest.fixture(scope="module")
+def ocr():
+    settings = ExecutionSettings(
+        backends=["onnxruntime-cpu"], intra_op_threads=1, batching=BatcherSettings(enabled=False)
+    )
+    with load_model("ppocr6-tiny", settings=settings) as model:
+        yield model
+
+
+def camera_scene(h: int = 540, w: int = 960) -> np.ndarray:
+    """An RGB still with two lines of text on a tinted background (even sizes: 4:2:0)."""
+    img = np.full((h, w, 3), (200, 215, 190), np.uint8)
+    cv2.putText(img, "GATE 12", (40, h // 3), cv2.FONT_HERSHEY_DUPLEX, 2.0, (20, 30, 90), 3)
+    cv2.putText(img, "MSCU1234565", (300, 2 * h // 3), cv2.FONT_HERSHEY_DUPLEX, 1.6, (10,) * 3, 3)
+    return img
+
+
+def as_format(rgb: np.ndarray, fmt: str) -> np.ndarray:
+    """The scene as a camera would deliver it: BGR (OpenCV), NV12 or I420 (GStreamer/V4L2)."""
+    if fmt == "rgb":
+        return rgb
+    if fmt == "bgr":
+        return np.ascontiguousarray(rgb[..., ::-1])
+    i420 = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420)
+    if fmt == "i420":
+        return i420
+    h, w = rgb.shape[:2]
+    flat = i420.reshape(-1)
+    u = flat[h * w : h * w * 5 // 4].reshape(h // 2, w // 2)
+    v = flat[h * w * 5 // 4 :].reshape(h // 2, w // 2)
+    uv = np.stack([u, v], axis=-1).reshape(h // 2, w)
+    return np.concatenate([i420[:h], uv])
+
+
+FORMATS = ["rgb", "bgr", "nv12", "i420"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_pixel_format_reads_the_same_lines(ocr, fmt):
+    # given one scene delivered in each camera format
+    rgb = camera_scene()
+    # when the model reads each as it is
+    lines = ocr.predict(as_format(rgb, fmt), fmt=fmt)
+    # then the text is the same, boxes in the frame's pixels
+    assert [d.text for d in lines] == ["GATE 12", "MSCU1234565"]
+    assert lines[0].box is not None and lines[0].box[0] == pytest.approx(40, abs=12)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_detector_tensor_from_the_kernel_matches_the_reference_path(ocr, fmt):
+    frame = FrameIn.checked(as_format(camera_scene(), fmt), fmt)
+    assert kernels.backend() in ("c", "neon")
+    native = ocr.pre_process([frame]).tensor
+    try:
+        kernels.use_backend("reference")
+        reference = ocr.pre_process([frame]).tensor
+    finally:
+        kernels.use_backend(None)
+    # within 1/255 of the pixel scale, divided by the detector's smallest std (0.224)
+    assert native.shape == reference.shape == (1, 3, 416, 736)
+    assert np.abs(native - reference).max() <= (1 / 255) / 0.224 + 1e-6
+
+
+@pytest.mark.parametrize("fmt", ["bgr", "nv12"])
+def test_no_full_frame_conversion_or_copy_between_capture_and_tensor(ocr, fmt, monkeypatch):
+    # given a 1080p camera frame and spies on every way a frame could be converted
+    frame = as_format(camera_scene(1080, 1920), fmt)
+    converted: list[tuple[int, ...]] = []  # every cv2.cvtColor
+    regions: list[tuple[int, ...]] = []  # every kernels.to_rgb (YUV crops for the warp)
+    handed: list[np.ndarray] = []
+    real_cvt, real_to_rgb, real_to_tensor = cv2.cvtColor, kernels.to_rgb, kernels.frame_to_tensor
+
+    def cvt(src, code, *args, **kwargs):
+        converted.append(src.shape)
+        return real_cvt(src, code, *args, **kwargs)
+
+    def to_rgb(pixels, f):
+        regions.append(pixels.shape)
+        return real_to_rgb(pixels, f)
+
+    def to_tensor(pixels, f, *args, **kwargs):
+        handed.append(pixels)
+        return real_to_tensor(pixels, f, *args, **kwargs)
+
+    monkeypatch.setattr(cv2, "cvtColor", cvt)
+    monkeypatch.setattr(kernels, "to_rgb", to_rgb)
+    monkeypatch.setattr(kernels, "frame_to_tensor", to_tensor)
+    # when the model reads it
+    lines = ocr.predict(frame, fmt=fmt)
+    # then the kernel got the camera's own buffer, and only line crops were converted
+    assert [d.text for d in lines] == ["GATE 12", "MSCU1234565"]
+    assert len(handed) == 1 and handed[0] is frame
+    full = 1080 * 1920
+    assert all(np.prod(shape[:2]) < full // 20 for shape in converted + regions), converted
+    assert len(regions) == (2 if fmt == "nv12" else 0)  # one small region per line
+
+
+@pytest.mark.parametrize(
+    "pixels,fmt,why",
+    [
+        (np.zeros((48, 64, 3), np.uint8), "yuyv", "unknown pixel format"),
+        (np.zeros((48, 64, 3), np.uint8), "nv12", r"\(H\*3/2, W\)"),
+        (np.zeros((49, 64), np.uint8), "i420", "multiple of 3"),
+        (np.zeros((45, 63), np.uint8), "nv12", "even"),
+        (np.zeros((72, 64), np.uint16), "nv12", "uint8"),
+    ],
+)
+def test_a_frame_that_is_not_what_its_format_says_is_a_typed_error(ocr, pixels, fmt, why):
+    with pytest.raises(InvalidInput, match=why):
+        ocr.predict(pixels, fmt=fmt)
