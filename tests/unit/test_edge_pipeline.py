@@ -104,7 +104,7 @@ def test_frames_go_to_the_model_as_captured_without_colour_conversion(
     model = RecordingModel()
     pipeline = Pipeline(
         [capture],
-        lambda: model,
+        ModelSlot(model),
         EscalationPolicy(PolicySettings()),
         lambda work, escalations: None,
         WindowStats(),
