@@ -20,9 +20,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from edgefleet.demo_video import RENDERER_VERSION, GroundTruth, VideoSpec, render_video
+from edgefleet.shared.config import Closed
 
 SCENE_FILE = "scene.mp4"
 MANIFEST_FILE = "cache.json"
@@ -30,10 +29,8 @@ MANIFEST_FILE = "cache.json"
 ABANDONED_AFTER_S = 3600.0
 
 
-class CacheManifest(BaseModel):
+class CacheManifest(Closed):
     """What a cache folder holds, checked before it is reused."""
-
-    model_config = ConfigDict(extra="forbid")
 
     renderer_version: int
     spec: VideoSpec

@@ -14,18 +14,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from edgefleet.bench.scoring import best_match_accuracy
 from edgefleet.demo_video import GroundTruth
+from edgefleet.shared.config import Closed
 
 SAMPLES = 10  # frames per scene: a few seconds of the cloud's time on a CPU
 
 
-class CloudOnlyScore(BaseModel):
+class CloudOnlyScore(Closed):
     """The primary model's accuracy over the sampled frames of one scene."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str
     sha256: str

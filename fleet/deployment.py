@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import InvalidInput
-from edgefleet.shared.messages import MODEL_PART_PATTERN, ModelRef
+from edgefleet.shared.messages import MODEL_PART_PATTERN, ModelRef, Sha256
 
 # A docker image reference with an explicit tag or digest (no implicit `latest` in a rollout).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -23,7 +23,6 @@ IMAGE_RE = re.compile(
     rf"^{_DOMAIN}?{_COMPONENT}(?:/{_COMPONENT})*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(?:@sha256:[a-f0-9]{64})?|@sha256:[a-f0-9]{64})$"
 )
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 Status = Literal["canary", "rolling", "completed", "failed", "rolled_back", "halted"]
 # One device of a rollout: pending until its desired state is sent, then what it reports.
@@ -36,14 +35,7 @@ class DeploymentModel(Closed):
     name: str = Field(pattern=MODEL_PART_PATTERN, max_length=128, description="model name")
     version: str = Field(pattern=MODEL_PART_PATTERN, max_length=64, description="model version")
     url: str | None = Field(None, max_length=2048, description="download URL (http/https)")
-    sha256: str | None = Field(None, description="lowercase hex SHA-256 of the file")
-
-    @field_validator("sha256")
-    @classmethod
-    def _hash(cls, value: str | None) -> str | None:
-        if value is not None and not SHA256_RE.match(value):
-            raise ValueError("sha256 must be 64 lowercase hex characters")
-        return value
+    sha256: Sha256 | None = Field(None, description="lowercase hex SHA-256 of the file")
 
     @field_validator("url")
     @classmethod

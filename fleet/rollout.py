@@ -29,7 +29,6 @@ from prometheus_client import Counter
 
 from edgefleet.fleet.deployment import (
     IMAGE_RE,
-    SHA256_RE,
     DeploymentModel,
     DeploymentRequest,
     DeploymentView,
@@ -53,7 +52,6 @@ __all__ = [
     "DESIRED_SENT",
     "IMAGE_RE",
     "ROLLOUTS",
-    "SHA256_RE",
     "DeploymentModel",
     "DeploymentRequest",
     "DeploymentView",
@@ -105,7 +103,6 @@ _SCHEMA_V1 = [
     )""",
     "CREATE INDEX IF NOT EXISTS fleet_targets_device ON fleet_deployment_targets (device_id)",
 ]
-
 
 
 class RolloutController:

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 from edgefleet.shared.executor.base import TensorSpec
-from edgefleet.shared.messages import Precision
+from edgefleet.shared.messages import Precision, Sha256
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def _safe(name: str) -> str:
 class EngineKey:
     """Everything an engine depends on; its digest names the cached file."""
 
-    onnx_sha256: str
+    onnx_sha256: Sha256
     trt_version: str
     gpu_name: str
     compute_capability: str
