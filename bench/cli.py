@@ -32,6 +32,10 @@ BENCHMARKS = {
         "edgefleet.bench.bench_fleet_load",
         "N enrolled devices against R cloud replicas: stored/s, CPU, latency, loss, RSS",
     ),
+    "soak": (
+        "edgefleet.bench.bench_soak",
+        "memory over time: cloud, broker and a real agent under a steady fleet, MB/h",
+    ),
     "cascade": (
         "edgefleet.bench.bench_cascade",
         "edge-only vs cloud-only vs the cascade at 4 budgets",
