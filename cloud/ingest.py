@@ -37,7 +37,14 @@ from edgefleet.shared.messages import (
 )
 from edgefleet.shared.mqtt import MqttSettings, from_paho, make_client, publish
 from edgefleet.shared.topics import Channel, Topics
-from edgefleet.shared.wire import ReplayedMessage, Verified, Verifier, WireMessage, encode
+from edgefleet.shared.wire import (
+    ReplayedMessage,
+    ReplayGuard,
+    Verified,
+    Verifier,
+    WireMessage,
+    encode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,7 @@ BATCH_SIZE = Histogram(
 UNACKED = Gauge(
     "ef_cloud_mqtt_unacked", "QoS 1 messages taken but not yet acknowledged (<= receive_maximum)"
 )
+
 
 @functools.cache
 def _ingested(channel: str, outcome: str) -> Any:
@@ -82,6 +90,8 @@ class Ingest:
         session_expiry_s: int = 300,
         max_payload_bytes: int = 8 * 1024 * 1024,
         max_skew_s: float = 300.0,
+        replay_max_entries: int = 1_000_000,
+        replay_max_bytes: int = 256 * 2**20,
         on_reported: Callable[[ReportedState], None] | None = None,
     ):
         self.settings = mqtt_settings
@@ -95,6 +105,12 @@ class Ingest:
             topics=self.topics,
             max_payload_bytes=max_payload_bytes,
             max_skew_s=max_skew_s,
+            # a replay older than this fails the staleness check anyway
+            replay_guard=ReplayGuard(
+                window_s=2 * max_skew_s + 5,
+                max_entries=replay_max_entries,
+                max_bytes=replay_max_bytes,
+            ),
         )
         self.on_reported = on_reported
         self.client_id = client_id

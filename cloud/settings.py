@@ -82,6 +82,15 @@ class IngestSettings(Closed):
         description="messages whose ts is further than this from now are rejected as stale; "
         "raise it if edge outboxes may hold messages through long outages",
     )
+    replay_max_entries: int = Field(
+        1_000_000,
+        ge=1,
+        description="case ids and telemetry seqs remembered to reject replays (for twice "
+        "max_skew_s, the time a message passes the staleness check); beyond, the oldest go",
+    )
+    replay_max_bytes: int = Field(
+        256 * 2**20, ge=1, description="and at most this many bytes of them (estimated)"
+    )
 
 
 class QueueSettings(Closed):
@@ -117,6 +126,9 @@ class ModelsSettings(Closed):
 
 class CacheSettings(Closed):
     size: int = Field(10_000, ge=0, description="verdicts kept in memory (0 = off)")
+    max_bytes: int = Field(
+        64 * 2**20, ge=0, description="and at most this many bytes of them (estimated)"
+    )
     min_score: float = Field(
         0.9, ge=0, le=1, description="cache only results whose every line scores at least this"
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
@@ -38,6 +37,7 @@ from edgefleet.fleet.devices import (
     validate_device_id,
     validate_group,
 )
+from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.db import Database
 from edgefleet.shared.errors import Conflict, NotFound
 from edgefleet.shared.messages import (
@@ -73,6 +73,8 @@ ENROLLED = Counter("ef_fleet_enrollments_total", "Devices enrolled")
 REVOKED = Counter("ef_fleet_revocations_total", "Devices revoked")
 TELEMETRY_RECORDED = Counter("ef_fleet_telemetry_recorded_total", "Telemetry messages stored")
 DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (at the last enroll/revoke)")
+# A cached key: the device id (~60 bytes as a str) and the 32-byte key (65 as bytes).
+_KEY_ENTRY_BYTES = ENTRY_OVERHEAD + 125
 
 _State = TypeVar("_State", DesiredState, ReportedState)
 
@@ -139,6 +141,7 @@ class DeviceRegistry:
         history_bucket_s: int = 60,
         history_retention_s: int = 24 * 3600,
         key_cache_s: float = 5.0,
+        key_cache_entries: int = 100_000,
     ):
         self.db = db
         # Keys are cached for seconds, not forever: a revoke or re-enroll made by another
@@ -147,7 +150,13 @@ class DeviceRegistry:
         self.sealer = KeySealer(master_key)
         self.history_bucket_s = history_bucket_s
         self.history_retention_s = history_retention_s
-        self._key_cache: dict[str, tuple[bytes, float]] = {}
+        self._key_cache: BoundedMap[str, bytes] = BoundedMap(
+            "device_keys",
+            max_entries=key_cache_entries,
+            max_bytes=key_cache_entries * _KEY_ENTRY_BYTES,
+            size_of=lambda device_id, key: _KEY_ENTRY_BYTES,
+            ttl_s=key_cache_s,
+        )
         self._lock = threading.Lock()
         self._writes = 0
         t = db.types
@@ -192,8 +201,7 @@ class DeviceRegistry:
                     now,
                 ),
             )
-        with self._lock:
-            self._key_cache[device_id] = (key, time.monotonic() + self.key_cache_s)
+        self._key_cache.put(device_id, key)
         ENROLLED.inc()
         DEVICES.set(self.count())
         log.info("enrolled device", extra={"device_id": device_id, "group": group})
@@ -201,11 +209,9 @@ class DeviceRegistry:
 
     def device_key(self, device_id: str) -> bytes | None:
         """The HMAC key of an enrolled, unrevoked device; None otherwise (cached briefly)."""
-        now = time.monotonic()
-        with self._lock:
-            cached = self._key_cache.get(device_id)
-        if cached is not None and cached[1] > now:
-            return cached[0]
+        cached = self._key_cache.get(device_id)
+        if cached is not None:
+            return cached
         row = self.db.query_one(
             "SELECT key_sealed FROM fleet_devices WHERE device_id = ? AND revoked_at IS NULL",
             (device_id,),
@@ -213,10 +219,7 @@ class DeviceRegistry:
         if row is None or not row["key_sealed"]:
             return None
         key = self.sealer.unseal(row["key_sealed"])
-        with self._lock:
-            if len(self._key_cache) >= 100_000:  # bounded: stale entries go first
-                self._key_cache = {d: e for d, e in self._key_cache.items() if e[1] > now}
-            self._key_cache[device_id] = (key, now + self.key_cache_s)
+        self._key_cache.put(device_id, key)
         return key
 
     def authenticate_token(self, token: str) -> str | None:
@@ -238,8 +241,7 @@ class DeviceRegistry:
             "WHERE device_id = ? AND revoked_at IS NULL",
             (now, False, now, device_id),
         )
-        with self._lock:
-            self._key_cache.pop(device_id, None)
+        self._key_cache.pop(device_id)
         if not changed:
             raise NotFound(f"device {device_id!r} is not enrolled")
         self.db.execute("DELETE FROM fleet_telemetry_history WHERE device_id = ?", (device_id,))
