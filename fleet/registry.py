@@ -167,6 +167,12 @@ class DeviceRegistry:
                 for s in _SCHEMA_V1
             ],
         )
+        # the ts of the telemetry kept as the last: an older one arriving later (a redelivery
+        # after a crash, an outbox backlog after an outage) must not replace it
+        db.migrate(
+            "fleet_registry_v2",
+            [f"ALTER TABLE fleet_devices ADD COLUMN telemetry_ts {t.timestamp}"],
+        )
 
     # --- enrollment and credentials ---------------------------------------------------
 
@@ -294,7 +300,11 @@ class DeviceRegistry:
         )
 
     def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
-        """Keep the last message in full plus one downsampled sample per history bucket."""
+        """Keep the newest message in full plus one downsampled sample per history bucket.
+
+        Idempotent and order-proof: a message older than (or the same as) the one kept
+        changes nothing already stored, only fills its history bucket if that is empty.
+        """
         summary = _summarise(telemetry)
         device_id = telemetry.device_id
         prev = self.db.query_one(
@@ -312,24 +322,31 @@ class DeviceRegistry:
                 rate = (sent - prev["escalations_sent"]) * 60.0 / dt
         summary["escalation_rate"] = rate
         sets = ", ".join(f"{c} = ?" for c in SUMMARY_COLUMNS)
-        self._update(
-            device_id,
-            f"telemetry = ?, escalations_sent = ?, last_seen = ?, online = ?, {sets}",
+        newest = self.db.execute(  # the condition in the UPDATE: replicas race on one device
+            f"UPDATE fleet_devices SET telemetry = ?, telemetry_ts = ?, escalations_sent = ?, "
+            f"last_seen = ?, online = ?, {sets}, updated_at = ? "
+            "WHERE device_id = ? AND revoked_at IS NULL "
+            "AND (telemetry_ts IS NULL OR telemetry_ts < ?)",
             (
                 telemetry.model_dump_json(),
+                telemetry.ts,
                 sent,
                 telemetry.ts,
                 True,
                 *(summary[c] for c in SUMMARY_COLUMNS),
+                utcnow(),
+                device_id,
+                telemetry.ts,
             ),
         )
         bucket = int(telemetry.ts.timestamp()) // self.history_bucket_s * self.history_bucket_s
         cols = ", ".join(SUMMARY_COLUMNS)
         marks = ", ".join("?" for _ in SUMMARY_COLUMNS)
         updates = ", ".join(f"{c} = excluded.{c}" for c in SUMMARY_COLUMNS)
+        on_conflict = f"DO UPDATE SET {updates}" if newest else "DO NOTHING"
         self.db.execute(
             f"INSERT INTO fleet_telemetry_history (device_id, bucket, {cols}) "
-            f"VALUES (?, ?, {marks}) ON CONFLICT (device_id, bucket) DO UPDATE SET {updates}",
+            f"VALUES (?, ?, {marks}) ON CONFLICT (device_id, bucket) {on_conflict}",
             (device_id, bucket, *(summary[c] for c in SUMMARY_COLUMNS)),
         )
         TELEMETRY_RECORDED.inc()
