@@ -13,7 +13,11 @@ the registry. Two measurements:
 - `--mode rate`: devices report every `--period` seconds and the fleet escalates
   `--case-rate` cases per second for `--seconds`; the figures are the end-to-end verdict
   latency (publish -> verdict received by the device), loss and backlog at that rate.
-  `--rss` samples the memory of the cloud and the broker every minute (the soak).
+  `--rss` samples the memory of the cloud and the broker every minute.
+- `--mode drain`: the burst's telemetry (no escalations) is queued by the broker while the
+  replicas are paused (SIGSTOP); then they are let go (SIGCONT) and the figures are how
+  fast they store the backlog and their CPU per message. Every replica is saturated, so
+  msgs per CPU-second compares replica counts without the publishers' pace in it.
 
 Loss is counted from the store (cases and verdicts rows) and the devices' own receipts,
 not from counters.
@@ -23,7 +27,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -355,8 +361,14 @@ def measure(
                 for part in _split(enrolled, publishers)
             ]
             samples: list[dict[str, float]] = []
+            if mode == "drain":  # the replicas hold still while the broker queues their share
+                for pid in pids:
+                    os.kill(pid, signal.SIGSTOP)
             with ProcessPoolExecutor(publishers, mp_context=ctx) as pool:
-                jobs = [pool.submit(run_devices, plan, mode) for plan in plans]
+                jobs = [
+                    pool.submit(run_devices, plan, "burst" if mode == "drain" else mode)
+                    for plan in plans
+                ]
                 started = time.monotonic()
                 while not all(j.done() for j in jobs):
                     if rss and (not samples or time.monotonic() - started >= 60 * len(samples)):
@@ -369,18 +381,29 @@ def measure(
                         )
                     time.sleep(0.5)
                 results = [j.result() for j in jobs]
+            if mode == "drain":  # from here on the replicas only drain, as fast as they can
+                cpu_before = _cpu_seconds(pids)
+                drain_started = time.time()
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
             sent = sum(r["telemetry_sent"] for r in results)
             deadline = time.monotonic() + 300
             stored = 0.0
             while time.monotonic() < deadline:
-                stored = sum(
-                    r.scrape("ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"})
-                    for r in fleet
-                ) - stored_before
+                stored = (
+                    sum(
+                        r.scrape(
+                            "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"}
+                        )
+                        for r in fleet
+                    )
+                    - stored_before
+                )
                 if stored >= sent:
                     break
                 time.sleep(0.2)
-            elapsed = time.time() - min(r["started"] for r in results)
+            started_at = drain_started if mode == "drain" else min(r["started"] for r in results)
+            elapsed = time.time() - started_at
             cpu = _cpu_seconds(pids) - cpu_before
             case_ids = [c for r in results for c in r["cases"]]
             counts = _store_counts(db_url, case_ids)
@@ -426,7 +449,9 @@ def _growth_mb_per_h(samples: list[dict[str, float]], key: str, warmup_min: floa
 
 @app.command()
 def main(
-    mode: Annotated[str, typer.Option(help="burst (throughput) or rate (latency, soak)")] = "burst",
+    mode: Annotated[
+        str, typer.Option(help="burst or drain (throughput), rate (latency)")
+    ] = "burst",
     replicas: Annotated[str, typer.Option(help="comma list of replica counts to compare")] = "1",
     devices: Annotated[int, typer.Option(help="devices, each enrolled for real")] = 1000,
     per_device: Annotated[int, typer.Option(help="burst: telemetry messages per device")] = 5,
@@ -447,6 +472,8 @@ def main(
 
     configure_logging("WARNING")
     counts = [int(n) for n in replicas.split(",")]
+    if mode == "drain":
+        cases = 0  # telemetry only: a case would wait for a verdict from a paused replica
     if max(counts) > 1 and db != "postgres":
         raise typer.BadParameter("several replicas share a PostgreSQL store: --db postgres")
     rows = []

@@ -60,6 +60,10 @@ BATCH_SIZE = Histogram(
     "Telemetry/status/reported messages stored per transaction",
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
 )
+BATCH_FALLBACKS = Counter(
+    "ef_cloud_light_batch_fallbacks_total",
+    "Batches whose transaction failed and were stored message by message",
+)
 UNACKED = Gauge(
     "ef_cloud_mqtt_unacked", "QoS 1 messages taken but not yet acknowledged (<= receive_maximum)"
 )
@@ -315,10 +319,14 @@ class Ingest:
     def _store_batch(self, batch: list[tuple[Verified, int, int]]) -> None:
         try:
             with self.directory.batch():
-                for verified, _, _ in batch:
+                # rows in one order in every replica: two batches never wait on each other
+                # crosswise (a deadlock on PostgreSQL, which fails both)
+                for verified, _, _ in sorted(batch, key=_lock_order):
                     self._record(verified.message)
             outcomes = ["stored"] * len(batch)
-        except Exception:  # one bad message must not fail the rest: store them one by one
+        except Exception as exc:  # one bad message must not fail the rest: one by one
+            BATCH_FALLBACKS.inc()
+            log.warning("a batch of %d failed (%s): storing them one by one", len(batch), exc)
             outcomes = [self._record_alone(verified) for verified, _, _ in batch]
         for (verified, mid, qos), outcome in zip(batch, outcomes, strict=True):
             message = verified.message
@@ -350,6 +358,11 @@ class Ingest:
         except Exception:  # keep the worker alive; the message is counted and logged
             log.exception("storing %s from %s failed", channel, verified.device_id)
             return "error"
+
+
+def _lock_order(item: tuple[Verified, int, int]) -> tuple[str, float]:
+    message = item[0].message
+    return (item[0].device_id, message.ts.timestamp())
 
 
 def _channel_of(message: object) -> str:
