@@ -321,8 +321,12 @@ class Ingest:
             with self.directory.batch():
                 # rows in one order in every replica: two batches never wait on each other
                 # crosswise (a deadlock on PostgreSQL, which fails both)
-                for verified, _, _ in sorted(batch, key=_lock_order):
-                    self._record(verified.message)
+                ordered = [verified.message for verified, _, _ in sorted(batch, key=_lock_order)]
+                telemetry = [m for m in ordered if isinstance(m, DeviceTelemetry)]
+                self.directory.record_telemetries(telemetry)
+                for message in ordered:
+                    if not isinstance(message, DeviceTelemetry):
+                        self._record(message)
             outcomes = ["stored"] * len(batch)
         except Exception as exc:  # one bad message must not fail the rest: one by one
             BATCH_FALLBACKS.inc()

@@ -129,7 +129,6 @@ SUMMARY_COLUMNS = (
 )
 
 
-
 class DeviceRegistry:
     """Enrollment, credentials and last known state of every device, in the cloud's store."""
 
@@ -300,59 +299,74 @@ class DeviceRegistry:
         )
 
     def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
-        """Keep the newest message in full plus one downsampled sample per history bucket.
+        """Keep the newest message in full plus one downsampled sample per history bucket."""
+        self.record_telemetries([telemetry])
+
+    def record_telemetries(self, batch: Sequence[DeviceTelemetry]) -> None:
+        """Record several messages as if one by one in ts order, in three statements.
 
         Idempotent and order-proof: a message older than (or the same as) the one kept
         changes nothing already stored, only fills its history bucket if that is empty.
+        NotFound (and nothing written) if one device is not enrolled.
         """
-        summary = _summarise(telemetry)
-        device_id = telemetry.device_id
-        prev = self.db.query_one(
-            "SELECT escalations_sent, last_seen FROM fleet_devices "
-            "WHERE device_id = ? AND revoked_at IS NULL",
-            (device_id,),
+        if not batch:
+            return
+        ordered = sorted(batch, key=lambda t: (t.device_id, t.ts))
+        ids = sorted({t.device_id for t in ordered})
+        # rows locked in one order (device id) by every replica: no crosswise waits
+        lock = " FOR UPDATE" if self.db.dialect == "postgres" else ""
+        rows = self.db.query(
+            "SELECT device_id, escalations_sent, last_seen, telemetry_ts FROM fleet_devices "
+            f"WHERE device_id IN ({', '.join('?' for _ in ids)}) AND revoked_at IS NULL "
+            f"ORDER BY device_id{lock}",
+            ids,
         )
-        if prev is None:
-            raise NotFound(f"device {device_id!r} is not enrolled")
-        sent = telemetry.escalations.sent
-        rate = None
-        if prev["escalations_sent"] is not None and prev["last_seen"] is not None:
-            dt = (telemetry.ts - prev["last_seen"]).total_seconds()
-            if dt > 0 and sent >= prev["escalations_sent"]:
-                rate = (sent - prev["escalations_sent"]) * 60.0 / dt
-        summary["escalation_rate"] = rate
+        state = {r["device_id"]: r for r in rows}
+        missing = [d for d in ids if d not in state]
+        if missing:
+            raise NotFound(f"device {missing[0]!r} is not enrolled")
+        newest: dict[str, tuple[Any, ...]] = {}
+        fresh, late = [], []
+        for t in ordered:
+            prev = state[t.device_id]
+            summary = _summarise(t)
+            summary["escalation_rate"] = _escalation_rate(t, prev)
+            values = tuple(summary[c] for c in SUMMARY_COLUMNS)
+            bucket = int(t.ts.timestamp()) // self.history_bucket_s * self.history_bucket_s
+            if prev["telemetry_ts"] is None or prev["telemetry_ts"] < t.ts:
+                sent = t.escalations.sent
+                newest[t.device_id] = (t.model_dump_json(), t.ts, sent, t.ts, True, *values)
+                state[t.device_id] = {
+                    "escalations_sent": sent,
+                    "last_seen": t.ts,
+                    "telemetry_ts": t.ts,
+                }
+                fresh.append((t.device_id, bucket, *values))
+            else:
+                late.append((t.device_id, bucket, *values))
         sets = ", ".join(f"{c} = ?" for c in SUMMARY_COLUMNS)
-        newest = self.db.execute(  # the condition in the UPDATE: replicas race on one device
+        now = utcnow()
+        self.db.execute_many(  # the guard again in SQL: another replica may be ahead
             f"UPDATE fleet_devices SET telemetry = ?, telemetry_ts = ?, escalations_sent = ?, "
             f"last_seen = ?, online = ?, {sets}, updated_at = ? "
             "WHERE device_id = ? AND revoked_at IS NULL "
             "AND (telemetry_ts IS NULL OR telemetry_ts < ?)",
-            (
-                telemetry.model_dump_json(),
-                telemetry.ts,
-                sent,
-                telemetry.ts,
-                True,
-                *(summary[c] for c in SUMMARY_COLUMNS),
-                utcnow(),
-                device_id,
-                telemetry.ts,
-            ),
+            [(*row, now, device_id, row[1]) for device_id, row in newest.items()],
         )
-        bucket = int(telemetry.ts.timestamp()) // self.history_bucket_s * self.history_bucket_s
         cols = ", ".join(SUMMARY_COLUMNS)
         marks = ", ".join("?" for _ in SUMMARY_COLUMNS)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in SUMMARY_COLUMNS)
-        on_conflict = f"DO UPDATE SET {updates}" if newest else "DO NOTHING"
-        self.db.execute(
+        insert = (
             f"INSERT INTO fleet_telemetry_history (device_id, bucket, {cols}) "
-            f"VALUES (?, ?, {marks}) ON CONFLICT (device_id, bucket) {on_conflict}",
-            (device_id, bucket, *(summary[c] for c in SUMMARY_COLUMNS)),
+            f"VALUES (?, ?, {marks}) ON CONFLICT (device_id, bucket) "
         )
-        TELEMETRY_RECORDED.inc()
+        updates = ", ".join(f"{c} = excluded.{c}" for c in SUMMARY_COLUMNS)
+        self.db.execute_many(insert + f"DO UPDATE SET {updates}", fresh)
+        self.db.execute_many(insert + "DO NOTHING", late)
+        TELEMETRY_RECORDED.inc(len(batch))
         with self._lock:
-            self._writes += 1
-            prune = self._writes % 1000 == 0
+            before = self._writes
+            self._writes += len(batch)
+            prune = self._writes // 1000 != before // 1000
         if prune:
             self.prune_history()
 
@@ -469,6 +483,16 @@ class DeviceRegistry:
         )
         if not changed:
             raise NotFound(f"device {device_id!r} is not enrolled")
+
+
+def _escalation_rate(t: DeviceTelemetry, prev: dict[str, Any]) -> float | None:
+    """Escalations per minute since the device's previous telemetry (None if unknown)."""
+    if prev["escalations_sent"] is None or prev["last_seen"] is None:
+        return None
+    dt = (t.ts - prev["last_seen"]).total_seconds()
+    if dt <= 0 or t.escalations.sent < prev["escalations_sent"]:
+        return None
+    return (t.escalations.sent - prev["escalations_sent"]) * 60.0 / dt
 
 
 def _summarise(t: DeviceTelemetry) -> dict[str, Any]:
