@@ -17,7 +17,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -55,6 +55,9 @@ INGESTED = Counter(
 )
 BROKER_CONNECTED = Gauge("ef_cloud_broker_connected", "1 while the ingest client is connected")
 LIGHT_QUEUE_DEPTH = Gauge("ef_cloud_light_queue_depth", "Telemetry/status waiting to be stored")
+LIGHT_QUEUE_BYTES = Gauge(
+    "ef_cloud_light_queue_bytes", "Payload bytes of the telemetry/status waiting to be stored"
+)
 BATCH_SIZE = Histogram(
     "ef_cloud_light_batch_size",
     "Telemetry/status/reported messages stored per transaction",
@@ -75,6 +78,15 @@ def _ingested(channel: str, outcome: str) -> Any:
     return INGESTED.labels(channel, outcome)
 
 
+class Light(NamedTuple):
+    """A telemetry, status or reported message waiting to be stored, and acked after."""
+
+    verified: Verified
+    mid: int
+    qos: int
+    size: int  # payload bytes
+
+
 CHANNELS = (Channel.ESCALATIONS, Channel.TELEMETRY, Channel.STATUS, Channel.REPORTED)
 
 
@@ -88,6 +100,7 @@ class Ingest:
         share_group: str,
         receive_maximum: int,
         light_queue: int = 10_000,
+        light_queue_bytes: int = 64 * 2**20,
         light_workers: int = 2,
         batch_max: int = 500,
         client_id: str,
@@ -129,10 +142,14 @@ class Ingest:
         self._unacked = 0
         self._unacked_lock = threading.Lock()
         self._light_max = light_queue
+        self._light_bytes_max = light_queue_bytes
+        self._light_bytes = 0  # payload bytes waiting; QoS 1 ones are bounded by the broker
+        self._light_bytes_lock = threading.Lock()
         self._batch_max = batch_max
-        self._light: queue.Queue[tuple[Verified, int, int] | None] = queue.Queue()
+        self._light: queue.Queue[Light | None] = queue.Queue()
         # read when scraped, not set per message (a gauge update costs more than the count)
         LIGHT_QUEUE_DEPTH.set_function(self._light.qsize)
+        LIGHT_QUEUE_BYTES.set_function(lambda: self._light_bytes)
         UNACKED.set_function(lambda: self._unacked)
         self._light_workers = [
             threading.Thread(target=self._light_loop, name=f"ingest-light-{i}", daemon=True)
@@ -252,11 +269,17 @@ class Ingest:
         if isinstance(verified.message, EscalationCase):
             self._take_case(verified, mid, qos)
             return
-        if qos == 0 and self._light.qsize() >= self._light_max:
-            BACKPRESSURE.labels("mqtt_light").inc()
-            _ingested(_channel(wire), "dropped_full").inc()
-            return
-        self._light.put((verified, mid, qos))
+        size = len(wire.payload)
+        with self._light_bytes_lock:
+            full = self._light.qsize() >= self._light_max or (
+                self._light_bytes + size > self._light_bytes_max
+            )
+            if qos == 0 and full:
+                BACKPRESSURE.labels("mqtt_light").inc()
+                _ingested(_channel(wire), "dropped_full").inc()
+                return
+            self._light_bytes += size
+        self._light.put(Light(verified, mid, qos, size))
 
     def _take_case(self, verified: Verified, mid: int, qos: int) -> None:
         assert isinstance(verified.message, EscalationCase)
@@ -316,12 +339,12 @@ class Ingest:
             if stop:
                 return
 
-    def _store_batch(self, batch: list[tuple[Verified, int, int]]) -> None:
+    def _store_batch(self, batch: list[Light]) -> None:
         try:
             with self.directory.batch():
                 # rows in one order in every replica: two batches never wait on each other
                 # crosswise (a deadlock on PostgreSQL, which fails both)
-                ordered = [verified.message for verified, _, _ in sorted(batch, key=_lock_order)]
+                ordered = [item.verified.message for item in sorted(batch, key=_lock_order)]
                 telemetry = [m for m in ordered if isinstance(m, DeviceTelemetry)]
                 self.directory.record_telemetries(telemetry)
                 for message in ordered:
@@ -331,8 +354,10 @@ class Ingest:
         except Exception as exc:  # one bad message must not fail the rest: one by one
             BATCH_FALLBACKS.inc()
             log.warning("a batch of %d failed (%s): storing them one by one", len(batch), exc)
-            outcomes = [self._record_alone(verified) for verified, _, _ in batch]
-        for (verified, mid, qos), outcome in zip(batch, outcomes, strict=True):
+            outcomes = [self._record_alone(item.verified) for item in batch]
+        with self._light_bytes_lock:
+            self._light_bytes -= sum(item.size for item in batch)
+        for (verified, mid, qos, _), outcome in zip(batch, outcomes, strict=True):
             message = verified.message
             _ingested(_channel_of(message), outcome).inc()
             if outcome == "stored" and isinstance(message, ReportedState) and self.on_reported:
@@ -364,9 +389,8 @@ class Ingest:
             return "error"
 
 
-def _lock_order(item: tuple[Verified, int, int]) -> tuple[str, float]:
-    message = item[0].message
-    return (item[0].device_id, message.ts.timestamp())
+def _lock_order(item: Light) -> tuple[str, float]:
+    return (item.verified.device_id, item.verified.message.ts.timestamp())
 
 
 def _channel_of(message: object) -> str:

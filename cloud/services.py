@@ -170,6 +170,7 @@ class CloudServices:
                 share_group=settings.resolved_share_group(),
                 receive_maximum=settings.ingest.receive_maximum,
                 light_queue=settings.ingest.light_queue,
+                light_queue_bytes=settings.ingest.light_queue_bytes,
                 light_workers=settings.ingest.light_workers,
                 client_id=replica,
                 max_payload_bytes=settings.http.max_upload_bytes,

@@ -75,6 +75,12 @@ class IngestSettings(Closed):
         ge=1,
         description="telemetry/status/reported waiting to be stored; QoS 0 beyond is dropped",
     )
+    light_queue_bytes: int = Field(
+        64 * 2**20,
+        ge=1,
+        description="and at most this many payload bytes of them; QoS 0 beyond is dropped "
+        "(QoS 1 ones are bounded by receive_maximum)",
+    )
     light_workers: int = Field(2, ge=1, le=32, description="threads storing telemetry/status")
     max_skew_s: float = Field(
         300.0,

@@ -150,3 +150,63 @@ def test_registry_key_cache_is_bounded(tmp_path: Path) -> None:
     assert gauge("ef_bounded_entries", "device_keys") == 3
     assert registry.device_key("cam-0") == keys["cam-0"]
     db.close()
+
+
+def test_ingest_light_queue_drops_qos0_past_its_byte_bound() -> None:
+    import paho.mqtt.client as mqtt
+
+    from edgefleet.cloud.directory import StaticDirectory
+    from edgefleet.cloud.ingest import Ingest
+    from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
+    from edgefleet.shared.mqtt import MqttSettings, properties
+    from edgefleet.shared.topics import Topics
+    from edgefleet.shared.wire import encode
+
+    # given an ingest (not started: nothing drains its queue) allowed 2,000 payload bytes
+    key = bytes(32)
+    ingest = Ingest(
+        MqttSettings(),
+        StaticDirectory({"cam-01": (key, None)}),
+        processor=None,  # type: ignore[arg-type]  # escalations are not sent here
+        share_group="g",
+        receive_maximum=64,
+        light_queue_bytes=2_000,
+        client_id="bound-test",
+    )
+
+    def deliver(seq: int, qos: int) -> int:
+        telemetry = DeviceTelemetry(
+            device_id="cam-01",
+            seq=seq,
+            uptime_s=1.0,
+            escalations=EscalationCounters(sent=0, pending=0, dropped=0),
+            outbox_depth=0,
+            cpu_pct=1.0,
+            ram_used_mb=1.0,
+        )
+        wire = encode(telemetry, key, Topics().telemetry("cam-01"))
+        message = mqtt.MQTTMessage(mid=seq, topic=wire.topic.encode())
+        message.payload, message.qos = wire.payload, qos
+        message.properties = properties(wire)
+        ingest._on_message(ingest.client, None, message)  # as paho's network thread would
+        return len(wire.payload)
+
+    dropped = (
+        REGISTRY.get_sample_value(
+            "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "dropped_full"}
+        )
+        or 0.0
+    )
+    # when 20 QoS 0 messages arrive
+    size = max(deliver(seq, qos=0) for seq in range(20))
+    # then what waits stays within 2,000 bytes and the rest is counted as dropped
+    held = REGISTRY.get_sample_value("ef_cloud_light_queue_bytes") or 0.0
+    assert 2_000 - size < held <= 2_000
+    now_dropped = REGISTRY.get_sample_value(
+        "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "dropped_full"}
+    )
+    waiting = REGISTRY.get_sample_value("ef_cloud_light_queue_depth") or 0.0
+    assert now_dropped is not None and now_dropped - dropped == 20 - waiting > 0
+    # and a QoS 1 message is still taken (the broker bounds those: receive_maximum)
+    deliver(100, qos=1)
+    assert (REGISTRY.get_sample_value("ef_cloud_light_queue_bytes") or 0) > 2_000
