@@ -210,3 +210,35 @@ def test_ingest_light_queue_drops_qos0_past_its_byte_bound() -> None:
     # and a QoS 1 message is still taken (the broker bounds those: receive_maximum)
     deliver(100, qos=1)
     assert (REGISTRY.get_sample_value("ef_cloud_light_queue_bytes") or 0) > 2_000
+
+
+def test_drift_gauges_follow_the_devices_that_have_readings() -> None:
+    from datetime import datetime
+
+    from edgefleet.cloud.drift import DriftWatch
+    from edgefleet.cloud.settings import DriftSettings
+
+    class Scores:
+        """A store's edge scores per (device, model), the same in both windows."""
+
+        def __init__(self, pairs: list[tuple[str, str]]) -> None:
+            self.pairs = pairs
+
+        def edge_scores(self, start: datetime, end: datetime) -> dict[tuple[str, str], list[float]]:
+            return {pair: [0.5] * 30 for pair in self.pairs}
+
+    store = Scores([("gone-1", "m"), ("kept-1", "m")])
+    watch = DriftWatch(store, DriftSettings())  # type: ignore[arg-type]  # the scores are all it reads
+    watch.compute()
+    labels = {"device": "gone-1", "model": "m"}
+    assert REGISTRY.get_sample_value("ef_cloud_edge_score_drift_ks", labels) == 0.0
+    # when a device no longer has a reading (revoked, silent), its gauge child goes too
+    store.pairs = [("kept-1", "m")]
+    watch.compute()
+    assert REGISTRY.get_sample_value("ef_cloud_edge_score_drift_ks", labels) is None
+    assert (
+        REGISTRY.get_sample_value(
+            "ef_cloud_edge_score_drift_ks", {"device": "kept-1", "model": "m"}
+        )
+        == 0.0
+    )
