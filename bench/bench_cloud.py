@@ -225,6 +225,12 @@ class NaiveIngest:
         verifier = Verifier(key_for_device=services.directory.device_key)
         settings = MqttSettings(host=broker.host, port=broker.port)
         self.client = make_client(settings, "naive-ingest")
+        # out of the box, paho decodes PUBLISH properties itself (make_client installed
+        # edgefleet.shared.publish_properties; ours installs it again when it starts)
+        from paho.mqtt import _packet
+        from paho.mqtt.properties import Properties
+
+        _packet.Properties = Properties  # type: ignore[misc]
         self.connected = threading.Event()
 
         def answer(verdict) -> None:

@@ -4,7 +4,7 @@ Run: `edgefleet bench fleet-load` (options below). Everything is real and separa
 processes: a Mosquitto, R orchestrator replicas in one share group on one store
 (SQLite for one replica, PostgreSQL for several: a fresh database on the local server,
 dropped afterwards), and publisher processes playing N devices whose keys were enrolled in
-the registry. Two measurements:
+the registry. Three measurements:
 
 - `--mode burst`: every device sends `--per-device` signed telemetry messages plus a share
   of `--cases` escalations as fast as the broker takes them; the figure is how fast the
@@ -12,8 +12,13 @@ the registry. Two measurements:
   number that must stay flat as replicas are added). `--replicas 1,2,4` compares.
 - `--mode rate`: devices report every `--period` seconds and the fleet escalates
   `--case-rate` cases per second for `--seconds`; the figures are the end-to-end verdict
-  latency (publish -> verdict received by the device), loss and backlog at that rate.
-  `--rss` samples the memory of the cloud and the broker every minute (the soak).
+  latency (publish -> verdict received by the device), loss and backlog at that rate
+  (memory over time: `edgefleet bench soak`).
+- `--mode drain`: the burst's telemetry (no escalations) is queued by the broker while the
+  replicas are paused (SIGSTOP); then they are let go (SIGCONT) and the figures are how
+  fast they store the backlog and their CPU per message. Every replica is saturated, so
+  msgs per CPU-second compares replica counts without the publishers' pace in it.
+  `--naive` first drains the same burst with the naive consumer (bench/naive_telemetry.py).
 
 Loss is counted from the store (cases and verdicts rows) and the devices' own receipts,
 not from counters.
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -192,12 +199,6 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def _rss_mb(pid: int) -> float:
-    import psutil
-
-    return psutil.Process(pid).memory_info().rss / 2**20
-
-
 def _start_replicas(count: int, tmp: Path, broker_port: int, db_url: str) -> list[Replica]:
     import httpx
 
@@ -309,6 +310,43 @@ def _split(devices: list[tuple[str, str]], parts: int) -> list[list[tuple[str, s
     return [devices[i::parts] for i in range(parts)]
 
 
+def drain_naive(ctx: Any, broker: Any, db_url: str, plans: list[Plan]) -> dict[str, Any]:
+    """The same burst, queued by the broker while the naive consumer is paused, then drained
+    by it (bench/naive_telemetry.py): stored/s and CPU per message, as for the replicas."""
+    from edgefleet.bench.naive_telemetry import consume
+
+    stored = ctx.Value("q", 0)
+    subscribed = ctx.Event()
+    args = (broker.host, broker.port, db_url, stored, subscribed)
+    process = ctx.Process(target=consume, args=args, daemon=True)
+    process.start()
+    try:
+        if not subscribed.wait(60):
+            raise RuntimeError("the naive consumer did not subscribe")
+        os.kill(process.pid, signal.SIGSTOP)
+        with ProcessPoolExecutor(len(plans), mp_context=ctx) as pool:
+            results = [j.result() for j in [pool.submit(run_devices, p, "burst") for p in plans]]
+        sent = sum(r["telemetry_sent"] for r in results)
+        cpu_before = _cpu_seconds([process.pid])
+        started = time.time()
+        os.kill(process.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 600
+        while stored.value < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        elapsed = time.time() - started
+        cpu = _cpu_seconds([process.pid]) - cpu_before
+    finally:
+        process.kill()
+        process.join()
+    return {
+        "telemetry_sent": sent,
+        "telemetry_stored": stored.value,
+        "stored_per_s": round(stored.value / elapsed, 1),
+        "msgs_per_cpu_s": round(stored.value / cpu, 1) if cpu else None,
+        "cpu_ms_per_1000": round(cpu * 1e6 / stored.value, 1) if stored.value else None,
+    }
+
+
 def measure(
     *,
     replicas: int,
@@ -321,7 +359,7 @@ def measure(
     seconds: float,
     publishers: int,
     db: str,
-    rss: bool,
+    naive: bool = False,
 ) -> dict[str, Any]:
     from edgefleet.shared.mosquitto import MosquittoBroker
 
@@ -334,13 +372,6 @@ def measure(
         fleet = None
         try:
             enrolled = _enroll(db_url, devices)
-            fleet = _start_replicas(replicas, tmp, broker.port, db_url)
-            pids = [r.process.pid for r in fleet]
-            stored_before = sum(
-                r.scrape("ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"})
-                for r in fleet
-            )
-            cpu_before = _cpu_seconds(pids)
             plans = [
                 Plan(
                     broker.host,
@@ -354,33 +385,47 @@ def measure(
                 )
                 for part in _split(enrolled, publishers)
             ]
-            samples: list[dict[str, float]] = []
+            # before the replicas exist: the naive consumer's messages are its alone
+            naive_row = drain_naive(ctx, broker, db_url, plans) if naive else None
+            fleet = _start_replicas(replicas, tmp, broker.port, db_url)
+            pids = [r.process.pid for r in fleet]
+            stored_before = sum(
+                r.scrape("ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"})
+                for r in fleet
+            )
+            cpu_before = _cpu_seconds(pids)
+            if mode == "drain":  # the replicas hold still while the broker queues their share
+                for pid in pids:
+                    os.kill(pid, signal.SIGSTOP)
             with ProcessPoolExecutor(publishers, mp_context=ctx) as pool:
-                jobs = [pool.submit(run_devices, plan, mode) for plan in plans]
-                started = time.monotonic()
-                while not all(j.done() for j in jobs):
-                    if rss and (not samples or time.monotonic() - started >= 60 * len(samples)):
-                        samples.append(
-                            {
-                                "minute": round((time.monotonic() - started) / 60, 1),
-                                "cloud_mb": round(sum(_rss_mb(p) for p in pids), 1),
-                                "broker_mb": round(_rss_mb(broker.pid), 1),
-                            }
-                        )
-                    time.sleep(0.5)
+                jobs = [
+                    pool.submit(run_devices, plan, "burst" if mode == "drain" else mode)
+                    for plan in plans
+                ]
                 results = [j.result() for j in jobs]
+            if mode == "drain":  # from here on the replicas only drain, as fast as they can
+                cpu_before = _cpu_seconds(pids)
+                drain_started = time.time()
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
             sent = sum(r["telemetry_sent"] for r in results)
             deadline = time.monotonic() + 300
             stored = 0.0
             while time.monotonic() < deadline:
-                stored = sum(
-                    r.scrape("ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"})
-                    for r in fleet
-                ) - stored_before
+                stored = (
+                    sum(
+                        r.scrape(
+                            "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "stored"}
+                        )
+                        for r in fleet
+                    )
+                    - stored_before
+                )
                 if stored >= sent:
                     break
                 time.sleep(0.2)
-            elapsed = time.time() - min(r["started"] for r in results)
+            started_at = drain_started if mode == "drain" else min(r["started"] for r in results)
+            elapsed = time.time() - started_at
             cpu = _cpu_seconds(pids) - cpu_before
             case_ids = [c for r in results for c in r["cases"]]
             counts = _store_counts(db_url, case_ids)
@@ -406,7 +451,7 @@ def measure(
         "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
         "p95_ms": round(_pct(latencies, 95), 1) if latencies else None,
         "p99_ms": round(_pct(latencies, 99), 1) if latencies else None,
-        "rss": samples,
+        "naive": naive_row,
     }
 
 
@@ -415,18 +460,11 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
-def _growth_mb_per_h(samples: list[dict[str, float]], key: str, warmup_min: float) -> float | None:
-    points = [(s["minute"], s[key]) for s in samples if s["minute"] >= warmup_min]
-    if len(points) < 2:
-        return None
-    xs, ys = zip(*points, strict=True)
-    slope = statistics.linear_regression(xs, ys).slope  # MB per minute
-    return round(slope * 60, 1)
-
-
 @app.command()
 def main(
-    mode: Annotated[str, typer.Option(help="burst (throughput) or rate (latency, soak)")] = "burst",
+    mode: Annotated[
+        str, typer.Option(help="burst or drain (throughput), rate (latency)")
+    ] = "burst",
     replicas: Annotated[str, typer.Option(help="comma list of replica counts to compare")] = "1",
     devices: Annotated[int, typer.Option(help="devices, each enrolled for real")] = 1000,
     per_device: Annotated[int, typer.Option(help="burst: telemetry messages per device")] = 5,
@@ -436,17 +474,23 @@ def main(
     seconds: Annotated[float, typer.Option(help="rate: how long to run")] = 60.0,
     publishers: Annotated[int, typer.Option(help="publisher processes")] = 1,
     db: Annotated[str, typer.Option(help="sqlite (one replica) or postgres")] = "sqlite",
-    rss: Annotated[bool, typer.Option(help="sample cloud and broker RSS every minute")] = False,
+    naive: Annotated[
+        bool, typer.Option(help="drain: the naive consumer first, same broker and messages")
+    ] = False,
 ) -> None:
     """N enrolled devices against R real replicas: stored/s, CPU, latency, loss.
 
     Example: edgefleet bench fleet-load --replicas 1,2,4 --db postgres
-    Example: edgefleet bench fleet-load --mode rate --devices 2000 --seconds 3600 --rss
+    Example: edgefleet bench fleet-load --mode drain --per-device 20 --publishers 2 --naive
     """
     from edgefleet.shared.logs import configure_logging
 
     configure_logging("WARNING")
     counts = [int(n) for n in replicas.split(",")]
+    if mode == "drain":
+        cases = 0  # telemetry only: a case would wait for a verdict from a paused replica
+    elif naive:
+        raise typer.BadParameter("--naive goes with --mode drain")
     if max(counts) > 1 and db != "postgres":
         raise typer.BadParameter("several replicas share a PostgreSQL store: --db postgres")
     rows = []
@@ -462,16 +506,23 @@ def main(
             seconds=seconds,
             publishers=publishers,
             db=db,
-            rss=rss,
+            naive=naive and count == counts[0],
         )
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "rss"}), flush=True)
+        print(json.dumps(row), flush=True)
     print(f"\n## fleet-load, mode {mode}, {devices} devices, store {db}")
     print(
         "| replicas | stored msg/s | msgs per CPU-s | CPU ms / 1000 msgs | lost (cases) "
         "| processed twice | verdict p50 / p95 ms |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
+    first = rows[0]["naive"]
+    if first:
+        lost = first["telemetry_sent"] - first["telemetry_stored"]
+        print(
+            f"| naive consumer | {first['stored_per_s']} | {first['msgs_per_cpu_s']} "
+            f"| {first['cpu_ms_per_1000']} | {lost} | | |"
+        )
     for row in rows:
         lost = row["cases_sent"] - row["answered"] + row["telemetry_sent"] - row["telemetry_stored"]
         print(
@@ -484,12 +535,9 @@ def main(
         if base and row["msgs_per_cpu_s"]:
             share = row["msgs_per_cpu_s"] / base
             print(f"{row['replicas']} replicas keep {share:.0%} of one replica's msgs per CPU-s")
-    for row in rows:
-        if row["rss"]:
-            print(f"\nRSS samples ({row['replicas']} replica): {json.dumps(row['rss'])}")
-            for key in ("cloud_mb", "broker_mb"):
-                growth = _growth_mb_per_h(row["rss"], key, warmup_min=5)
-                print(f"{key} growth after 5 min warm-up: {growth} MB/h")
+    if first and first["stored_per_s"]:
+        ratio = rows[0]["stored_per_s"] / first["stored_per_s"]
+        print(f"{rows[0]['replicas']} replica(s) / naive consumer, stored msg/s: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

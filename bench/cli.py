@@ -34,11 +34,15 @@ BENCHMARKS = {
     "fleet": ("edgefleet.bench.bench_fleet", "dashboard and registry with a large fleet"),
     "fleet-load": (
         "edgefleet.bench.bench_fleet_load",
-        "N enrolled devices against R cloud replicas: stored/s, CPU, latency, loss, RSS",
+        "N enrolled devices against R cloud replicas: stored/s, CPU, latency, loss",
     ),
     "ocr": (
         "edgefleet.bench.bench_ocr",
         "edge OCR vs faster-paddle and rapidocr: ms/image and accuracy, easy and hard scenes",
+    ),
+    "soak": (
+        "edgefleet.bench.bench_soak",
+        "memory over time: cloud, broker and a real agent under a steady fleet, MB/h",
     ),
     "cascade": (
         "edgefleet.bench.bench_cascade",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import threading
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, runtime_checkable
 
@@ -31,6 +32,9 @@ class DeviceDirectory(Protocol):
 
     def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
         """Remember the device's last telemetry for the fleet view."""
+
+    def record_telemetries(self, batch: Sequence[DeviceTelemetry]) -> None:
+        """`record_telemetry` of each, in ts order (a store may do it in fewer statements)."""
 
     def record_reported(self, reported: ReportedState) -> None:
         """Remember the deployment state the device reports."""
@@ -75,7 +79,13 @@ class StaticDirectory:
 
     def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
         with self._lock:
-            self.last_telemetry[telemetry.device_id] = telemetry
+            known = self.last_telemetry.get(telemetry.device_id)
+            if known is None or known.ts < telemetry.ts:
+                self.last_telemetry[telemetry.device_id] = telemetry
+
+    def record_telemetries(self, batch: Sequence[DeviceTelemetry]) -> None:
+        for telemetry in batch:
+            self.record_telemetry(telemetry)
 
     def record_reported(self, reported: ReportedState) -> None:
         with self._lock:

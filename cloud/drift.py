@@ -84,7 +84,10 @@ class DriftWatch:
             )
             readings.append(reading)
             DRIFT_KS.labels(key[0], key[1]).set(reading.ks)
-        self._latest = {(r.device_id, r.model): r for r in readings}
+        latest = {(r.device_id, r.model): r for r in readings}
+        for gone in self._latest.keys() - latest.keys():  # a gauge child per live pair only
+            DRIFT_KS.remove(*gone)
+        self._latest = latest
         return readings
 
     def latest_json(self, device_id: str | None = None) -> list[dict[str, object]]:

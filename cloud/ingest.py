@@ -17,7 +17,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -37,7 +37,14 @@ from edgefleet.shared.messages import (
 )
 from edgefleet.shared.mqtt import MqttSettings, from_paho, make_client, publish
 from edgefleet.shared.topics import Channel, Topics
-from edgefleet.shared.wire import ReplayedMessage, Verified, Verifier, WireMessage, encode
+from edgefleet.shared.wire import (
+    ReplayedMessage,
+    ReplayGuard,
+    Verified,
+    Verifier,
+    WireMessage,
+    encode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +55,36 @@ INGESTED = Counter(
 )
 BROKER_CONNECTED = Gauge("ef_cloud_broker_connected", "1 while the ingest client is connected")
 LIGHT_QUEUE_DEPTH = Gauge("ef_cloud_light_queue_depth", "Telemetry/status waiting to be stored")
+LIGHT_QUEUE_BYTES = Gauge(
+    "ef_cloud_light_queue_bytes", "Payload bytes of the telemetry/status waiting to be stored"
+)
 BATCH_SIZE = Histogram(
     "ef_cloud_light_batch_size",
     "Telemetry/status/reported messages stored per transaction",
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
 )
+BATCH_FALLBACKS = Counter(
+    "ef_cloud_light_batch_fallbacks_total",
+    "Batches whose transaction failed and were stored message by message",
+)
 UNACKED = Gauge(
     "ef_cloud_mqtt_unacked", "QoS 1 messages taken but not yet acknowledged (<= receive_maximum)"
 )
+
 
 @functools.cache
 def _ingested(channel: str, outcome: str) -> Any:
     """The counter child of one (channel, outcome): looked up once, not per message."""
     return INGESTED.labels(channel, outcome)
+
+
+class Light(NamedTuple):
+    """A telemetry, status or reported message waiting to be stored, and acked after."""
+
+    verified: Verified
+    mid: int
+    qos: int
+    size: int  # payload bytes
 
 
 CHANNELS = (Channel.ESCALATIONS, Channel.TELEMETRY, Channel.STATUS, Channel.REPORTED)
@@ -76,12 +100,15 @@ class Ingest:
         share_group: str,
         receive_maximum: int,
         light_queue: int = 10_000,
+        light_queue_bytes: int = 64 * 2**20,
         light_workers: int = 2,
         batch_max: int = 500,
         client_id: str,
         session_expiry_s: int = 300,
         max_payload_bytes: int = 8 * 1024 * 1024,
         max_skew_s: float = 300.0,
+        replay_max_entries: int = 1_000_000,
+        replay_max_bytes: int = 256 * 2**20,
         on_reported: Callable[[ReportedState], None] | None = None,
     ):
         self.settings = mqtt_settings
@@ -95,6 +122,12 @@ class Ingest:
             topics=self.topics,
             max_payload_bytes=max_payload_bytes,
             max_skew_s=max_skew_s,
+            # a replay older than this fails the staleness check anyway
+            replay_guard=ReplayGuard(
+                window_s=2 * max_skew_s + 5,
+                max_entries=replay_max_entries,
+                max_bytes=replay_max_bytes,
+            ),
         )
         self.on_reported = on_reported
         self.client_id = client_id
@@ -109,10 +142,14 @@ class Ingest:
         self._unacked = 0
         self._unacked_lock = threading.Lock()
         self._light_max = light_queue
+        self._light_bytes_max = light_queue_bytes
+        self._light_bytes = 0  # payload bytes waiting; QoS 1 ones are bounded by the broker
+        self._light_bytes_lock = threading.Lock()
         self._batch_max = batch_max
-        self._light: queue.Queue[tuple[Verified, int, int] | None] = queue.Queue()
+        self._light: queue.Queue[Light | None] = queue.Queue()
         # read when scraped, not set per message (a gauge update costs more than the count)
         LIGHT_QUEUE_DEPTH.set_function(self._light.qsize)
+        LIGHT_QUEUE_BYTES.set_function(lambda: self._light_bytes)
         UNACKED.set_function(lambda: self._unacked)
         self._light_workers = [
             threading.Thread(target=self._light_loop, name=f"ingest-light-{i}", daemon=True)
@@ -232,11 +269,17 @@ class Ingest:
         if isinstance(verified.message, EscalationCase):
             self._take_case(verified, mid, qos)
             return
-        if qos == 0 and self._light.qsize() >= self._light_max:
-            BACKPRESSURE.labels("mqtt_light").inc()
-            _ingested(_channel(wire), "dropped_full").inc()
-            return
-        self._light.put((verified, mid, qos))
+        size = len(wire.payload)
+        with self._light_bytes_lock:
+            full = self._light.qsize() >= self._light_max or (
+                self._light_bytes + size > self._light_bytes_max
+            )
+            if qos == 0 and full:
+                BACKPRESSURE.labels("mqtt_light").inc()
+                _ingested(_channel(wire), "dropped_full").inc()
+                return
+            self._light_bytes += size
+        self._light.put(Light(verified, mid, qos, size))
 
     def _take_case(self, verified: Verified, mid: int, qos: int) -> None:
         assert isinstance(verified.message, EscalationCase)
@@ -300,15 +343,25 @@ class Ingest:
             if stop:
                 return
 
-    def _store_batch(self, batch: list[tuple[Verified, int, int]]) -> None:
+    def _store_batch(self, batch: list[Light]) -> None:
         try:
             with self.directory.batch():
-                for verified, _, _ in batch:
-                    self._record(verified.message)
+                # rows in one order in every replica: two batches never wait on each other
+                # crosswise (a deadlock on PostgreSQL, which fails both)
+                ordered = [item.verified.message for item in sorted(batch, key=_lock_order)]
+                telemetry = [m for m in ordered if isinstance(m, DeviceTelemetry)]
+                self.directory.record_telemetries(telemetry)
+                for message in ordered:
+                    if not isinstance(message, DeviceTelemetry):
+                        self._record(message)
             outcomes = ["stored"] * len(batch)
-        except Exception:  # one bad message must not fail the rest: store them one by one
-            outcomes = [self._record_alone(verified) for verified, _, _ in batch]
-        for (verified, mid, qos), outcome in zip(batch, outcomes, strict=True):
+        except Exception as exc:  # one bad message must not fail the rest: one by one
+            BATCH_FALLBACKS.inc()
+            log.warning("a batch of %d failed (%s): storing them one by one", len(batch), exc)
+            outcomes = [self._record_alone(item.verified) for item in batch]
+        with self._light_bytes_lock:
+            self._light_bytes -= sum(item.size for item in batch)
+        for (verified, mid, qos, _), outcome in zip(batch, outcomes, strict=True):
             message = verified.message
             _ingested(_channel_of(message), outcome).inc()
             if outcome == "stored" and isinstance(message, ReportedState) and self.on_reported:
@@ -338,6 +391,10 @@ class Ingest:
         except Exception:  # keep the worker alive; the message is counted and logged
             log.exception("storing %s from %s failed", channel, verified.device_id)
             return "error"
+
+
+def _lock_order(item: Light) -> tuple[str, float]:
+    return (item.verified.device_id, item.verified.message.ts.timestamp())
 
 
 def _channel_of(message: object) -> str:

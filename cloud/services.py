@@ -104,7 +104,9 @@ class CloudServices:
             else ReplicaIdentity.claim(settings.data_dir)
         )
         replica = identity.name
-        cache = VerdictCache(settings.cache.size, settings.cache.min_score)
+        cache = VerdictCache(
+            settings.cache.size, settings.cache.min_score, settings.cache.max_bytes
+        )
         pool = ModelPool(
             settings.models.served,
             loader or default_loader(settings),
@@ -167,10 +169,13 @@ class CloudServices:
                 share_group=settings.resolved_share_group(),
                 receive_maximum=settings.ingest.receive_maximum,
                 light_queue=settings.ingest.light_queue,
+                light_queue_bytes=settings.ingest.light_queue_bytes,
                 light_workers=settings.ingest.light_workers,
                 client_id=replica,
                 max_payload_bytes=settings.http.max_upload_bytes,
                 max_skew_s=settings.ingest.max_skew_s,
+                replay_max_entries=settings.ingest.replay_max_entries,
+                replay_max_bytes=settings.ingest.replay_max_bytes,
                 session_expiry_s=settings.ingest.session_expiry_s,
             )
             processor.publish = services.ingest.publish_verdict

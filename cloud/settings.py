@@ -79,12 +79,27 @@ class IngestSettings(Closed):
         ge=1,
         description="telemetry/status/reported waiting to be stored; QoS 0 beyond is dropped",
     )
+    light_queue_bytes: int = Field(
+        64 * 2**20,
+        ge=1,
+        description="and at most this many payload bytes of them; QoS 0 beyond is dropped "
+        "(QoS 1 ones are bounded by receive_maximum)",
+    )
     light_workers: int = Field(2, ge=1, le=32, description="threads storing telemetry/status")
     max_skew_s: float = Field(
         300.0,
         gt=0,
         description="messages whose ts is further than this from now are rejected as stale; "
         "raise it if edge outboxes may hold messages through long outages",
+    )
+    replay_max_entries: int = Field(
+        1_000_000,
+        ge=1,
+        description="case ids and telemetry seqs remembered to reject replays (for twice "
+        "max_skew_s, the time a message passes the staleness check); beyond, the oldest go",
+    )
+    replay_max_bytes: int = Field(
+        256 * 2**20, ge=1, description="and at most this many bytes of them (estimated)"
     )
 
 
@@ -135,6 +150,9 @@ class ModelsSettings(Closed):
 
 class CacheSettings(Closed):
     size: int = Field(10_000, ge=0, description="verdicts kept in memory (0 = off)")
+    max_bytes: int = Field(
+        64 * 2**20, ge=0, description="and at most this many bytes of them (estimated)"
+    )
     min_score: float = Field(
         0.9, ge=0, le=1, description="cache only results whose every line scores at least this"
     )

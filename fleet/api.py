@@ -252,6 +252,9 @@ async def _event_stream(
             functools.partial(registry.list_devices, None, updated_since=since)
         )
         fresh = [d for d in changed if sent.get(d.device_id) != d.updated_at]
+        # only rows inside the overlap can come back: the rest are forgotten, so what one
+        # dashboard connection remembers is bounded by one interval's changes, not the fleet
+        sent = {k: at for k, at in sent.items() if at >= since}
         if fresh:
             for d in fresh:
                 sent[d.device_id] = d.updated_at

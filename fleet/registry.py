@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
@@ -38,6 +37,7 @@ from edgefleet.fleet.devices import (
     validate_device_id,
     validate_group,
 )
+from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.db import Database
 from edgefleet.shared.errors import Conflict, NotFound
 from edgefleet.shared.messages import (
@@ -73,6 +73,8 @@ ENROLLED = Counter("ef_fleet_enrollments_total", "Devices enrolled")
 REVOKED = Counter("ef_fleet_revocations_total", "Devices revoked")
 TELEMETRY_RECORDED = Counter("ef_fleet_telemetry_recorded_total", "Telemetry messages stored")
 DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (at the last enroll/revoke)")
+# A cached key: the device id (~60 bytes as a str) and the 32-byte key (65 as bytes).
+_KEY_ENTRY_BYTES = ENTRY_OVERHEAD + 125
 
 _State = TypeVar("_State", DesiredState, ReportedState)
 
@@ -127,7 +129,6 @@ SUMMARY_COLUMNS = (
 )
 
 
-
 class DeviceRegistry:
     """Enrollment, credentials and last known state of every device, in the cloud's store."""
 
@@ -139,6 +140,7 @@ class DeviceRegistry:
         history_bucket_s: int = 60,
         history_retention_s: int = 24 * 3600,
         key_cache_s: float = 5.0,
+        key_cache_entries: int = 100_000,
     ):
         self.db = db
         # Keys are cached for seconds, not forever: a revoke or re-enroll made by another
@@ -147,7 +149,13 @@ class DeviceRegistry:
         self.sealer = KeySealer(master_key)
         self.history_bucket_s = history_bucket_s
         self.history_retention_s = history_retention_s
-        self._key_cache: dict[str, tuple[bytes, float]] = {}
+        self._key_cache: BoundedMap[str, bytes] = BoundedMap(
+            "device_keys",
+            max_entries=key_cache_entries,
+            max_bytes=key_cache_entries * _KEY_ENTRY_BYTES,
+            size_of=lambda device_id, key: _KEY_ENTRY_BYTES,
+            ttl_s=key_cache_s,
+        )
         self._lock = threading.Lock()
         self._writes = 0
         t = db.types
@@ -157,6 +165,12 @@ class DeviceRegistry:
                 s.format(ts=t.timestamp, bool=t.boolean, double=t.double, bigint=t.bigint)
                 for s in _SCHEMA_V1
             ],
+        )
+        # the ts of the telemetry kept as the last: an older one arriving later (a redelivery
+        # after a crash, an outbox backlog after an outage) must not replace it
+        db.migrate(
+            "fleet_registry_v2",
+            [f"ALTER TABLE fleet_devices ADD COLUMN telemetry_ts {t.timestamp}"],
         )
 
     # --- enrollment and credentials ---------------------------------------------------
@@ -192,8 +206,7 @@ class DeviceRegistry:
                     now,
                 ),
             )
-        with self._lock:
-            self._key_cache[device_id] = (key, time.monotonic() + self.key_cache_s)
+        self._key_cache.put(device_id, key)
         ENROLLED.inc()
         DEVICES.set(self.count())
         log.info("enrolled device", extra={"device_id": device_id, "group": group})
@@ -201,11 +214,9 @@ class DeviceRegistry:
 
     def device_key(self, device_id: str) -> bytes | None:
         """The HMAC key of an enrolled, unrevoked device; None otherwise (cached briefly)."""
-        now = time.monotonic()
-        with self._lock:
-            cached = self._key_cache.get(device_id)
-        if cached is not None and cached[1] > now:
-            return cached[0]
+        cached = self._key_cache.get(device_id)
+        if cached is not None:
+            return cached
         row = self.db.query_one(
             "SELECT key_sealed FROM fleet_devices WHERE device_id = ? AND revoked_at IS NULL",
             (device_id,),
@@ -213,10 +224,7 @@ class DeviceRegistry:
         if row is None or not row["key_sealed"]:
             return None
         key = self.sealer.unseal(row["key_sealed"])
-        with self._lock:
-            if len(self._key_cache) >= 100_000:  # bounded: stale entries go first
-                self._key_cache = {d: e for d, e in self._key_cache.items() if e[1] > now}
-            self._key_cache[device_id] = (key, now + self.key_cache_s)
+        self._key_cache.put(device_id, key)
         return key
 
     def authenticate_token(self, token: str) -> str | None:
@@ -238,8 +246,7 @@ class DeviceRegistry:
             "WHERE device_id = ? AND revoked_at IS NULL",
             (now, False, now, device_id),
         )
-        with self._lock:
-            self._key_cache.pop(device_id, None)
+        self._key_cache.pop(device_id)
         if not changed:
             raise NotFound(f"device {device_id!r} is not enrolled")
         self.db.execute("DELETE FROM fleet_telemetry_history WHERE device_id = ?", (device_id,))
@@ -292,48 +299,74 @@ class DeviceRegistry:
         )
 
     def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
-        """Keep the last message in full plus one downsampled sample per history bucket."""
-        summary = _summarise(telemetry)
-        device_id = telemetry.device_id
-        prev = self.db.query_one(
-            "SELECT escalations_sent, last_seen FROM fleet_devices "
-            "WHERE device_id = ? AND revoked_at IS NULL",
-            (device_id,),
+        """Keep the newest message in full plus one downsampled sample per history bucket."""
+        self.record_telemetries([telemetry])
+
+    def record_telemetries(self, batch: Sequence[DeviceTelemetry]) -> None:
+        """Record several messages as if one by one in ts order, in three statements.
+
+        Idempotent and order-proof: a message older than (or the same as) the one kept
+        changes nothing already stored, only fills its history bucket if that is empty.
+        NotFound (and nothing written) if one device is not enrolled.
+        """
+        if not batch:
+            return
+        ordered = sorted(batch, key=lambda t: (t.device_id, t.ts))
+        ids = sorted({t.device_id for t in ordered})
+        # rows locked in one order (device id) by every replica: no crosswise waits
+        lock = " FOR UPDATE" if self.db.dialect == "postgres" else ""
+        rows = self.db.query(
+            "SELECT device_id, escalations_sent, last_seen, telemetry_ts FROM fleet_devices "
+            f"WHERE device_id IN ({', '.join('?' for _ in ids)}) AND revoked_at IS NULL "
+            f"ORDER BY device_id{lock}",
+            ids,
         )
-        if prev is None:
-            raise NotFound(f"device {device_id!r} is not enrolled")
-        sent = telemetry.escalations.sent
-        rate = None
-        if prev["escalations_sent"] is not None and prev["last_seen"] is not None:
-            dt = (telemetry.ts - prev["last_seen"]).total_seconds()
-            if dt > 0 and sent >= prev["escalations_sent"]:
-                rate = (sent - prev["escalations_sent"]) * 60.0 / dt
-        summary["escalation_rate"] = rate
+        state = {r["device_id"]: r for r in rows}
+        missing = [d for d in ids if d not in state]
+        if missing:
+            raise NotFound(f"device {missing[0]!r} is not enrolled")
+        newest: dict[str, tuple[Any, ...]] = {}
+        fresh, late = [], []
+        for t in ordered:
+            prev = state[t.device_id]
+            summary = _summarise(t)
+            summary["escalation_rate"] = _escalation_rate(t, prev)
+            values = tuple(summary[c] for c in SUMMARY_COLUMNS)
+            bucket = int(t.ts.timestamp()) // self.history_bucket_s * self.history_bucket_s
+            if prev["telemetry_ts"] is None or prev["telemetry_ts"] < t.ts:
+                sent = t.escalations.sent
+                newest[t.device_id] = (t.model_dump_json(), t.ts, sent, t.ts, True, *values)
+                state[t.device_id] = {
+                    "escalations_sent": sent,
+                    "last_seen": t.ts,
+                    "telemetry_ts": t.ts,
+                }
+                fresh.append((t.device_id, bucket, *values))
+            else:
+                late.append((t.device_id, bucket, *values))
         sets = ", ".join(f"{c} = ?" for c in SUMMARY_COLUMNS)
-        self._update(
-            device_id,
-            f"telemetry = ?, escalations_sent = ?, last_seen = ?, online = ?, {sets}",
-            (
-                telemetry.model_dump_json(),
-                sent,
-                telemetry.ts,
-                True,
-                *(summary[c] for c in SUMMARY_COLUMNS),
-            ),
+        now = utcnow()
+        self.db.execute_many(  # the guard again in SQL: another replica may be ahead
+            f"UPDATE fleet_devices SET telemetry = ?, telemetry_ts = ?, escalations_sent = ?, "
+            f"last_seen = ?, online = ?, {sets}, updated_at = ? "
+            "WHERE device_id = ? AND revoked_at IS NULL "
+            "AND (telemetry_ts IS NULL OR telemetry_ts < ?)",
+            [(*row, now, device_id, row[1]) for device_id, row in newest.items()],
         )
-        bucket = int(telemetry.ts.timestamp()) // self.history_bucket_s * self.history_bucket_s
         cols = ", ".join(SUMMARY_COLUMNS)
         marks = ", ".join("?" for _ in SUMMARY_COLUMNS)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in SUMMARY_COLUMNS)
-        self.db.execute(
+        insert = (
             f"INSERT INTO fleet_telemetry_history (device_id, bucket, {cols}) "
-            f"VALUES (?, ?, {marks}) ON CONFLICT (device_id, bucket) DO UPDATE SET {updates}",
-            (device_id, bucket, *(summary[c] for c in SUMMARY_COLUMNS)),
+            f"VALUES (?, ?, {marks}) ON CONFLICT (device_id, bucket) "
         )
-        TELEMETRY_RECORDED.inc()
+        updates = ", ".join(f"{c} = excluded.{c}" for c in SUMMARY_COLUMNS)
+        self.db.execute_many(insert + f"DO UPDATE SET {updates}", fresh)
+        self.db.execute_many(insert + "DO NOTHING", late)
+        TELEMETRY_RECORDED.inc(len(batch))
         with self._lock:
-            self._writes += 1
-            prune = self._writes % 1000 == 0
+            before = self._writes
+            self._writes += len(batch)
+            prune = self._writes // 1000 != before // 1000
         if prune:
             self.prune_history()
 
@@ -450,6 +483,16 @@ class DeviceRegistry:
         )
         if not changed:
             raise NotFound(f"device {device_id!r} is not enrolled")
+
+
+def _escalation_rate(t: DeviceTelemetry, prev: dict[str, Any]) -> float | None:
+    """Escalations per minute since the device's previous telemetry (None if unknown)."""
+    if prev["escalations_sent"] is None or prev["last_seen"] is None:
+        return None
+    dt = (t.ts - prev["last_seen"]).total_seconds()
+    if dt <= 0 or t.escalations.sent < prev["escalations_sent"]:
+        return None
+    return (t.escalations.sent - prev["escalations_sent"]) * 60.0 / dt
 
 
 def _summarise(t: DeviceTelemetry) -> dict[str, Any]:

@@ -10,7 +10,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import Field
 
+from edgefleet.shared import publish_properties
 from edgefleet.shared.config import Closed
+from edgefleet.shared.publish_properties import PublishProperties
 from edgefleet.shared.topics import DEFAULT_ROOT
 from edgefleet.shared.wire import WireMessage
 
@@ -48,7 +50,12 @@ def make_client(
     *,
     will: WireMessage | None = None,
 ) -> mqtt.Client:
-    """A paho MQTT 5 client, not yet connected: call `connect_async` + `loop_start`."""
+    """A paho MQTT 5 client, not yet connected: call `connect_async` + `loop_start`.
+
+    Received PUBLISH properties are decoded by `publish_properties` (paho's result, a
+    fraction of its CPU) wherever paho lets it in.
+    """
+    publish_properties.install()
     client = mqtt.Client(
         mqtt.CallbackAPIVersion.VERSION2,
         client_id=client_id,
@@ -93,7 +100,7 @@ def connect(client: mqtt.Client, settings: MqttSettings, *, clean_start: bool = 
 
 
 def properties(wire: WireMessage) -> Properties:
-    props = Properties(PacketTypes.PUBLISH)
+    props = PublishProperties(PacketTypes.PUBLISH)  # paho's tables, built once
     props.UserProperty = list(wire.user_properties)
     if wire.content_type:
         props.ContentType = wire.content_type

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import functools
 import hmac
-import threading
+import sys
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -23,6 +22,7 @@ from typing import Any
 from prometheus_client import Counter
 from pydantic import ValidationError
 
+from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.errors import PayloadRejected
 from edgefleet.shared.hashing import same_hex
 from edgefleet.shared.messages import (
@@ -154,28 +154,38 @@ class Verified:
 
 
 class ReplayGuard:
-    """Remembers (device, kind, key) seen within a window; bounded in memory."""
+    """Remembers (device, kind, key) seen within a window, bounded by count and bytes.
 
-    def __init__(self, window_s: float = 900.0, max_entries: int = 1_000_000):
-        self._window_s = window_s
-        self._max = max_entries
-        self._seen: OrderedDict[tuple[str, str, str], float] = OrderedDict()
-        self._lock = threading.Lock()
+    The window only needs to cover the time a message passes the staleness check (twice
+    the allowed clock skew); past the bounds the oldest go first, counted as `full`
+    evictions (`ef_bounded_evictions_total{name="wire_replay"}`): a replay of those is
+    then let through, which the stores' idempotency (case_id) still absorbs.
+    """
+
+    def __init__(
+        self,
+        window_s: float = 900.0,
+        max_entries: int = 1_000_000,
+        max_bytes: int = 256 * 2**20,
+        *,
+        name: str = "wire_replay",
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._seen: BoundedMap[str, bool] = BoundedMap(
+            name,
+            max_entries=max_entries,
+            max_bytes=max_bytes,
+            size_of=lambda key, _: sys.getsizeof(key) + ENTRY_OVERHEAD,
+            ttl_s=window_s,
+            clock=clock,
+        )
 
     def check_and_add(self, device_id: str, kind: str, key: str) -> bool:
         """True if new; False if this key was seen inside the window."""
-        now = time.monotonic()
-        entry = (device_id, kind, key)
-        with self._lock:
-            while self._seen:
-                oldest, seen_at = next(iter(self._seen.items()))
-                if now - seen_at <= self._window_s and len(self._seen) < self._max:
-                    break
-                del self._seen[oldest]
-            if entry in self._seen:
-                return False
-            self._seen[entry] = now
-            return True
+        return self._seen.add_if_absent(f"{device_id}\0{kind}\0{key}", True)
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 class ReplayedMessage(PayloadRejected):

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -21,7 +23,11 @@ from edgefleet.bench.harness import publish_cases, verdict_of
 from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.shared.db import Database
 from edgefleet.shared.imaging import encode_png
-from edgefleet.shared.mqtt import MqttSettings, connect, device_client_id, make_client
+from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
+from edgefleet.shared.mqtt import MqttSettings, connect, device_client_id, make_client, publish
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import encode
+from tests.integration.test_edge_support import wait_for
 
 N_CASES = 60
 
@@ -126,3 +132,97 @@ def test_a_cloud_killed_mid_ingest_answers_every_case_after_restart(
         cloud.wait()
         device.loop_stop()
         device.disconnect()
+
+
+N_DEVICES, PER_DEVICE = 40, 250
+
+
+def _history_rows(db_path: Path) -> int:
+    """Telemetry samples committed so far (read-only, beside the running cloud)."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM fleet_telemetry_history").fetchone()[0]
+    except sqlite3.OperationalError:  # the cloud has not created its tables yet
+        return 0
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_cloud_killed_mid_telemetry_batch_stores_every_message_once(
+    own_broker, tmp_path: Path
+) -> None:
+    # given devices whose telemetry each lands in a history bucket of its own (1 s buckets,
+    # one message per second of ts), so every message leaves exactly one row to count
+    data = tmp_path / "data"
+    db_path = data / "cloud.db"
+    db = Database.connect(f"sqlite:///{db_path}")
+    registry = DeviceRegistry(db)
+    keys = {f"tm-{i:02d}": registry.enroll(f"tm-{i:02d}").device_key for i in range(N_DEVICES)}
+    db.close()
+    config = tmp_path / "cloud.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "http": {"port": 0},
+                "mqtt": {"host": own_broker.host, "port": own_broker.port},
+                "data_dir": str(data),
+                "models": {"preload": False},
+                "telemetry": {"bucket_s": 1},
+                "ingest": {"max_skew_s": 3600},
+            }
+        )
+    )
+    base = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=1800)
+    messages = [
+        DeviceTelemetry(
+            device_id=device,
+            ts=base + timedelta(seconds=seq),
+            seq=seq,
+            uptime_s=float(seq),
+            escalations=EscalationCounters(sent=0, pending=0, dropped=0),
+            outbox_depth=seq,
+            cpu_pct=1.0,
+            ram_used_mb=1.0,
+        )
+        for seq in range(1, PER_DEVICE + 1)
+        for device in keys
+    ]
+    topics = Topics()
+    wires = [encode(m, keys[m.device_id], topics.telemetry(m.device_id)) for m in messages]
+    settings = MqttSettings(host=own_broker.host, port=own_broker.port, max_inflight=1000)
+    fleet = make_client(settings, "fleet-of-40")
+    connect(fleet, settings, clean_start=True)
+    cloud = _serve(config, tmp_path / "serve.log")
+    try:
+        _ready(tmp_path / "serve.log", cloud)
+        # when 10,000 are published at once and the cloud is killed -9 while storing them
+        infos = [publish(fleet, wire, qos=1) for wire in wires]
+        partial = len(messages) // 5
+        wait_for(lambda: _history_rows(db_path) >= partial, 120, "some telemetry stored")
+        cloud.kill()
+        cloud.wait()
+        at_kill = _history_rows(db_path)
+        assert at_kill < len(messages), "all stored before the kill: nothing was tested"
+        for info in infos:  # every message is with the broker (QoS 1 acknowledged)
+            info.wait_for_publish(60)
+        # and started again on the same data folder
+        cloud = _serve(config, tmp_path / "restart.log")
+        _ready(tmp_path / "restart.log", cloud)
+        wait_for(lambda: _history_rows(db_path) >= len(messages), 180, "every message stored")
+        # then every message is stored, each once: one row per message, with its own values
+        stored = Database.connect(f"sqlite:///{db_path}")
+        rows = stored.query("SELECT device_id, bucket, outbox_depth FROM fleet_telemetry_history")
+        devices = stored.query("SELECT device_id, telemetry FROM fleet_devices")
+        stored.close()
+        expected = {(m.device_id, int(m.ts.timestamp()), m.outbox_depth) for m in messages}
+        found = [(r["device_id"], r["bucket"], r["outbox_depth"]) for r in rows]
+        assert len(found) == len(expected) and set(found) == expected
+        # and each device's telemetry is its newest, whatever came again after the restart
+        newest = {d["device_id"]: json.loads(d["telemetry"])["seq"] for d in devices}
+        assert newest == dict.fromkeys(keys, PER_DEVICE)
+    finally:
+        cloud.kill()
+        cloud.wait()
+        fleet.loop_stop()
+        fleet.disconnect()

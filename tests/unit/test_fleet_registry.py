@@ -135,6 +135,26 @@ def test_state_views_and_downsampled_history(db: Database) -> None:
         registry.record_telemetry(telemetry("cam-09", 1, 0, datetime.now(timezone.utc)))
 
 
+def test_telemetry_arriving_late_or_twice_never_replaces_the_newest(db: Database) -> None:
+    # given a device whose telemetry of 12:00:30 is stored (with a rate from 12:00:00)
+    registry = DeviceRegistry(db, history_bucket_s=10)
+    registry.enroll("cam-01")
+    t0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=5)
+    registry.record_telemetry(telemetry("cam-01", 1, sent=0, ts=t0))
+    registry.record_telemetry(telemetry("cam-01", 4, sent=6, ts=t0 + timedelta(seconds=30)))
+    # when an older message arrives late (a redelivery after a crash, an outbox backlog)
+    registry.record_telemetry(telemetry("cam-01", 2, sent=2, ts=t0 + timedelta(seconds=10)))
+    # and the newest one arrives a second time
+    registry.record_telemetry(telemetry("cam-01", 4, sent=6, ts=t0 + timedelta(seconds=30)))
+    # then the newest stays the device's telemetry, its rate intact
+    detail = registry.get_device("cam-01")
+    assert detail.telemetry is not None and detail.telemetry["seq"] == 4
+    points = registry.history("cam-01", hours=1)
+    # and the late one still fills its own history bucket, once
+    assert [p.outbox_depth for p in points] == [1, 2, 4]
+    assert points[-1].escalation_rate == pytest.approx(12.0)  # 6 in 30 s
+
+
 def test_postgres_store() -> None:
     """The scale path: the same registry and rollout tables on PostgreSQL, in a fresh schema."""
     try:
