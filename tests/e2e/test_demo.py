@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,19 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.demo import demo_missing
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def _missing() -> str | None:
-    if not (shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists()):
-        return "mosquitto is not installed (apt-get install mosquitto)"
-    for module in ("edgefleet.edge.cli", "edgefleet.cloud.cli", "edgefleet.fleet.cli"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} does not exist yet: the demo needs its command"
-    return None
-
-
-@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+@pytest.mark.skipif(demo_missing() is not None, reason=str(demo_missing()))
 def test_demo_runs_end_to_end_and_prints_the_final_report(tmp_path: Path) -> None:
     # given a clean work folder and an empty cache, when the demo runs for 20 s with two
     # devices (and does not keep the dashboard up afterwards)
@@ -114,8 +105,8 @@ def test_demo_help_has_an_example() -> None:
 
 
 def test_demo_rejects_a_missing_video(tmp_path: Path) -> None:
-    if _missing() is not None and "mosquitto" in str(_missing()):
-        pytest.skip(str(_missing()))
+    if demo_missing() is not None and "mosquitto" in str(demo_missing()):
+        pytest.skip(str(demo_missing()))
     result = subprocess.run(
         [
             sys.executable,
@@ -136,7 +127,7 @@ def test_demo_rejects_a_missing_video(tmp_path: Path) -> None:
     assert "nope.mp4: no such file" in result.stdout + result.stderr
 
 
-@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+@pytest.mark.skipif(demo_missing() is not None, reason=str(demo_missing()))
 def test_demo_with_no_arguments_stops_on_ctrl_c_with_the_report_and_no_leftovers(
     tmp_path: Path,
 ) -> None:
@@ -216,7 +207,7 @@ def _wait_for(check, timeout_s: float, demo: subprocess.Popen, lines: list[str])
     pytest.fail(f"timed out after {timeout_s} s; output:\n{''.join(lines)[-4000:]}")
 
 
-@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+@pytest.mark.skipif(demo_missing() is not None, reason=str(demo_missing()))
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
 def test_ctrl_c_during_start_up_stops_at_once_and_leaves_nothing_running(
     tmp_path: Path, stop_signal: signal.Signals
@@ -256,7 +247,7 @@ def test_ctrl_c_during_start_up_stops_at_once_and_leaves_nothing_running(
     assert not alive, [p.cmdline() for p in alive]
 
 
-@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+@pytest.mark.skipif(demo_missing() is not None, reason=str(demo_missing()))
 def test_demo_runs_on_the_users_own_video(tmp_path: Path) -> None:
     import cv2
     import numpy as np

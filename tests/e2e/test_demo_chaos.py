@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_demo import _missing
+from tests.support.demo import demo_missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+@pytest.mark.skipif(demo_missing() is not None, reason=str(demo_missing()))
 def test_a_short_chaos_run_loses_nothing_and_shows_every_fault(tmp_path: Path) -> None:
     # given a clean work folder, when the demo runs 45 s with two devices under a seeded
     # schedule of all five faults

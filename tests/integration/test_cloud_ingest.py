@@ -69,6 +69,7 @@ def _device(broker, name: str, results_of: str | None = None):
     got: list[CloudVerdict] = []
     ready = threading.Event()
     if results_of:
+
         def on_message(c, u, m) -> None:
             verdict = verdict_of(m.payload)
             if verdict is not None:  # not the cloud's lag status

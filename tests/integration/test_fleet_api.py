@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from edgefleet.shared.messages import DeviceStatus, DeviceTelemetry, EscalationCounters
-from tests.support.fleet import OPERATOR_KEY, FleetServer, tiny_onnx, wait_until
+from tests.support.fleet import OPERATOR_KEY, FleetServer, tiny_onnx
+from tests.support.waiting import eventually
 
 AUTH = {"Authorization": f"Bearer {OPERATOR_KEY}"}
 GOOD_HASH = "c" * 64
@@ -219,7 +220,7 @@ def test_events_stream_batches_device_changes(server) -> None:
 
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
-    assert wait_until(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
+    eventually(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
     # when a device sends its status
     server.registry.record_status(
         DeviceStatus(device_id="cam-2", state="online", agent_version="1")
@@ -230,7 +231,7 @@ def test_events_stream_batches_device_changes(server) -> None:
     def online_batch() -> list[dict]:
         return next((d for e, d in events if e == "devices" and any(x["online"] for x in d)), [])
 
-    assert wait_until(lambda: online_batch(), timeout_s=30)
+    eventually(lambda: online_batch(), timeout_s=30)
     assert [d["device_id"] for d in online_batch() if d["online"]] == ["cam-2"]
     assert any(e == "deployments" for e, _ in events)
     thread.join(timeout=10)
@@ -269,7 +270,7 @@ def test_fleet_event_lines_are_stored_listed_and_streamed(server) -> None:
 
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
-    assert wait_until(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
+    eventually(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
     # when the demo posts a fault's event line
     line = "t=22.3 s broker: kill -9; restarted 1x; healthy again after 1.7 s"
     posted = httpx.post(
@@ -283,7 +284,7 @@ def test_fleet_event_lines_are_stored_listed_and_streamed(server) -> None:
     assert [(e["component"], e["message"], e["healthy_after_s"]) for e in listed] == [
         ("broker", line, 1.7)
     ]
-    assert wait_until(lambda: any(e == "events" for e, _ in events), timeout_s=30)
+    eventually(lambda: any(e == "events" for e, _ in events), timeout_s=30)
     streamed = next(d for e, d in events if e == "events")
     assert [e["message"] for e in streamed] == [line]  # type: ignore[union-attr]
     thread.join(timeout=10)

@@ -317,7 +317,7 @@ def test_cli_enroll_and_revoke_reach_the_running_broker(tmp_path: Path) -> None:
 def test_a_cloud_whose_subscriptions_are_refused_is_not_ready(tmp_path: Path, caplog) -> None:
     from edgefleet.cloud.services import CloudServices
     from edgefleet.cloud.settings import CloudSettings
-    from tests.support.fleet import wait_until
+    from tests.support.waiting import eventually
 
     db = Database.connect(f"sqlite:///{tmp_path}/fleet.db")
     registry = DeviceRegistry(db)
@@ -334,7 +334,7 @@ def test_a_cloud_whose_subscriptions_are_refused_is_not_ready(tmp_path: Path, ca
     try:
         services.start()
         # then it says why and stays not ready, instead of serving while ingesting nothing
-        assert wait_until(lambda: "refused the ingest subscriptions" in caplog.text, 30)
+        eventually(lambda: "refused the ingest subscriptions" in caplog.text, 30)
         ready, body = services.readiness()
         assert not ready and "broker not connected" in body["reasons"]
     finally:

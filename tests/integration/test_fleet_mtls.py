@@ -15,7 +15,8 @@ from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.shared.db import Database
 from edgefleet.shared.mqtt import device_client_id
 from tests.support.broker import free_port, wait_for_port
-from tests.support.fleet import fleet_broker, wait_until
+from tests.support.fleet import fleet_broker
+from tests.support.waiting import eventually
 
 
 def tls_connect(
@@ -97,6 +98,4 @@ def test_device_certificate_and_password_required_and_revocable(tls_broker) -> N
     # after revocation (CRL rewritten, broker reloaded) the device's certificate is refused
     ca.revoke("cam-01")
     assert reload_broker(tmp_path / "broker") is not None
-    assert wait_until(
-        lambda: tls_connect(port, ca.cert_path, cert, key, login, own_id) != 0, timeout_s=30
-    )
+    eventually(lambda: tls_connect(port, ca.cert_path, cert, key, login, own_id) != 0, timeout_s=30)

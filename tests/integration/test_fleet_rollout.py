@@ -21,7 +21,8 @@ from edgefleet.shared.messages import DeviceStatus, ReportedState
 from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
 from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import Verifier, WireMessage
-from tests.support.fleet import FleetServer, fleet_broker, tiny_onnx, wait_until
+from tests.support.fleet import FleetServer, fleet_broker, tiny_onnx
+from tests.support.waiting import eventually
 
 DEVICES = [f"cam-{i:02d}" for i in range(5)]
 REPO = Path(__file__).resolve().parents[2]
@@ -196,13 +197,17 @@ def test_good_rollout_reaches_all_bad_ones_stop_at_the_canary(fleet) -> None:
     broken.write_bytes(b"\x08\x07garbage that is no onnx graph" * 64)
     server.store.add("det", "3", broken)
     # given all five devices online
-    assert wait_until(
-        lambda: sum(d.online for d in server.registry.list_devices("line")) == 5, timeout_s=90
-    ), logs(tmp_path)
+    eventually(
+        lambda: sum(d.online for d in server.registry.list_devices("line")) == 5,
+        timeout_s=90,
+        detail=lambda: logs(tmp_path),
+    )
 
     # when a good model is rolled out with one canary, it reaches all five
     good = rollout(server, "1")
-    assert wait_until(lambda: server.rollouts.get(good).status == "completed", 90), logs(tmp_path)
+    eventually(
+        lambda: server.rollouts.get(good).status == "completed", 90, detail=lambda: logs(tmp_path)
+    )
     for device in DEVICES:
         assert server.registry.reported(device).deployment_id == good
         assert device_state(tmp_path, device)["deployment_id"] == good
@@ -212,22 +217,23 @@ def test_good_rollout_reaches_all_bad_ones_stop_at_the_canary(fleet) -> None:
     view = server.rollouts.get(bad_hash)
     canary = view.canaries[0]
     # then it stops at the canary, which gets the good deployment back
-    assert wait_until(lambda: server.rollouts.get(bad_hash).status == "rolled_back", 90)
+    eventually(lambda: server.rollouts.get(bad_hash).status == "rolled_back", 90)
     assert "does not match" in server.rollouts.get(bad_hash).error
-    assert wait_until(
+    eventually(
         lambda: (
             server.registry.reported(canary).deployment_id == good
             and server.registry.reported(canary).status == "healthy"
         ),
         60,
-    ), logs(tmp_path)
+        detail=lambda: logs(tmp_path),
+    )
 
     # when a model that fails its warm-up is rolled out
     bad_warmup = rollout(server, "3")
     canary3 = server.rollouts.get(bad_warmup).canaries[0]
-    assert wait_until(lambda: server.rollouts.get(bad_warmup).status == "rolled_back", 90)
+    eventually(lambda: server.rollouts.get(bad_warmup).status == "rolled_back", 90)
     assert "warm-up" in server.rollouts.get(bad_warmup).error
-    assert wait_until(lambda: server.registry.reported(canary3).deployment_id == good, 60)
+    eventually(lambda: server.registry.reported(canary3).deployment_id == good, 60)
 
     # and the other devices never left the good version: never sent the bad ones at all
     for bad, can in ((bad_hash, canary), (bad_warmup, canary3)):
@@ -244,18 +250,20 @@ def test_good_rollout_reaches_all_bad_ones_stop_at_the_canary(fleet) -> None:
 def test_a_device_offline_during_the_rollout_gets_it_when_it_returns(rig) -> None:
     server, link, devices, tmp_path = rig
     server.store.add("det", "1", tiny_onnx(tmp_path / "m1" / "det.onnx", scale=1.0))
-    assert wait_until(
-        lambda: sum(d.online for d in server.registry.list_devices("line")) == 5, timeout_s=90
-    ), logs(tmp_path)
+    eventually(
+        lambda: sum(d.online for d in server.registry.list_devices("line")) == 5,
+        timeout_s=90,
+        detail=lambda: logs(tmp_path),
+    )
     # given cam-04 drops off the network (its will marks it offline)
     devices.kill("cam-04")
-    assert wait_until(lambda: not server.registry.get_device("cam-04").online, timeout_s=60)
+    eventually(lambda: not server.registry.get_device("cam-04").online, timeout_s=60)
 
     # when a rollout runs while it is away
     dep = rollout(server, "1")
     assert server.rollouts.get(dep).canaries != ["cam-04"]  # online devices go first
     # then the four online devices apply it; the rollout waits for the fifth
-    assert wait_until(
+    eventually(
         lambda: all(
             server.registry.reported(d) is not None
             and server.registry.reported(d).deployment_id == dep
@@ -263,7 +271,8 @@ def test_a_device_offline_during_the_rollout_gets_it_when_it_returns(rig) -> Non
             for d in DEVICES[:4]
         ),
         90,
-    ), logs(tmp_path)
+        detail=lambda: logs(tmp_path),
+    )
     view = server.rollouts.get(dep)
     assert view.status == "rolling"
     assert {t.device_id: t.state for t in view.targets}["cam-04"] == "sent"
@@ -272,7 +281,9 @@ def test_a_device_offline_during_the_rollout_gets_it_when_it_returns(rig) -> Non
     # when it comes back, the retained desired state is waiting for it: nobody re-sends
     published = len(link.published)
     devices.start("cam-04")
-    assert wait_until(lambda: server.rollouts.get(dep).status == "completed", 90), logs(tmp_path)
+    eventually(
+        lambda: server.rollouts.get(dep).status == "completed", 90, detail=lambda: logs(tmp_path)
+    )
     assert device_state(tmp_path, "cam-04")["deployment_id"] == dep
     assert server.registry.reported("cam-04").deployment_id == dep
     assert len(link.published) == published

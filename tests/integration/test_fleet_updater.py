@@ -10,8 +10,9 @@ import pytest
 
 from edgefleet.edge.updater import DesiredStateApplier
 from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState
-from tests.support.fleet import FleetServer, OnnxControl, tiny_onnx, wait_until
+from tests.support.fleet import FleetServer, OnnxControl, tiny_onnx
 from tests.support.process_runtime import ProcessRuntime
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -168,7 +169,7 @@ def test_image_change_goes_to_the_process_runtime(tmp_path, server) -> None:
         app.handle(desired(device_ref(server, "det", "1"), image="ghcr.io/acme/edge:2.0"))
         assert reports[-1].status == "healthy"
         assert runtime.current_image() == "ghcr.io/acme/edge:2.0"
-        assert wait_until(lambda: marker.exists() and marker.read_text() == "ghcr.io/acme/edge:2.0")
+        eventually(lambda: marker.exists() and marker.read_text() == "ghcr.io/acme/edge:2.0")
         first_pid = runtime.pid
         # a runtime whose process dies at start fails the update and is reported
         bad = ProcessRuntime([sys.executable, "-c", "raise SystemExit(3)"], settle_s=0.5)

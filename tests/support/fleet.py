@@ -3,7 +3,6 @@ config, and a device side with real ONNX Runtime loads."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,16 +66,6 @@ class FleetServer:
 
     def stop(self) -> None:
         self.http.stop()
-
-
-def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.05) -> bool:
-    """Poll `predicate` until it is truthy (generous timeouts; never a fixed sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return bool(predicate())
 
 
 # --- a device side for tests: real ONNX Runtime loads and warm-ups ------------------------

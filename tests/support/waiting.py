@@ -6,12 +6,22 @@ import time
 from collections.abc import Callable
 
 
-def eventually(predicate: Callable[[], object], timeout_s: float = 60.0, what: str = "") -> None:
-    """Return as soon as `predicate()` is true; fail naming `what` after `timeout_s`."""
+def eventually(
+    predicate: Callable[[], object],
+    timeout_s: float = 60.0,
+    what: str = "",
+    *,
+    detail: Callable[[], object] | None = None,
+) -> None:
+    """Return as soon as `predicate()` is true; fail naming `what` after `timeout_s`, with
+    `detail()` (logs, output) read at that moment."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+            extra = f"\n{detail()}" if detail is not None else ""
+            raise AssertionError(
+                f"timed out after {timeout_s} s waiting for {what or predicate}{extra}"
+            )
         time.sleep(0.02)
 
 

@@ -221,7 +221,7 @@ def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
 
     from edgefleet.fleet.registry import DeviceRegistry
     from edgefleet.shared.db import Database
-    from tests.support.fleet import wait_until
+    from tests.support.waiting import eventually
 
     db_url = f"sqlite:///{tmp_path}/cloud.db"
     db = Database.connect(db_url)
@@ -245,10 +245,10 @@ def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
     reader.start()
     try:
         # given the watch shows the one device
-        assert wait_until(lambda: b"1 devices" in output, timeout_s=60), output.decode()
+        eventually(lambda: b"1 devices" in output, timeout_s=60, detail=lambda: output.decode())
         # when a second device is enrolled, the table refreshes by itself
         registry.enroll("cam-02", group="yard")
-        assert wait_until(lambda: b"2 devices" in output and b"cam-02" in output, timeout_s=60)
+        eventually(lambda: b"2 devices" in output and b"cam-02" in output, timeout_s=60)
         # and Ctrl-C ends it cleanly
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0, output.decode()

@@ -206,7 +206,7 @@ def test_postgres_store() -> None:
 
 
 def test_revoke_and_re_enroll_by_another_process_reach_a_running_cloud(tmp_path: Path) -> None:
-    from tests.support.fleet import wait_until
+    from tests.support.waiting import eventually
 
     url = f"sqlite:///{tmp_path}/shared.db"
     # given a cloud's registry that has used cam-01's key (and cached it)
@@ -216,8 +216,8 @@ def test_revoke_and_re_enroll_by_another_process_reach_a_running_cloud(tmp_path:
     assert cloud.device_key("cam-01") == old
     # when the fleet CLI revokes it, the cloud refuses the old key within its cache time
     cli.revoke("cam-01")
-    assert wait_until(lambda: cloud.device_key("cam-01") is None, timeout_s=10)
+    eventually(lambda: cloud.device_key("cam-01") is None, timeout_s=10)
     # and when it is enrolled again, the cloud takes the new key, never the old one
     new = cli.enroll("cam-01").device_key
-    assert wait_until(lambda: cloud.device_key("cam-01") == new, timeout_s=10)
+    eventually(lambda: cloud.device_key("cam-01") == new, timeout_s=10)
     assert new != old

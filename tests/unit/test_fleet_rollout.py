@@ -224,7 +224,7 @@ def test_concurrent_rollout_to_the_same_group_conflicts(fleet: Fleet) -> None:
 
 
 def test_the_timer_ends_the_soak_without_more_reports(tmp_path: Path) -> None:
-    from tests.support.fleet import wait_until
+    from tests.support.waiting import eventually
 
     fleet = Fleet(tmp_path)
     fleet.rollouts.tick_interval_s = 0.05
@@ -232,7 +232,7 @@ def test_the_timer_ends_the_soak_without_more_reports(tmp_path: Path) -> None:
         dep = fleet.rollouts.create(request(soak_s=0.2))
         fleet.report(dep.canaries[0], dep.id, "healthy")
         # no further report arrives: the controller's own clock promotes the rollout
-        assert wait_until(lambda: fleet.rollouts.get(dep.id).status == "rolling", timeout_s=30)
+        eventually(lambda: fleet.rollouts.get(dep.id).status == "rolling", timeout_s=30)
     finally:
         fleet.rollouts.stop()
 
