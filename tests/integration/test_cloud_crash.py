@@ -27,7 +27,7 @@ from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
 from edgefleet.shared.mqtt import MqttSettings, connect, device_client_id, make_client, publish
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import encode
-from tests.integration.test_edge_support import wait_for
+from tests.support.waiting import eventually
 
 N_CASES = 60
 
@@ -199,7 +199,7 @@ def test_a_cloud_killed_mid_telemetry_batch_stores_every_message_once(
         # when 10,000 are published at once and the cloud is killed -9 while storing them
         infos = [publish(fleet, wire, qos=1) for wire in wires]
         partial = len(messages) // 5
-        wait_for(lambda: _history_rows(db_path) >= partial, 120, "some telemetry stored")
+        eventually(lambda: _history_rows(db_path) >= partial, 120, "some telemetry stored")
         cloud.kill()
         cloud.wait()
         at_kill = _history_rows(db_path)
@@ -209,7 +209,7 @@ def test_a_cloud_killed_mid_telemetry_batch_stores_every_message_once(
         # and started again on the same data folder
         cloud = _serve(config, tmp_path / "restart.log")
         _ready(tmp_path / "restart.log", cloud)
-        wait_for(lambda: _history_rows(db_path) >= len(messages), 180, "every message stored")
+        eventually(lambda: _history_rows(db_path) >= len(messages), 180, "every message stored")
         # then every message is stored, each once: one row per message, with its own values
         stored = Database.connect(f"sqlite:///{db_path}")
         rows = stored.query("SELECT device_id, bucket, outbox_depth FROM fleet_telemetry_history")
