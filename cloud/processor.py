@@ -11,6 +11,8 @@ Backpressure: REST submissions are refused with `Overloaded` (429 + Retry-After)
 `max_pending` cases wait. MQTT cases are flow-controlled by the broker instead: we ack
 a message only after its verdict is stored, and the broker sends at most
 `receive_maximum` unacknowledged messages, so the queue cannot grow past that either.
+A redelivery of a case someone else owns is held (not acked) in `HeldRedeliveries`, bounded
+by `max_held`; the stale sweep never queues a case that is already queued or held.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from edgefleet.cloud.cascade import Cascade
+from edgefleet.cloud.held import HeldRedeliveries
 from edgefleet.cloud.router import Route, Router
 from edgefleet.cloud.store import Claim, ClaimState, FeedbackStore
 from edgefleet.shared.db import StoreUnavailable
@@ -47,6 +50,11 @@ CASES = Counter(
 QUEUE_DEPTH = Gauge("ef_cloud_queue_depth", "Cases waiting for a worker")
 BACKPRESSURE = Counter(
     "ef_cloud_backpressure_total", "Times a full queue refused or held back work", ["source"]
+)
+SWEPT = Counter(
+    "ef_cloud_sweep_cases_total",
+    "Stale cases the sweep found: requeued, or skipped as already queued or held",
+    ["outcome"],
 )
 CASE_SECONDS = Histogram(
     "ef_cloud_case_seconds",
@@ -96,6 +104,7 @@ class CaseProcessor:
         publish: Publisher | None = None,
         recheck_s: float = 2.0,
         sweep_s: float = 30.0,
+        max_held: int = 64,
     ):
         self.store = store
         self.router = router
@@ -119,6 +128,9 @@ class CaseProcessor:
         self._waiting: collections.Counter[str] = collections.Counter()
         self._served = 0
         self._held: set[CaseId] = set()  # claimed at admission, not answered yet: not stale
+        self._queued: collections.Counter[CaseId] = collections.Counter()  # in the queue
+        # MQTT redeliveries of cases someone else owns, waiting to be checked again
+        self._redeliveries: HeldRedeliveries[CaseId, Job] = HeldRedeliveries(max_entries=max_held)
         self._stopping = threading.Event()
         self._service_s = 0.0
         self.publish_status: StatusPublisher | None = None
@@ -130,6 +142,9 @@ class CaseProcessor:
             for i in range(workers)
         ]
         self._workers.append(threading.Thread(target=self._sweep_loop, name="case-sweep"))
+        self._workers.append(
+            threading.Thread(target=self._redeliveries.run, args=(self._requeue,), name="case-held")
+        )
         for worker in self._workers:
             worker.daemon = True
             worker.start()
@@ -168,7 +183,7 @@ class CaseProcessor:
         self._make_room(case, source, flow_controlled)
         self._record_delivery(case, source)
         job = self._job(case, image, source=source, hold=flow_controlled, meta=meta)
-        self._queue.put(job)
+        self._put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
         return job.future
 
@@ -197,7 +212,7 @@ class CaseProcessor:
         job.claimed = True
         with self._fair_lock:
             self._held.add(case.case_id)
-        self._queue.put(job)
+        self._put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
         return job.future
 
@@ -277,8 +292,16 @@ class CaseProcessor:
                 self._slots = {d: s for d, s in self._slots.items() if s > self._served}
             return slot
 
+    def _put(self, job: Job) -> None:
+        with self._fair_lock:
+            self._queued[job.case.case_id] += 1
+        self._queue.put(job)
+
     def _taken(self, job: Job) -> None:
         with self._fair_lock:
+            self._queued[job.case.case_id] -= 1
+            if self._queued[job.case.case_id] <= 0:
+                del self._queued[job.case.case_id]
             self._served = max(self._served, job.sort_key[1])
             self._waiting[job.case.device_id] -= 1
             if self._waiting[job.case.device_id] <= 0:
@@ -295,24 +318,35 @@ class CaseProcessor:
         """Put a job back in its old place (its slot is kept: it had its turn already)."""
         with self._fair_lock:
             self._waiting[job.case.device_id] += 1
+            self._queued[job.case.case_id] += 1
         self._queue.put(job)
 
     def sweep(self) -> int:
         """Queue again the pending cases nobody works on (a crashed replica's, or this
-        one's from before a restart); their claims are taken over when they run."""
+        one's from before a restart); their claims are taken over when they run. A case
+        already queued or held is left where it is: a backed-up queue is not filled again
+        with the same cases every sweep."""
         stale = self.store.stale_cases(
             replica=self.replica,
             replica_started=self.started,
             stale_after_s=self.stale_after_s(),
         )
+        fresh = []
         with self._fair_lock:
-            stale = [(case, image) for case, image in stale if case.case_id not in self._held]
-        for case, image in stale:
+            for case, image in stale:
+                taken = case.case_id in self._held or case.case_id in self._queued
+                if taken or self._redeliveries.holds(case.case_id):
+                    SWEPT.labels("already_queued").inc()
+                    continue
+                self._queued[case.case_id] += 1  # reserved now: a second sweep skips it
+                fresh.append((case, image))
+        for case, image in fresh:
             log.warning("re-running stale case %s", case.case_id, extra={"case_id": case.case_id})
             CASES.labels("sweep", "requeued").inc()
+            SWEPT.labels("requeued").inc()
             self._queue.put(self._job(case, image, source="sweep"))
         QUEUE_DEPTH.set(self._queue.qsize())
-        return len(stale)
+        return len(fresh)
 
     def stale_after_s(self, route: Route | None = None) -> float:
         """A claim older than this is abandoned: well past any model deadline."""
@@ -377,13 +411,9 @@ class CaseProcessor:
                 return claim.verdict
             if claim.state is ClaimState.IN_PROGRESS:
                 CASES.labels(job.source, "duplicate_in_progress").inc()
-                if job.hold and not self._stopping.is_set():
-                    # not acked yet: look again until its owner answers or its claim goes stale
-                    timer = threading.Timer(self.recheck_s, self._requeue, (job,))
-                    timer.daemon = True
-                    timer.start()
-                    return _LATER
-                return None  # its owner stores and publishes the verdict
+                if job.hold and not self._stopping.is_set() and self._hold(job):
+                    return _LATER  # not acked: checked again until its owner answers
+                return None  # its owner stores and publishes the verdict (or the sweep)
         self.store.mark_attempt(case.case_id)
         started = time.monotonic()
         outcome = self.cascade.run(job.route, case, job.rgb, job.image_sha256)
@@ -420,6 +450,22 @@ class CaseProcessor:
         )
         self._publish(verdict)
         return verdict
+
+    def _hold(self, job: Job) -> bool:
+        """Hold a redelivery until its recheck is due (its decoded pixels are dropped: the
+        owner may answer first, and a takeover decodes again); False at the bound."""
+        job.rgb = None
+        size = len(job.image) + len(job.meta or b"")
+        if self._redeliveries.hold(job.case.case_id, job, size=size, after_s=self.recheck_s):
+            return True
+        log.warning(
+            "case %s redelivered while held elsewhere; %d redeliveries already held, so it "
+            "is acked without a verdict (its owner or the stale sweep answers it)",
+            job.case.case_id,
+            self._redeliveries.max_entries,
+            extra={"case_id": job.case.case_id},
+        )
+        return False
 
     def _needs_pixels(self, route: Route) -> bool:
         """Pixels are only needed when a model level may run."""
@@ -469,5 +515,6 @@ class CaseProcessor:
 
     def close(self) -> None:
         self._stopping.set()
+        self._redeliveries.stop()
         for worker in self._workers:
             worker.join(timeout=5)

@@ -144,6 +144,7 @@ class CloudServices:
             max_pending=settings.queue.max_pending,
             max_pending_per_device=settings.queue.max_pending_per_device,
             retry_after_s=settings.queue.retry_after_s,
+            max_held=settings.ingest.held_max or settings.ingest.receive_maximum,
         )
         services = cls(
             settings=settings,

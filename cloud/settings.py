@@ -74,6 +74,13 @@ class IngestSettings(Closed):
         description="QoS 1 messages the broker may have unacknowledged with us; we ack only "
         "after a case is stored, so this bounds ingest memory",
     )
+    held_max: int | None = Field(
+        None,
+        ge=1,
+        description="redeliveries of cases another worker or replica owns, held un-acked to "
+        "be checked again; beyond, one is acked without a verdict (its owner or the stale "
+        "sweep answers it); none = receive_maximum",
+    )
     light_queue: int = Field(
         10_000,
         ge=1,
