@@ -7,30 +7,12 @@ import json
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgefleet.bench.harness import escalation_case
-from edgefleet.cloud.services import CloudServices
-from edgefleet.cloud.settings import CloudSettings
 from edgefleet.shared.errors import Conflict, EdgefleetError, Overloaded
-from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import CloudVerdict
-
-PNG = encode_png(np.full((8, 8, 3), 90, np.uint8))
-
-
-def _services(tmp_path: Path, **queue) -> CloudServices:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text("default: {model: rules, timeout_s: 5}\n")
-    settings = CloudSettings(
-        data_dir=tmp_path / "data",
-        ingest={"enabled": False},
-        models={"preload": False},
-        rules={"file": rules},
-        queue={"workers": 1, **queue},
-    )
-    return CloudServices.build(settings)
+from tests.support.cloud import PNG, rules_only_services
 
 
 class CountingDecoder:
@@ -63,7 +45,7 @@ class HeldPublisher:
 def test_a_rest_case_is_decoded_and_claimed_once_and_a_repeat_is_a_409_while_queued(
     tmp_path: Path,
 ) -> None:
-    svc = _services(tmp_path)
+    svc = rules_only_services(tmp_path)
     decoder = CountingDecoder(svc.processor.decode)
     svc.processor.decode = decoder
     gate = HeldPublisher()
@@ -92,7 +74,7 @@ def test_a_rest_case_is_decoded_and_claimed_once_and_a_repeat_is_a_409_while_que
 def test_a_rest_case_whose_image_will_not_decode_is_refused_before_it_is_stored(
     tmp_path: Path,
 ) -> None:
-    svc = _services(tmp_path, max_pending_per_device=2)
+    svc = rules_only_services(tmp_path, max_pending_per_device=2)
     try:
         # given images that claim to be PNG and are not
         bad = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
@@ -112,7 +94,7 @@ def test_a_rest_case_whose_image_will_not_decode_is_refused_before_it_is_stored(
 
 
 def test_an_mqtt_case_is_stored_as_it_arrived_not_serialised_again(tmp_path: Path) -> None:
-    svc = _services(tmp_path)
+    svc = rules_only_services(tmp_path)
     try:
         # given the ef-meta bytes a device signed (spacing of its own JSON encoder)
         case = escalation_case("cam-a", edge=[("EF-1", 0.7)])

@@ -6,31 +6,14 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgefleet.bench.harness import escalation_case
 from edgefleet.cloud.replica import ReplicaIdentity
-from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.shared.errors import Overloaded
-from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import CloudVerdict
-
-PNG = encode_png(np.full((8, 8, 3), 90, np.uint8))
-
-
-def _services(tmp_path: Path, **queue) -> CloudServices:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text("default: {model: rules, timeout_s: 5}\n")
-    settings = CloudSettings(
-        data_dir=tmp_path / "data",
-        ingest={"enabled": False},
-        models={"preload": False},
-        rules={"file": rules},
-        queue={"workers": 1, **queue},
-    )
-    return CloudServices.build(settings)
+from tests.support.cloud import PNG, rules_only_services
 
 
 class Gate:
@@ -51,7 +34,7 @@ class Gate:
 
 
 def test_one_devices_flood_does_not_push_another_device_back(tmp_path: Path) -> None:
-    svc = _services(tmp_path)
+    svc = rules_only_services(tmp_path)
     gate = Gate()
     svc.processor.publish = gate
     try:
@@ -79,7 +62,7 @@ def test_one_devices_flood_does_not_push_another_device_back(tmp_path: Path) -> 
 
 
 def test_a_devices_rest_quota_refuses_it_and_not_the_others(tmp_path: Path) -> None:
-    svc = _services(tmp_path, max_pending_per_device=3)
+    svc = rules_only_services(tmp_path, max_pending_per_device=3)
     gate = Gate()
     svc.processor.publish = gate
     try:
@@ -100,7 +83,7 @@ def test_a_devices_rest_quota_refuses_it_and_not_the_others(tmp_path: Path) -> N
 
 def test_a_case_left_in_progress_by_a_crash_is_swept_and_answered(tmp_path: Path) -> None:
     # given a case claimed by this replica in its previous life, never answered
-    first = _services(tmp_path)
+    first = rules_only_services(tmp_path)
     case = escalation_case("cam-a")
     first.store.claim(
         case,
@@ -113,7 +96,7 @@ def test_a_case_left_in_progress_by_a_crash_is_swept_and_answered(tmp_path: Path
     replica = first.replica
     first.close()  # releases the identity, as a crash would
     # when the replica starts again (same data folder: same identity)
-    second = _services(tmp_path)
+    second = rules_only_services(tmp_path)
     try:
         assert second.replica == replica
         # then its sweep runs the case again and stores a verdict
@@ -126,7 +109,7 @@ def test_a_case_left_in_progress_by_a_crash_is_swept_and_answered(tmp_path: Path
 def test_a_redelivered_case_another_worker_holds_is_not_acked_until_answered(
     tmp_path: Path,
 ) -> None:
-    svc = _services(tmp_path)
+    svc = rules_only_services(tmp_path)
     svc.processor.recheck_s = 0.05
     try:
         # given a case another live replica has just claimed
@@ -183,7 +166,7 @@ def test_share_group_is_derived_from_the_clouds_secret() -> None:
 
 
 def test_readyz_gives_no_client_id_away(tmp_path: Path) -> None:
-    svc = _services(tmp_path)
+    svc = rules_only_services(tmp_path)
     try:
         _, body = svc.readiness()
         assert svc.replica not in str(body)
@@ -196,7 +179,7 @@ def test_without_a_master_key_the_cloud_says_loudly_what_that_means(
 ) -> None:
     import stat
 
-    svc = _services(tmp_path)
+    svc = rules_only_services(tmp_path)
     try:
         warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert any("device_master_key" in m and "sign as any device" in m for m in warned)

@@ -7,30 +7,11 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
-
 from edgefleet.bench.harness import escalation_case
 from edgefleet.cloud.held import HeldRedeliveries
-from edgefleet.cloud.services import CloudServices
-from edgefleet.cloud.settings import CloudSettings
-from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import CloudVerdict, utcnow
+from tests.support.cloud import PNG, rules_only_services
 from tests.support.waiting import counter_value, eventually
-
-PNG = encode_png(np.full((8, 8, 3), 90, np.uint8))
-
-
-def _services(tmp_path: Path, **ingest: object) -> CloudServices:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text("default: {model: rules, timeout_s: 5}\n")
-    settings = CloudSettings(
-        data_dir=tmp_path / "data",
-        ingest={"enabled": False, **ingest},
-        models={"preload": False},
-        rules={"file": rules},
-        queue={"workers": 1},
-    )
-    return CloudServices.build(settings)
 
 
 class Clock:
@@ -69,7 +50,7 @@ def test_held_redeliveries_are_bounded_by_count_and_released_when_due() -> None:
 def test_a_redelivery_past_the_bound_is_acked_without_a_verdict_not_held(
     tmp_path: Path,
 ) -> None:
-    svc = _services(tmp_path, held_max=1)
+    svc = rules_only_services(tmp_path, ingest={"held_max": 1})
     svc.processor.recheck_s = 3600  # held ones stay held for the whole test
     full = counter_value("ef_cloud_held_full_total")
     try:
@@ -106,7 +87,7 @@ def test_a_redelivery_past_the_bound_is_acked_without_a_verdict_not_held(
 def test_the_sweep_twice_while_the_queue_is_backed_up_queues_each_case_once(
     tmp_path: Path,
 ) -> None:
-    svc = _services(tmp_path)
+    svc = rules_only_services(tmp_path)
     busy, release = threading.Event(), threading.Event()
 
     def hold_the_worker(verdict: CloudVerdict) -> None:
