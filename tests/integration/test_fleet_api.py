@@ -56,6 +56,12 @@ def test_operator_key_is_required(server) -> None:
         403,
         "forbidden",
     )
+    # and a stolen device token can neither write nor read the fleet's event log
+    line = {"source": "x", "component": "broker", "message": "all is well"}
+    events = f"{server.url}/v1/fleet/events"
+    assert_error(httpx.post(events, json=line, headers=headers), 403, "forbidden")
+    assert_error(httpx.get(events, headers=headers), 403, "forbidden")
+    assert httpx.get(events, headers=AUTH).json()["events"] == []
 
 
 def test_device_views(server) -> None:
