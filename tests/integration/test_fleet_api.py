@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -42,6 +44,28 @@ def assert_error(resp: httpx.Response, status: int, code: str) -> dict:
     error = resp.json()["error"]
     assert error["code"] == code and error["message"] and len(error["trace_id"]) == 32
     return error
+
+
+def listen_to_events(
+    server, until: Callable[[str, Any], bool]
+) -> tuple[list[tuple[str, Any]], threading.Thread]:
+    """Read the dashboard's SSE stream on a thread into (event, data) pairs, until `until`."""
+    events: list[tuple[str, Any]] = []
+
+    def listen() -> None:
+        with httpx.stream("GET", f"{server.url}/v1/events", headers=AUTH, timeout=60) as resp:
+            event = "message"
+            for line in resp.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    events.append((event, json.loads(line[5:].strip())))
+                    if until(*events[-1]):
+                        return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    return events, thread
 
 
 def test_operator_key_is_required(server) -> None:
@@ -211,21 +235,9 @@ def test_model_download_supports_range_and_capabilities(tmp_path, server) -> Non
 
 def test_events_stream_batches_device_changes(server) -> None:
     # given a client on the live stream
-    events: list[tuple[str, object]] = []
-
-    def listen() -> None:
-        with httpx.stream("GET", f"{server.url}/v1/events", headers=AUTH, timeout=60) as resp:
-            event = "message"
-            for line in resp.iter_lines():
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:"):
-                    events.append((event, json.loads(line[5:].strip())))
-                    if event == "devices" and any(d["online"] for d in events[-1][1]):
-                        return
-
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
+    events, thread = listen_to_events(
+        server, until=lambda e, d: e == "devices" and any(x["online"] for x in d)
+    )
     eventually(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
     # when a device sends its status
     server.registry.record_status(
@@ -261,21 +273,7 @@ def test_a_hash_that_does_not_match_the_stored_model_is_refused(tmp_path, server
 
 def test_fleet_event_lines_are_stored_listed_and_streamed(server) -> None:
     # given a client on the live stream
-    events: list[tuple[str, object]] = []
-
-    def listen() -> None:
-        with httpx.stream("GET", f"{server.url}/v1/events", headers=AUTH, timeout=60) as resp:
-            event = "message"
-            for line in resp.iter_lines():
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:"):
-                    events.append((event, json.loads(line[5:].strip())))
-                    if event == "events":
-                        return
-
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
+    events, thread = listen_to_events(server, until=lambda e, _: e == "events")
     eventually(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
     # when the demo posts a fault's event line
     line = "t=22.3 s broker: kill -9; restarted 1x; healthy again after 1.7 s"
@@ -292,7 +290,7 @@ def test_fleet_event_lines_are_stored_listed_and_streamed(server) -> None:
     ]
     eventually(lambda: any(e == "events" for e, _ in events), timeout_s=30)
     streamed = next(d for e, d in events if e == "events")
-    assert [e["message"] for e in streamed] == [line]  # type: ignore[union-attr]
+    assert [e["message"] for e in streamed] == [line]
     thread.join(timeout=10)
 
 
