@@ -427,6 +427,9 @@ def measure(
             started_at = drain_started if mode == "drain" else min(r["started"] for r in results)
             elapsed = time.time() - started_at
             cpu = _cpu_seconds(pids) - cpu_before
+            batches = sum(r.scrape("ef_cloud_light_batch_size_count", {}) for r in fleet)
+            batched = sum(r.scrape("ef_cloud_light_batch_size_sum", {}) for r in fleet)
+            fallbacks = sum(r.scrape("ef_cloud_light_batch_fallbacks_total", {}) for r in fleet)
             case_ids = [c for r in results for c in r["cases"]]
             counts = _store_counts(db_url, case_ids)
             latencies = [x for r in results for x in r["latencies_ms"]]
@@ -448,6 +451,8 @@ def measure(
         "cloud_cpu_s": round(cpu, 2),
         "msgs_per_cpu_s": round(messages / cpu, 1) if cpu else None,
         "cpu_ms_per_1000": round(cpu * 1000 / messages * 1000, 1) if messages else None,
+        "mean_batch": round(batched / batches, 1) if batches else None,
+        "batch_fallbacks": int(fallbacks),
         "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
         "p95_ms": round(_pct(latencies, 95), 1) if latencies else None,
         "p99_ms": round(_pct(latencies, 99), 1) if latencies else None,

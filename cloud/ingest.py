@@ -15,6 +15,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NamedTuple
@@ -103,6 +104,7 @@ class Ingest:
         light_queue_bytes: int = 64 * 2**20,
         light_workers: int = 2,
         batch_max: int = 500,
+        light_flush_s: float = 0.02,
         client_id: str,
         session_expiry_s: int = 300,
         max_payload_bytes: int = 8 * 1024 * 1024,
@@ -146,6 +148,8 @@ class Ingest:
         self._light_bytes = 0  # payload bytes waiting; QoS 1 ones are bounded by the broker
         self._light_bytes_lock = threading.Lock()
         self._batch_max = batch_max
+        self._flush_s = light_flush_s
+        self._collecting = threading.Lock()  # one worker fills a batch while others store
         self._light: queue.Queue[Light | None] = queue.Queue()
         # read when scraped, not set per message (a gauge update costs more than the count)
         LIGHT_QUEUE_DEPTH.set_function(self._light.qsize)
@@ -321,27 +325,42 @@ class Ingest:
     # --- telemetry, status, reported ------------------------------------------------
 
     def _light_loop(self) -> None:
-        """Store telemetry, status and reported messages in batches: whatever waits when a
-        worker comes back is written in one transaction (no added wait when idle), and
-        acknowledged to the broker only after that transaction commits."""
+        """Store telemetry, status and reported messages in batches, one transaction each,
+        acknowledged to the broker only after it commits. One worker at a time fills a
+        batch while the others store theirs."""
         while True:
-            item = self._light.get()
-            if item is None:
-                return
-            batch = [item]
-            stop = False
-            while len(batch) < self._batch_max:
-                try:
-                    more = self._light.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                batch.append(more)
-            self._store_batch(batch)
+            with self._collecting:
+                batch, stop = self._collect()
+            if batch:
+                self._store_batch(batch)
             if stop:
                 return
+
+    def _collect(self) -> tuple[list[Light], bool]:
+        """The next batch, and whether the stop mark was met. Having its first message, a
+        batch waits up to `light_flush_s` for more (a transaction costs about what eight
+        messages cost, so a replica that sees a share of the fleet must still write large
+        batches), but not once the broker can send nothing more before our acks."""
+        item = self._light.get()
+        if item is None:
+            return [], True
+        batch = [item]
+        deadline = time.monotonic() + self._flush_s
+        while len(batch) < self._batch_max:
+            try:
+                more = self._light.get_nowait()
+            except queue.Empty:
+                wait = deadline - time.monotonic()
+                if wait <= 0 or self._unacked >= self.receive_maximum:
+                    break
+                try:
+                    more = self._light.get(timeout=wait)
+                except queue.Empty:
+                    break
+            if more is None:
+                return batch, True
+            batch.append(more)
+        return batch, False
 
     def _store_batch(self, batch: list[Light]) -> None:
         try:

@@ -163,6 +163,8 @@ class CloudServices:
             registry=registry,
         )
         if settings.ingest.enabled:
+            if registry is not None:  # one query now, not one per device in the first seconds
+                registry.load_keys()
             services.ingest = Ingest(
                 settings.mqtt,
                 directory,
@@ -172,6 +174,7 @@ class CloudServices:
                 light_queue=settings.ingest.light_queue,
                 light_queue_bytes=settings.ingest.light_queue_bytes,
                 light_workers=settings.ingest.light_workers,
+                light_flush_s=settings.ingest.light_flush_s,
                 client_id=replica,
                 max_payload_bytes=settings.http.max_upload_bytes,
                 max_skew_s=settings.ingest.max_skew_s,

@@ -93,6 +93,14 @@ class IngestSettings(Closed):
         "(QoS 1 ones are bounded by receive_maximum)",
     )
     light_workers: int = Field(2, ge=1, le=32, description="threads storing telemetry/status")
+    light_flush_s: float = Field(
+        0.02,
+        ge=0,
+        le=10,
+        description="a telemetry/status batch waits up to this long for more messages before "
+        "its transaction (not when the broker can send no more until we ack): replicas that "
+        "each see a share of the fleet still write large batches; 0 = write what waits",
+    )
     max_skew_s: float = Field(
         300.0,
         gt=0,

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, TypeVar
 
 from prometheus_client import Counter, Gauge
@@ -73,8 +74,12 @@ ENROLLED = Counter("ef_fleet_enrollments_total", "Devices enrolled")
 REVOKED = Counter("ef_fleet_revocations_total", "Devices revoked")
 TELEMETRY_RECORDED = Counter("ef_fleet_telemetry_recorded_total", "Telemetry messages stored")
 DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (at the last enroll/revoke)")
+# Cached device keys: a change is looked for with this much lookback (another host's
+# clock, a commit still open), and a key is read again after the backstop at the latest.
+KEY_CHANGE_MARGIN_S = 120.0
+KEY_BACKSTOP_S = 600.0
 # A cached key: the device id (~60 bytes as a str) and the 32-byte key (65 as bytes).
-_KEY_ENTRY_BYTES = ENTRY_OVERHEAD + 125
+_KEY_ENTRY_BYTES = ENTRY_OVERHEAD + 180
 
 _State = TypeVar("_State", DesiredState, ReportedState)
 
@@ -143,18 +148,26 @@ class DeviceRegistry:
         key_cache_entries: int = 100_000,
     ):
         self.db = db
-        # Keys are cached for seconds, not forever: a revoke or re-enroll made by another
-        # process (the `fleet` CLI, another replica) must bite in every running replica.
+        # A revoke or re-enroll made by another process (the `fleet` CLI, another replica)
+        # must bite in every running replica within `key_cache_s`: cached keys are kept
+        # until their device's key changes, found by one indexed query every `key_cache_s`
+        # (a per-key expiry that short would send every message of a device reporting
+        # every 5 s to the store). The backstop expiry only limits a change missed
+        # through a clock far off.
         self.key_cache_s = key_cache_s
+        self._keys_checked = time.monotonic()
+        self._keys_since = utcnow()
+        self._keys_checking = threading.Lock()
         self.sealer = KeySealer(master_key)
         self.history_bucket_s = history_bucket_s
         self.history_retention_s = history_retention_s
-        self._key_cache: BoundedMap[str, bytes] = BoundedMap(
+        # device id -> (key, key_changed_at of the row it was read from)
+        self._key_cache: BoundedMap[str, tuple[bytes, datetime | None]] = BoundedMap(
             "device_keys",
             max_entries=key_cache_entries,
             max_bytes=key_cache_entries * _KEY_ENTRY_BYTES,
             size_of=lambda device_id, key: _KEY_ENTRY_BYTES,
-            ttl_s=key_cache_s,
+            ttl_s=KEY_BACKSTOP_S,
         )
         self._lock = threading.Lock()
         self._writes = 0
@@ -171,6 +184,16 @@ class DeviceRegistry:
         db.migrate(
             "fleet_registry_v2",
             [f"ALTER TABLE fleet_devices ADD COLUMN telemetry_ts {t.timestamp}"],
+        )
+        # when the device's key last changed (enrolled, revoked): what the key caches of
+        # running replicas poll for
+        db.migrate(
+            "fleet_registry_v3",
+            [
+                f"ALTER TABLE fleet_devices ADD COLUMN key_changed_at {t.timestamp}",
+                "CREATE INDEX IF NOT EXISTS fleet_devices_key_changed "
+                "ON fleet_devices (key_changed_at)",
+            ],
         )
 
     # --- enrollment and credentials ---------------------------------------------------
@@ -194,7 +217,8 @@ class DeviceRegistry:
                 self.db.execute("DELETE FROM fleet_devices WHERE device_id = ?", (device_id,))
             self.db.execute(
                 "INSERT INTO fleet_devices (device_id, grp, key_sealed, broker_hash, "
-                "token_digest, enrolled_at, online, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "token_digest, enrolled_at, online, updated_at, key_changed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     device_id,
                     group,
@@ -204,28 +228,69 @@ class DeviceRegistry:
                     now,
                     False,
                     now,
+                    now,
                 ),
             )
-        self._key_cache.put(device_id, key)
+        self._key_cache.put(device_id, (key, now))
         ENROLLED.inc()
         DEVICES.set(self.count())
         log.info("enrolled device", extra={"device_id": device_id, "group": group})
         return Enrollment(device_id, group, key, password, token)
 
     def device_key(self, device_id: str) -> bytes | None:
-        """The HMAC key of an enrolled, unrevoked device; None otherwise (cached briefly)."""
+        """The HMAC key of an enrolled, unrevoked device; None otherwise (cached until it
+        changes)."""
+        self._forget_changed_keys()
         cached = self._key_cache.get(device_id)
         if cached is not None:
-            return cached
+            return cached[0]
         row = self.db.query_one(
-            "SELECT key_sealed FROM fleet_devices WHERE device_id = ? AND revoked_at IS NULL",
+            "SELECT key_sealed, key_changed_at FROM fleet_devices "
+            "WHERE device_id = ? AND revoked_at IS NULL",
             (device_id,),
         )
         if row is None or not row["key_sealed"]:
             return None
         key = self.sealer.unseal(row["key_sealed"])
-        self._key_cache.put(device_id, key)
+        self._key_cache.put(device_id, (key, row["key_changed_at"]))
         return key
+
+    def load_keys(self) -> int:
+        """Fill the key cache with every active device's key (as many as it holds) in one
+        query: a replica starting under a fleet's traffic would otherwise read each device's
+        key alone. Returns how many it holds."""
+        self._keys_checked, self._keys_since = time.monotonic(), utcnow()
+        rows = self.db.query(
+            "SELECT device_id, key_sealed, key_changed_at FROM fleet_devices "
+            "WHERE revoked_at IS NULL AND key_sealed IS NOT NULL ORDER BY device_id LIMIT ?",
+            (self._key_cache.max_entries,),
+        )
+        for row in rows:
+            key = self.sealer.unseal(row["key_sealed"])
+            self._key_cache.put(row["device_id"], (key, row["key_changed_at"]))
+        return len(rows)
+
+    def _forget_changed_keys(self) -> None:
+        """Every `key_cache_s`, drop the cached keys of devices enrolled or revoked since
+        they were read. It looks back a margin before the last look (another host's clock,
+        a commit still open); a change already read is recognised by its time."""
+        if time.monotonic() - self._keys_checked < self.key_cache_s:
+            return
+        if not self._keys_checking.acquire(blocking=False):
+            return  # another thread is looking; this lookup uses the cache as it is
+        try:
+            checked, now = time.monotonic(), utcnow()
+            rows = self.db.query(
+                "SELECT device_id, key_changed_at FROM fleet_devices WHERE key_changed_at > ?",
+                (self._keys_since - timedelta(seconds=KEY_CHANGE_MARGIN_S),),
+            )
+            for row in rows:
+                cached = self._key_cache.get(row["device_id"])
+                if cached is not None and cached[1] != row["key_changed_at"]:
+                    self._key_cache.pop(row["device_id"])
+            self._keys_checked, self._keys_since = checked, now
+        finally:
+            self._keys_checking.release()
 
     def authenticate_token(self, token: str) -> str | None:
         """The device id a REST bearer token belongs to, or None."""
@@ -242,9 +307,9 @@ class DeviceRegistry:
         now = utcnow()
         changed = self.db.execute(
             "UPDATE fleet_devices SET revoked_at = ?, key_sealed = NULL, broker_hash = NULL, "
-            "token_digest = NULL, online = ?, updated_at = ? "
+            "token_digest = NULL, online = ?, updated_at = ?, key_changed_at = ? "
             "WHERE device_id = ? AND revoked_at IS NULL",
-            (now, False, now, device_id),
+            (now, False, now, now, device_id),
         )
         self._key_cache.pop(device_id)
         if not changed:

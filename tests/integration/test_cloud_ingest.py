@@ -242,3 +242,42 @@ def test_an_mqtt_case_whose_image_will_not_decode_is_refused_and_not_stored(
         client.loop_stop()
         client.disconnect()
         services.close()
+
+
+def _batches() -> float:
+    return REGISTRY.get_sample_value("ef_cloud_light_batch_size_count") or 0.0
+
+
+def test_a_trickle_of_telemetry_is_stored_in_few_transactions(broker, tmp_path: Path) -> None:
+    # given a replica whose telemetry batches may wait 2 s for more messages
+    ingest = {
+        "share_group": f"ing-{secrets.token_hex(3)}",
+        "receive_maximum": 64,
+        "light_flush_s": 2.0,
+        "light_workers": 1,
+    }
+    settings = CloudSettings(
+        data_dir=tmp_path,
+        mqtt=MqttSettings(host=broker.host, port=broker.port),
+        ingest=ingest,
+        models={"preload": False},
+    )
+    services = CloudServices.build(settings)
+    cam = services.registry.enroll("cam-trickle")
+    services.start()
+    client, _ = _device(broker, "cam-trickle-dev")
+    try:
+        assert services.ingest.wait_connected(30)
+        stored, batches = _telemetry_stored(), _batches()
+        # when a device sends 20 telemetry messages a few milliseconds apart
+        for _ in range(20):
+            message = _telemetry("cam-trickle")
+            publish(client, encode(message, cam.device_key, Topics().telemetry("cam-trickle")))
+            time.sleep(0.005)
+        # then all are stored, in one or two transactions (without the wait: about 20)
+        eventually(lambda: _telemetry_stored() - stored >= 20, timeout_s=15, what="20 stored")
+        assert _batches() - batches <= 2
+    finally:
+        client.loop_stop()
+        client.disconnect()
+        services.close()

@@ -1,4 +1,5 @@
-"""A cloud without models or a broker: the processor's tests run it on rules alone."""
+"""A cloud without models or a broker: the processor's tests run it on rules alone; an
+ingest that is never started, fed as paho's network thread would feed it."""
 
 from __future__ import annotations
 
@@ -6,10 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import paho.mqtt.client as mqtt
 
+from edgefleet.cloud.directory import StaticDirectory
+from edgefleet.cloud.ingest import Ingest
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.shared.imaging import encode_png
+from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
+from edgefleet.shared.mqtt import MqttSettings, properties
+from edgefleet.shared.topics import Topics
+from edgefleet.shared.wire import encode
 
 PNG = encode_png(np.full((8, 8, 3), 90, np.uint8))
 
@@ -29,3 +37,38 @@ def rules_only_services(
         queue={"workers": 1, **queue},
     )
     return CloudServices.build(settings)
+
+
+def idle_ingest(key: bytes, device_id: str = "cam-01", **options: Any) -> Ingest:
+    """An ingest that is never started (no broker, nothing drains its queue): messages are
+    handed to it as paho's network thread would (`deliver_telemetry`)."""
+    defaults: dict[str, Any] = {"receive_maximum": 64}
+    return Ingest(
+        MqttSettings(),
+        StaticDirectory({device_id: (key, None)}),
+        processor=None,  # type: ignore[arg-type]  # escalations are not sent here
+        share_group="g",
+        client_id="idle-ingest",
+        **{**defaults, **options},
+    )
+
+
+def deliver_telemetry(
+    ingest: Ingest, key: bytes, seq: int, qos: int, device_id: str = "cam-01"
+) -> int:
+    """One signed telemetry message into `ingest` as paho would; returns its payload size."""
+    telemetry = DeviceTelemetry(
+        device_id=device_id,
+        seq=seq,
+        uptime_s=1.0,
+        escalations=EscalationCounters(sent=0, pending=0, dropped=0),
+        outbox_depth=0,
+        cpu_pct=1.0,
+        ram_used_mb=1.0,
+    )
+    wire = encode(telemetry, key, Topics().telemetry(device_id))
+    message = mqtt.MQTTMessage(mid=seq, topic=wire.topic.encode())
+    message.payload, message.qos = wire.payload, qos
+    message.properties = properties(wire)
+    ingest._on_message(ingest.client, None, message)
+    return len(wire.payload)

@@ -153,43 +153,14 @@ def test_registry_key_cache_is_bounded(tmp_path: Path) -> None:
 
 
 def test_ingest_light_queue_drops_qos0_past_its_byte_bound() -> None:
-    import paho.mqtt.client as mqtt
-
-    from edgefleet.cloud.directory import StaticDirectory
-    from edgefleet.cloud.ingest import Ingest
-    from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
-    from edgefleet.shared.mqtt import MqttSettings, properties
-    from edgefleet.shared.topics import Topics
-    from edgefleet.shared.wire import encode
+    from tests.support.cloud import deliver_telemetry, idle_ingest
 
     # given an ingest (not started: nothing drains its queue) allowed 2,000 payload bytes
     key = bytes(32)
-    ingest = Ingest(
-        MqttSettings(),
-        StaticDirectory({"cam-01": (key, None)}),
-        processor=None,  # type: ignore[arg-type]  # escalations are not sent here
-        share_group="g",
-        receive_maximum=64,
-        light_queue_bytes=2_000,
-        client_id="bound-test",
-    )
+    ingest = idle_ingest(key, light_queue_bytes=2_000)
 
     def deliver(seq: int, qos: int) -> int:
-        telemetry = DeviceTelemetry(
-            device_id="cam-01",
-            seq=seq,
-            uptime_s=1.0,
-            escalations=EscalationCounters(sent=0, pending=0, dropped=0),
-            outbox_depth=0,
-            cpu_pct=1.0,
-            ram_used_mb=1.0,
-        )
-        wire = encode(telemetry, key, Topics().telemetry("cam-01"))
-        message = mqtt.MQTTMessage(mid=seq, topic=wire.topic.encode())
-        message.payload, message.qos = wire.payload, qos
-        message.properties = properties(wire)
-        ingest._on_message(ingest.client, None, message)  # as paho's network thread would
-        return len(wire.payload)
+        return deliver_telemetry(ingest, key, seq, qos)
 
     dropped = (
         REGISTRY.get_sample_value(
