@@ -79,6 +79,7 @@ class Job:
     meta: bytes | None = field(compare=False, default=None)  # the JSON it arrived as, if any
     rgb: np.ndarray | None = field(compare=False, default=None)
     claimed: bool = field(compare=False, default=False)  # admitted before it was queued
+    delivered: bool = field(compare=False, default=False)  # its arrival is in the store
     # MQTT: the message is acked only when the future resolves, so a case another worker
     # (or a crashed replica) holds is checked again later instead of being answered None
     hold: bool = field(compare=False, default=False)
@@ -181,7 +182,6 @@ class CaseProcessor:
         the case's JSON as received (stored as is: a case is parsed once, not re-serialised).
         """
         self._make_room(case, source, flow_controlled)
-        self._record_delivery(case, source)
         job = self._job(case, image, source=source, hold=flow_controlled, meta=meta)
         self._put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
@@ -194,7 +194,6 @@ class CaseProcessor:
         received), then queue it; for a caller that is there to be told (REST). `meta` as
         for `submit`."""
         self._make_room(case, source, flow_controlled=False)
-        self._record_delivery(case, source)
         job = self._job(case, image, source=source, meta=meta)
         try:
             claim = self.admit(job, check_image=True)
@@ -216,12 +215,15 @@ class CaseProcessor:
         QUEUE_DEPTH.set(self._queue.qsize())
         return job.future
 
-    def _record_delivery(self, case: EscalationCase, source: str) -> None:
-        """One row per copy that arrives: duplicates delivered are counted from the store."""
+    def _record_refused(self, job: Job) -> None:
+        """A copy refused before its claim still counts as delivered (the store's audit)."""
+        if job.delivered:
+            return
+        job.delivered = True
         try:
-            self.store.record_delivery(case.case_id, source=source, replica=self.replica)
-        except Exception:  # the record only counts duplicates: the case itself goes on
-            log.exception("recording the delivery of %s failed", case.case_id)
+            self.store.record_delivery(job.case.case_id, source=job.source, replica=self.replica)
+        except Exception:  # the record only counts deliveries: the refusal goes on
+            log.exception("recording the delivery of %s failed", job.case.case_id)
 
     def _make_room(self, case: EscalationCase, source: str, flow_controlled: bool) -> None:
         """Refuse with `Overloaded` when the queue or the device's quota is full."""
@@ -242,15 +244,20 @@ class CaseProcessor:
                 retry_after_s=self.retry_after_s,
             )
 
-    def admit(self, job: Job, *, check_image: bool = False) -> Claim:
+    def admit(self, job: Job, *, check_image: bool = False, attempt: bool = False) -> Claim:
         """Decode the image (once: only when a model level may run, or when the caller
-        must hear that it is bad), then claim the case: the idempotency check.
+        must hear that it is bad), then claim the case: the idempotency check. The claim
+        also notes the delivery (the first time) and, with `attempt`, the run it wins.
 
         Decoding comes first so that an image that will not decode is refused, not stored.
         """
         if job.rgb is None and (check_image or self._needs_pixels(job.route)):
-            job.rgb = self.decode(job.image)
-        return self.store.claim(
+            try:
+                job.rgb = self.decode(job.image)
+            except BaseException:
+                self._record_refused(job)
+                raise
+        claim = self.store.claim(
             job.case,
             image_sha256=job.image_sha256,
             image=job.image,
@@ -259,7 +266,11 @@ class CaseProcessor:
             stale_after_s=self.stale_after_s(job.route),
             replica_started=self.started,
             meta_json=job.meta,
+            delivery=not job.delivered,
+            attempt=attempt,
         )
+        job.delivered = True
+        return claim
 
     def _job(
         self,
@@ -344,7 +355,9 @@ class CaseProcessor:
             log.warning("re-running stale case %s", case.case_id, extra={"case_id": case.case_id})
             CASES.labels("sweep", "requeued").inc()
             SWEPT.labels("requeued").inc()
-            self._queue.put(self._job(case, image, source="sweep"))
+            job = self._job(case, image, source="sweep")
+            job.delivered = True  # a re-run from the store, not a copy that arrived
+            self._queue.put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
         return len(fresh)
 
@@ -403,8 +416,10 @@ class CaseProcessor:
 
     def process(self, job: Job) -> CloudVerdict | object | None:
         case = job.case
-        if not job.claimed:
-            claim = self.admit(job)
+        if job.claimed:  # admitted when it was accepted: its run is counted now
+            self.store.mark_attempt(case.case_id)
+        else:
+            claim = self.admit(job, attempt=True)
             if claim.state is ClaimState.DONE:
                 CASES.labels(job.source, "duplicate_answered").inc()
                 self._publish(claim.verdict)
@@ -414,7 +429,6 @@ class CaseProcessor:
                 if job.hold and not self._stopping.is_set() and self._hold(job):
                     return _LATER  # not acked: checked again until its owner answers
                 return None  # its owner stores and publishes the verdict (or the sweep)
-        self.store.mark_attempt(case.case_id)
         started = time.monotonic()
         outcome = self.cascade.run(job.route, case, job.rgb, job.image_sha256)
         self._observe_service(time.monotonic() - started)

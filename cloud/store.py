@@ -187,10 +187,13 @@ class FeedbackStore:
     # --- cases and verdicts ---------------------------------------------------------
 
     def record_delivery(self, case_id: CaseId, *, source: str, replica: str) -> None:
-        """Note one arrival of a case (before any de-duplication)."""
+        """Note one arrival of a case that is refused, not claimed (a claim notes its own)."""
+        self._delivered(case_id, source, replica, utcnow())
+
+    def _delivered(self, case_id: CaseId, source: str, replica: str, at: datetime) -> None:
         self.db.execute(
             "INSERT INTO ef_deliveries (case_id, source, replica, received_at) VALUES (?, ?, ?, ?)",
-            (case_id, source, replica, utcnow()),
+            (case_id, source, replica, at),
         )
 
     def claim(
@@ -204,8 +207,14 @@ class FeedbackStore:
         stale_after_s: float,
         replica_started: datetime | None = None,
         meta_json: bytes | None = None,
+        delivery: bool = False,
+        attempt: bool = False,
     ) -> Claim:
         """Record the case (once) and say whether this replica should run it.
+
+        In the same transaction, `delivery` notes this arrival of the case (one row per
+        copy that arrives, before de-duplication) and `attempt` counts the run that follows
+        a claim won here (one statement each, not a transaction each).
 
         `meta_json` is the case's JSON as it arrived and was parsed (MQTT's ef-meta): stored
         as is instead of serialising the case again.
@@ -216,58 +225,66 @@ class FeedbackStore:
         """
         path = self.put_image(image_sha256, case.content_type, image)
         now = utcnow()
-        inserted = self.db.execute(
-            """INSERT INTO ef_cases (case_id, device_id, stream_id, frame_index, reason,
-                trace_id, edge_model, edge_model_version, edge_score, meta, image_sha256,
-                image_path, content_type, image_bytes, source, received_at, status,
-                claimed_by, claimed_at, attempts)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, 0)
-               ON CONFLICT (case_id) DO NOTHING""",
-            (
-                case.case_id,
-                case.device_id,
-                case.stream_id,
-                case.frame_index,
-                case.reason,
-                case.trace_id,
-                case.model.name,
-                case.model.version,
-                _edge_score(case),
-                meta_json.decode() if meta_json else case.model_dump_json(),
-                image_sha256,
-                str(path),
-                case.content_type,
-                len(image),
-                source,
-                now,
-                replica,
-                now,
-            ),
-        )
-        if inserted:
-            return Claim(ClaimState.CLAIMED)
-        verdict = self.verdict(case.case_id)
-        if verdict is not None:
-            return Claim(ClaimState.DONE, verdict)
-        own_before = replica_started or now - timedelta(seconds=stale_after_s)
-        taken = self.db.execute(
-            """UPDATE ef_cases SET claimed_by = ?, claimed_at = ?
-               WHERE case_id = ? AND status = 'pending'
-                 AND (claimed_at < ? OR (claimed_by = ? AND claimed_at < ?))""",
-            (
-                replica,
-                now,
-                case.case_id,
-                now - timedelta(seconds=stale_after_s),
-                replica,
-                own_before,
-            ),
-        )
-        if taken:
-            log.warning("took over stale case %s", case.case_id, extra={"case_id": case.case_id})
-            return Claim(ClaimState.CLAIMED)
-        verdict = self.verdict(case.case_id)
-        return Claim(ClaimState.DONE, verdict) if verdict else Claim(ClaimState.IN_PROGRESS)
+        runs = 1 if attempt else 0
+        with self.db.transaction():
+            if delivery:
+                self._delivered(case.case_id, source, replica, now)
+            inserted = self.db.execute(
+                """INSERT INTO ef_cases (case_id, device_id, stream_id, frame_index, reason,
+                    trace_id, edge_model, edge_model_version, edge_score, meta, image_sha256,
+                    image_path, content_type, image_bytes, source, received_at, status,
+                    claimed_by, claimed_at, attempts)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)
+                   ON CONFLICT (case_id) DO NOTHING""",
+                (
+                    case.case_id,
+                    case.device_id,
+                    case.stream_id,
+                    case.frame_index,
+                    case.reason,
+                    case.trace_id,
+                    case.model.name,
+                    case.model.version,
+                    _edge_score(case),
+                    meta_json.decode() if meta_json else case.model_dump_json(),
+                    image_sha256,
+                    str(path),
+                    case.content_type,
+                    len(image),
+                    source,
+                    now,
+                    replica,
+                    now,
+                    runs,
+                ),
+            )
+            if inserted:
+                return Claim(ClaimState.CLAIMED)
+            verdict = self.verdict(case.case_id)
+            if verdict is not None:
+                return Claim(ClaimState.DONE, verdict)
+            own_before = replica_started or now - timedelta(seconds=stale_after_s)
+            taken = self.db.execute(
+                """UPDATE ef_cases SET claimed_by = ?, claimed_at = ?, attempts = attempts + ?
+                   WHERE case_id = ? AND status = 'pending'
+                     AND (claimed_at < ? OR (claimed_by = ? AND claimed_at < ?))""",
+                (
+                    replica,
+                    now,
+                    runs,
+                    case.case_id,
+                    now - timedelta(seconds=stale_after_s),
+                    replica,
+                    own_before,
+                ),
+            )
+            if taken:
+                log.warning(
+                    "took over stale case %s", case.case_id, extra={"case_id": case.case_id}
+                )
+                return Claim(ClaimState.CLAIMED)
+            verdict = self.verdict(case.case_id)
+            return Claim(ClaimState.DONE, verdict) if verdict else Claim(ClaimState.IN_PROGRESS)
 
     def stale_cases(
         self,

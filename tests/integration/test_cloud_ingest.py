@@ -238,6 +238,10 @@ def test_an_mqtt_case_whose_image_will_not_decode_is_refused_and_not_stored(
             time.sleep(0.05)
         assert bad.case_id not in services.store.attempts()
         assert all(v.case_id != bad.case_id for v in verdicts)
+        # and both copies that arrived are in the store's audit, the refused one unstored
+        accounts = {row["case_id"]: row for row in services.store.accounts()}
+        assert accounts[bad.case_id]["deliveries"] == 1 and accounts[bad.case_id]["status"] is None
+        assert accounts[good.case_id]["deliveries"] == 1 and accounts[good.case_id]["answered"]
     finally:
         client.loop_stop()
         client.disconnect()

@@ -74,20 +74,23 @@ def test_claim_verdict_feedback_export(store: FeedbackStore) -> None:
 
 
 def test_accounts_count_deliveries_and_completed_runs(store: FeedbackStore) -> None:
-    # given a case delivered twice and answered twice (two replicas raced), one delivered
-    # and never stored, and one stored and still pending
+    # given a case delivered twice (its claim and the claim of a copy, each noting the
+    # delivery) and answered twice (two replicas raced), one delivered and refused before
+    # a claim, and one stored and still pending
     twice, pending = escalation_case("cam-pg", frame_index=1), escalation_case("cam-pg")
     claim = dict(image_sha256="c" * 64, image=PNG, source="mqtt", stale_after_s=60)
-    for case_id in (twice.case_id, twice.case_id, pending.case_id, "never-stored"):
-        store.record_delivery(case_id, source="mqtt", replica="r1")
-    store.claim(twice, replica="r1", **claim)
-    store.claim(pending, replica="r1", **claim)
+    won = store.claim(twice, replica="r1", delivery=True, attempt=True, **claim)
+    lost = store.claim(twice, replica="r2", delivery=True, attempt=True, **claim)
+    assert (won.state, lost.state) == (ClaimState.CLAIMED, ClaimState.IN_PROGRESS)
+    store.claim(pending, replica="r1", delivery=True, **claim)
+    store.record_delivery("never-stored", source="mqtt", replica="r1")
     store.save_verdict(_verdict(twice), replica="r1")
     store.save_verdict(_verdict(twice, "late"), replica="r2")
     # when the accounts are read, then each says what the store saw of it
     accounts = {row["case_id"]: row for row in store.accounts()}
     assert accounts[twice.case_id]["deliveries"] == 2
     assert accounts[twice.case_id]["completed_runs"] == 2
+    assert accounts[twice.case_id]["attempts"] == 1  # the claim that lost ran nothing
     assert accounts[twice.case_id]["answered"] is True
     assert accounts[pending.case_id]["answered"] is False
     assert accounts[pending.case_id]["completed_runs"] == 0
