@@ -40,6 +40,10 @@ BENCHMARKS = {
         "edgefleet.bench.bench_ocr",
         "edge OCR vs faster-paddle and rapidocr: ms/image and accuracy, easy and hard scenes",
     ),
+    "broker": (
+        "edgefleet.bench.bench_broker",
+        "Mosquitto's memory and CPU with one real, authenticated connection per device",
+    ),
     "soak": (
         "edgefleet.bench.bench_soak",
         "memory over time: cloud, broker and a real agent under a steady fleet, MB/h",
