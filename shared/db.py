@@ -17,9 +17,10 @@ import hashlib
 import logging
 import sqlite3
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -267,23 +268,24 @@ class SqliteDatabase(Database):
             private_dir(self.path.parent)
             private_file(self.path)
         self._busy_timeout_ms = busy_timeout_ms
-        self._all: list[sqlite3.Connection] = []
+        self._all: weakref.WeakSet[_Owned] = weakref.WeakSet()
+        self._shared: _Owned | None = None  # the in-memory database's one connection
         self._all_lock = threading.Lock()
         self._closed = False
         self._conn()  # fail fast on a bad path, and set WAL once
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
+        owned = getattr(self._local, "owned", None)
+        if owned is not None:
+            return owned.conn
         if self._closed:
             raise StoreUnavailable("the database has been closed")
         if self.memory:
             # One shared in-memory database needs one shared connection.
             with self._all_lock:
-                if self._all:
-                    self._local.conn = self._all[0]
-                    return self._all[0]
+                if self._shared is not None:
+                    self._local.owned = self._shared
+                    return self._shared.conn
         try:
             conn = sqlite3.connect(
                 ":memory:" if self.memory else str(self.path),
@@ -300,9 +302,12 @@ class SqliteDatabase(Database):
                 conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open sqlite database {self.path}: {exc}") from exc
-        self._local.conn = conn
+        owned = _Owned(conn)
+        self._local.owned = owned
         with self._all_lock:
-            self._all.append(conn)
+            self._all.add(owned)
+            if self.memory:
+                self._shared = owned
         return conn
 
     @property
@@ -367,13 +372,28 @@ class SqliteDatabase(Database):
     def close(self) -> None:
         self._closed = True
         with self._all_lock:
-            conns, self._all = self._all, []
-        for conn in conns:
+            owned, self._all, self._shared = list(self._all), weakref.WeakSet(), None
+        for each in owned:
             try:
-                conn.close()
+                each.conn.close()
             except sqlite3.Error:
                 log.warning("closing a sqlite connection failed", exc_info=True)
         self._local = threading.local()
+
+
+class _Owned:
+    """One thread's SQLite connection, closed when that thread ends and its thread-local
+    storage goes: threads come and go (a web server's pool), and an open connection keeps
+    its page cache (up to 2 MB each), so connections of ended threads were a leak."""
+
+    __slots__ = ("__weakref__", "conn")
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __del__(self) -> None:
+        with suppress(sqlite3.Error):
+            self.conn.close()
 
 
 class PostgresDatabase(Database):

@@ -154,3 +154,24 @@ def test_bad_urls_are_typed_errors(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises((StoreUnavailable, OSError)):
         Database.connect(f"sqlite:///{blocker}/sub/x.db")
+
+
+def test_connections_of_ended_threads_are_closed(tmp_path: Path) -> None:
+    import psutil
+
+    # given a SQLite store, and a thread pool whose threads come and go (a web server's)
+    db = Database.connect(f"sqlite:///{tmp_path}/threads.db")
+    db.execute("CREATE TABLE t (a INTEGER)")
+    db.execute_many("INSERT INTO t VALUES (?)", [(i,) for i in range(1000)])
+    me = psutil.Process()
+    before = me.num_fds()
+    # when 60 short-lived threads each read from it
+    for _ in range(60):
+        thread = threading.Thread(target=lambda: db.query("SELECT SUM(a) FROM t"))
+        thread.start()
+        thread.join()
+    # then their connections (each holding files and a page cache) closed with them
+    assert me.num_fds() - before <= 6
+    # and the store still works, and closes what is left
+    assert db.query_one("SELECT COUNT(*) AS n FROM t")["n"] == 1000
+    db.close()
