@@ -32,6 +32,10 @@ BENCHMARKS = {
         "what one case costs the cloud on its way in: decodes, parses, store look-ups",
     ),
     "fleet": ("edgefleet.bench.bench_fleet", "dashboard and registry with a large fleet"),
+    "dashboard": (
+        "edgefleet.bench.bench_dashboard",
+        "the fleet dashboard in headless Chromium: first paint and per-tick cost, N devices",
+    ),
     "fleet-load": (
         "edgefleet.bench.bench_fleet_load",
         "N enrolled devices against R cloud replicas: stored/s, CPU, latency, loss",
