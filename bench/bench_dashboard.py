@@ -73,7 +73,13 @@ def measure(devices: int, changed: int, ticks: int, chromium: str) -> dict[str, 
     from edgefleet.bench.harness import ServerThread
     from edgefleet.cloud.app import create_app
     from edgefleet.cloud.auth import key_digest
-    from edgefleet.cloud.settings import CloudSettings
+    from edgefleet.cloud.settings import (
+        CloudSettings,
+        HttpSettings,
+        IngestSettings,
+        ModelsSettings,
+        OperatorKey,
+    )
     from edgefleet.shared.messages import DeviceStatus
     from edgefleet.shared.mosquitto import free_port
 
@@ -81,10 +87,10 @@ def measure(devices: int, changed: int, ticks: int, chromium: str) -> dict[str, 
         port = free_port()
         settings = CloudSettings(
             data_dir=Path(tmp),
-            http={"port": port, "events_interval_s": 1.0},
-            ingest={"enabled": False},
-            models={"preload": False},
-            api_keys=[{"name": "ops", "sha256": key_digest(KEY)}],
+            http=HttpSettings(port=port, events_interval_s=1.0),
+            ingest=IngestSettings(enabled=False),
+            models=ModelsSettings(preload=False),
+            api_keys=[OperatorKey(name="ops", sha256=key_digest(KEY))],
         )
         api = create_app(settings)
         registry = api.state.services.registry
