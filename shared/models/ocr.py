@@ -64,8 +64,9 @@ def fuse_text_maps(
     thresh: float,
 ) -> None:
     """Add to `into` (a text map) the text that `other` (the same image's map on another
-    canvas) finds and `into` does not, in place: small text one scale misses is kept, and
-    the lines `into` found keep its boxes (a coarser map, scaled up, would widen them)."""
+    canvas) finds and `into` does not, in place: small text one scale misses is kept. Within
+    4 px of what `into` already sees it is left as is, so the lines it found keep their boxes
+    (a coarser map, scaled up, would widen them)."""
     region = into[
         plan.pad_top : plan.pad_top + plan.new_h, plan.pad_left : plan.pad_left + plan.new_w
     ]

@@ -73,14 +73,18 @@ def test_fused_text_maps_keep_a_line_only_the_other_scale_found():
     big_map[40:50, 100:300] = 0.9
     small_map = np.zeros((288, 512), np.float32)
     small_map[200:208, 80:240] = 0.9  # at 640x352: rows ~244-254, columns 100-300
+    small_map[31:41, 78:242] = 0.9  # the first line again, 2-3 px wider at 640x352
     params = DBParams(thresh=0.2, box_thresh=0.4, unclip_ratio=1.4)
-    assert len(db_boxes(big_map, params)[0]) == 1
+    before = db_boxes(big_map, params)[0]
+    assert len(before) == 1
     # when the smaller scale's map is fused into the larger one
     fuse_text_maps(big_map, plan, small_map, small, params.thresh)
     # then both lines are found, each where its scale saw it
     quads = db_boxes(big_map, params)[0]
     tops = sorted(float(q[:, 1].min()) for q in quads)
     assert len(quads) == 2 and tops[0] < 40 and 230 < tops[1] < 244  # both grown by unclip
+    # and the line the larger scale found keeps its box (the coarse map does not widen it)
+    assert any(np.array_equal(q, before[0]) for q in quads)
 
 
 def test_angle_flips_only_when_sure():
