@@ -72,8 +72,8 @@ class OcrOptions(Closed):
     )
     det_more_sides: list[Annotated[int, Field(ge=64, le=4096)]] = Field(
         default_factory=list,
-        description="more detector input sizes (longest side); their text maps are max-fused "
-        "into the first's, so text found at any of the scales is kept",
+        description="more detector input sizes (longest side); text their maps find away from "
+        "what the first size's map found is added to it (so small text any scale sees is kept)",
     )
     det_thresh: float = Field(0.3, gt=0, lt=1, description="DB binarisation threshold")
     box_thresh: float = Field(0.5, gt=0, lt=1, description="minimum mean score of a text box")
