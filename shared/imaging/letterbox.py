@@ -30,6 +30,16 @@ class LetterboxTransform:
     pad_left: int
 
     @classmethod
+    def stretch(cls, src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> LetterboxTransform:
+        """Fill the whole canvas, each axis scaled on its own (no padding): PP-OCR's detector
+        input rule, whose constant pad would otherwise shift the detector's global pooling."""
+        src_h, src_w = int(src_hw[0]), int(src_hw[1])
+        dst_h, dst_w = int(dst_hw[0]), int(dst_hw[1])
+        if min(src_h, src_w, dst_h, dst_w) < 1:
+            raise ValueError(f"stretch needs positive sizes, got {src_hw} -> {dst_hw}")
+        return cls(src_h, src_w, dst_h, dst_w, dst_h, dst_w, 0, 0)
+
+    @classmethod
     def plan(cls, src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> LetterboxTransform:
         src_h, src_w = int(src_hw[0]), int(src_hw[1])
         dst_h, dst_w = int(dst_hw[0]), int(dst_hw[1])

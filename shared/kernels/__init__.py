@@ -137,17 +137,21 @@ def frame_to_tensor(
     dtype=np.float32,
     out=None,
     channels="rgb",
+    stretch=False,
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """A frame in its native `fmt` (nv12, i420, bgr, rgb) -> (1, 3, h, w) tensor in one pass.
 
     Scaled by min(h/H, w/W) with bilinear (cv2 INTER_LINEAR) sampling, centred on a
-    `pad`-valued canvas, normalised as (x / 255 - mean) / std with mean/std per R, G, B;
+    `pad`-valued canvas (with `stretch`, each axis scaled to fill the canvas: no pad),
+    normalised as (x / 255 - mean) / std with mean/std per R, G, B;
     the planes go out in `channels` order ('bgr' for models trained on OpenCV's order);
     written into `out` if given.
     """
     if fmt not in checks.FORMATS:  # before any backend indexes its tables with it
         raise InvalidInput(f"unknown frame format {fmt!r}; one of {checks.FORMATS}")
-    return _active().module.frame_to_tensor(frame, fmt, size, mean, std, pad, dtype, out, channels)
+    return _active().module.frame_to_tensor(
+        frame, fmt, size, mean, std, pad, dtype, out, channels, stretch
+    )
 
 
 def to_rgb(frame, fmt) -> np.ndarray:

@@ -97,6 +97,7 @@ def frame_to_tensor(
     dtype=np.float32,
     out=None,
     channels="rgb",
+    stretch=False,
 ):
     """Fused pre-processing on the GPU.
 
@@ -108,7 +109,7 @@ def frame_to_tensor(
     hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
     swap = checks.channel_order(channels)
     ptr, holder, (h, w) = _device_frame(frame, fmt)  # holder keeps the memory alive
-    t = LetterboxTransform.plan((h, w), hw)
+    t = (LetterboxTransform.stretch if stretch else LetterboxTransform.plan)((h, w), hw)
     if out is None or isinstance(out, np.ndarray):
         host = None if out is None else checks.out_buffer(out, hw, dt)
         dev_out = gpuarray.empty((1, 3, *hw), dt)

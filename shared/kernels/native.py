@@ -61,6 +61,7 @@ def frame_to_tensor(
     dtype: object = np.float32,
     out: np.ndarray | None = None,
     channels: str = "rgb",
+    stretch: bool = False,
     *,
     impl: int = IMPL_AUTO,
     threads: int | None = None,
@@ -70,7 +71,7 @@ def frame_to_tensor(
     h, w = checks.frame_hw(frame, fmt)
     hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
     buf = checks.out_buffer(out, hw, dt)
-    t = LetterboxTransform.plan((h, w), hw)
+    t = (LetterboxTransform.stretch if stretch else LetterboxTransform.plan)((h, w), hw)
     scale, bias, pad_value = norm.fixed_point_affine()
     _native.preprocess(
         frame,

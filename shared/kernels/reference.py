@@ -39,8 +39,9 @@ def letterbox_normalise(
     dtype: np.dtype,
     out: np.ndarray | None = None,
     bgr_out: bool = False,
+    stretch: bool = False,
 ) -> tuple[np.ndarray, LetterboxTransform]:
-    t = LetterboxTransform.plan(rgb.shape[:2], size)
+    t = (LetterboxTransform.stretch if stretch else LetterboxTransform.plan)(rgb.shape[:2], size)
     resized = cv2.resize(rgb, (t.new_w, t.new_h), interpolation=cv2.INTER_LINEAR)
     canvas = np.full((t.dst_h, t.dst_w, 3), norm.pad, np.uint8)
     canvas[t.pad_top : t.pad_top + t.new_h, t.pad_left : t.pad_left + t.new_w] = resized
@@ -65,6 +66,7 @@ def frame_to_tensor(
     dtype: object = np.float32,
     out: np.ndarray | None = None,
     channels: str = "rgb",
+    stretch: bool = False,
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """Reference pre-processing of a frame in `fmt` (nv12, i420, bgr, rgb); `channels`
     says the planes' order out ('rgb', or 'bgr' for models trained on OpenCV's order)."""
@@ -72,7 +74,7 @@ def frame_to_tensor(
     swap = checks.channel_order(channels)
     hw, norm, dt = checks.tensor_args(size, mean, std, pad, dtype)
     buf = None if out is None else checks.out_buffer(out, hw, dt)
-    return letterbox_normalise(to_rgb(frame, fmt), hw, norm, dt, buf, swap)
+    return letterbox_normalise(to_rgb(frame, fmt), hw, norm, dt, buf, swap, stretch)
 
 
 def nms(

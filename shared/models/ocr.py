@@ -53,6 +53,30 @@ class _DetBatch:
     frames: list[FrameIn]
     plans: list[LetterboxTransform]
     tensor: np.ndarray
+    more: list[tuple[list[LetterboxTransform], np.ndarray]]  # det_more_sides' inputs
+
+
+def fuse_text_maps(
+    into: np.ndarray,
+    plan: LetterboxTransform,
+    other: np.ndarray,
+    other_plan: LetterboxTransform,
+    thresh: float,
+) -> None:
+    """Add to `into` (a text map) the text that `other` (the same image's map on another
+    canvas) finds and `into` does not, in place: small text one scale misses is kept. Within
+    4 px of what `into` already sees it is left as is, so the lines it found keep their boxes
+    (a coarser map, scaled up, would widen them)."""
+    region = into[
+        plan.pad_top : plan.pad_top + plan.new_h, plan.pad_left : plan.pad_left + plan.new_w
+    ]
+    src = other[
+        other_plan.pad_top : other_plan.pad_top + other_plan.new_h,
+        other_plan.pad_left : other_plan.pad_left + other_plan.new_w,
+    ]
+    resized = cv2.resize(src, (plan.new_w, plan.new_h), interpolation=cv2.INTER_LINEAR)
+    found = cv2.dilate((region > thresh).astype(np.uint8), np.ones((9, 9), np.uint8))
+    np.copyto(region, np.maximum(region, resized), where=found == 0)
 
 
 def crop_quad(image: np.ndarray, quad: np.ndarray) -> np.ndarray:
@@ -193,21 +217,33 @@ class OcrModel(Model):
             return self._det_batch(frames)
 
     def _det_batch(self, frames: list[FrameIn]) -> _DetBatch:
-        plans = [det_plan(f.hw, self.opts.det_max_side) for f in frames]
+        sides = [self.opts.det_max_side, *self.opts.det_more_sides]
+        stretch = self.opts.det_fit == "stretch"
+        inputs = []
+        for side in sides:
+            plans = [det_plan(f.hw, side, stretch=stretch) for f in frames]
+            inputs.append((plans, self._det_tensor(frames, plans)))
+        return _DetBatch(frames, inputs[0][0], inputs[0][1], inputs[1:])
+
+    def _det_tensor(self, frames: list[FrameIn], plans: list[LetterboxTransform]) -> np.ndarray:
         mean, std, scale, bgr = self._det_norm
         if scale != 1 / 255:  # the kernels normalise x / 255 only
             rgb = [kernels.to_rgb(f.pixels, f.fmt) for f in frames]
-            tensor = stack_canvases(rgb, plans, self._det_fill, *self._det_norm)
-            return _DetBatch(frames, plans, tensor)
+            return stack_canvases(rgb, plans, self._det_fill, *self._det_norm)
         # mean/std are given in the model's channel order; the kernels take them per R, G, B
         mean, std = (mean[::-1], std[::-1]) if bgr else (mean, std)
         channels = "bgr" if bgr else "rgb"
-        tensor = kernel_batch(frames, plans, mean, std, DET_PAD, channels)
-        return _DetBatch(frames, plans, tensor)
+        return kernel_batch(frames, plans, mean, std, DET_PAD, channels)
 
     def forward(self, prepared: _DetBatch) -> np.ndarray:
         with self._stage("det_infer"):
-            return self.det.run(prepared.tensor)[0]
+            raw = self.det.run(prepared.tensor)[0]
+            more = [(plans, self.det.run(tensor)[0]) for plans, tensor in prepared.more]
+        with self._stage("db_boxes"):
+            for plans, other in more:
+                for i, (plan, other_plan) in enumerate(zip(prepared.plans, plans, strict=True)):
+                    fuse_text_maps(raw[i, 0], plan, other[i, 0], other_plan, self._db.thresh)
+        return raw
 
     def post_process(self, raw: np.ndarray, prepared: _DetBatch) -> list[list[Detection]]:
         quads_per_image: list[np.ndarray] = []

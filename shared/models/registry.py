@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import Field, ValidationError
@@ -65,6 +65,16 @@ class OcrOptions(Closed):
     rec: str = Field(description="text recognition model name")
     cls: str | None = Field(None, description="angle classifier model name; none = off")
     det_max_side: int = Field(640, ge=64, le=4096, description="detector input longest side")
+    det_fit: Literal["letterbox", "stretch"] = Field(
+        "letterbox",
+        description="detector input: letterbox (aspect kept, padded) or stretch (PP-OCR's rule: "
+        "each side rounded to /32 and filled, no pad)",
+    )
+    det_more_sides: list[Annotated[int, Field(ge=64, le=4096)]] = Field(
+        default_factory=list,
+        description="more detector input sizes (longest side); text their maps find away from "
+        "what the first size's map found is added to it (so small text any scale sees is kept)",
+    )
     det_thresh: float = Field(0.3, gt=0, lt=1, description="DB binarisation threshold")
     box_thresh: float = Field(0.5, gt=0, lt=1, description="minimum mean score of a text box")
     unclip_ratio: float = Field(1.6, gt=0, description="DB unclip ratio (box expansion)")

@@ -62,6 +62,18 @@ def test_native_matches_reference(fmt, h, w, size, impl):
     assert unit_scale_diff(got, want) <= TOL
 
 
+@pytest.mark.parametrize(("fmt", "h", "w", "size"), [c for c in CASES if c[1] > 2])
+def test_stretch_fills_the_canvas_and_matches_reference(fmt, h, w, size):
+    # Given a random frame, when both backends stretch it onto a canvas of another aspect,
+    f = frame(fmt, h, w, seed=7)
+    got, t = native.frame_to_tensor(f, fmt, size, MEAN, STD, 114, stretch=True)
+    want, t_ref = reference.frame_to_tensor(f, fmt, size, MEAN, STD, 114, stretch=True)
+    # then each axis is scaled on its own, nothing is padded, and values agree.
+    assert t == t_ref == LetterboxTransform(h, w, *size, *size, 0, 0)
+    assert got.shape == (1, 3, *size)
+    assert unit_scale_diff(got, want) <= TOL
+
+
 @pytest.mark.parametrize("fmt", ["nv12", "bgr"])
 def test_float16_output_and_out_buffer(fmt):
     f = frame(fmt, 120, 160, seed=3)

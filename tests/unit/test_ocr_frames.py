@@ -69,15 +69,20 @@ def test_every_pixel_format_reads_the_same_lines(ocr, fmt):
 def test_detector_tensor_from_the_kernel_matches_the_reference_path(ocr, fmt):
     frame = FrameIn.checked(as_format(camera_scene(), fmt), fmt)
     assert kernels.backend() in ("c", "neon")
-    native = ocr.pre_process([frame]).tensor
+    native = ocr.pre_process([frame])
     try:
         kernels.use_backend("reference")
-        reference = ocr.pre_process([frame]).tensor
+        reference = ocr.pre_process([frame])
     finally:
         kernels.use_backend(None)
-    # within 1/255 of the pixel scale, divided by the detector's smallest std (0.224)
-    assert native.shape == reference.shape == (1, 3, 416, 736)
-    assert np.abs(native - reference).max() <= (1 / 255) / 0.224 + 1e-6
+    # both detector scales, stretched to /32 (no pad): 960x540 -> 640x352 and 512x288
+    pairs = [(native.tensor, reference.tensor)] + [
+        (a, b) for (_, a), (_, b) in zip(native.more, reference.more, strict=True)
+    ]
+    assert [a.shape for a, _ in pairs] == [(1, 3, 352, 640), (1, 3, 288, 512)]
+    for a, b in pairs:  # within 1/255 of the pixel scale, over the smallest std (0.224)
+        assert a.shape == b.shape
+        assert np.abs(a - b).max() <= (1 / 255) / 0.224 + 1e-6
 
 
 @pytest.mark.parametrize("fmt", ["bgr", "nv12"])
@@ -108,7 +113,7 @@ def test_no_full_frame_conversion_or_copy_between_capture_and_tensor(ocr, fmt, m
     lines = ocr.predict(frame, fmt=fmt)
     # then the kernel got the camera's own buffer, and only line crops were converted
     assert [d.text for d in lines] == ["GATE 12", "MSCU1234565"]
-    assert len(handed) == 1 and handed[0] is frame
+    assert len(handed) == 2 and all(h is frame for h in handed)  # one per detector scale
     full = 1080 * 1920
     assert all(np.prod(shape[:2]) < full // 20 for shape in converted + regions), converted
     assert len(regions) == (2 if fmt == "nv12" else 0)  # one small region per line
