@@ -228,7 +228,7 @@ def quads_to_tensor(
     quads: float32 (N, 4, 2) tl, tr, br, bl in frame pixels; line i fills the first
     widths[i] columns of out[slots[i]] (colour-converted from `fmt`, normalised as
     (x / 255 - mean) / std per R, G, B, planes in `channels` order) and `fill` the rest.
-    A line 1.5x taller than wide is read turned; lines shrunk more than 1.5x are
+    A line 1.5x taller than wide is read turned; lines shrunk more than 2x are
     supersampled (an area filter). The geometry: edgefleet.shared.kernels.lines.
     """
     if fmt not in checks.FORMATS:
