@@ -373,7 +373,8 @@ def _line_batch(
 
 def enhanced(view: LineView) -> LineView:
     """The line cut out (`frame_crop`) and `enhance`d, as a view of the whole crop."""
-    crop, is_bgr = frame_crop(view.frame, view.quad)
+    # the warp crop reads a quad where the kernels read it READ_SHIFT further: undo it
+    crop, is_bgr = frame_crop(view.frame, view.quad - np.float32(READ_SHIFT))
     h, w = crop.shape[:2]
     outline = np.array([[0, 0], [w, 0], [w, h], [0, h]], np.float32) - 0.5  # pixel centres
     return LineView(FrameIn(enhance(crop), "bgr" if is_bgr else "rgb"), outline)
