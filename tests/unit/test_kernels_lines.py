@@ -111,13 +111,14 @@ def test_threads_agree_and_bad_lengths_are_refused_by_the_extension():
     f = frame("nv12", 720, 1280, seed=4)
     quads = text_quads(30, 720, 1280, seed=5)
     widths = widths_for(quads, 48, 800)
+    hom, taps, _ = lines.plan(quads, widths, 48)
+    assert int((widths * 48 * taps.prod(axis=1)).sum()) > 1 << 20  # enough work to split
     slots = np.arange(30, dtype=np.int32)
     one = np.empty((30, 3, 48, 800), np.float32)
     two = np.empty_like(one)
     native.quads_to_tensor(f, "nv12", quads, widths, slots, one, threads=1)
     native.quads_to_tensor(f, "nv12", quads, widths, slots, two, threads=2)
     np.testing.assert_array_equal(one, two)
-    hom, taps, _ = lines.plan(quads, widths, 48)
     args = [f, 0, 720, 1280, hom, taps, widths, slots, one, 48, 800, (1,) * 3, (0,) * 3, 0.0, 1]
     with pytest.raises(ValueError, match="lengths differ"):
         _native.quads_to_tensor(*args[:4], hom[:-1], *args[5:])

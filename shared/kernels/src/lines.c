@@ -128,7 +128,9 @@ int ef_quads_to_tensor(const ef_lines_args *a, int threads) {
     for (int i = 0; i < a->n; i++)
         work += (long)a->widths[i] * a->out_h * a->taps[2 * i] * a->taps[2 * i + 1];
     int n = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
-    if (work < 32768) n = 1; /* a thread's start costs more than a few lines */
+    /* A recogniser batch of one frame is ~0.1-0.3 M taps (1-3 ms): a second thread's start
+     * and join cost more than that saves, much more on a busy machine (bench kernels). */
+    if (work < (1L << 20)) n = 1;
     if (n > rows) n = rows > 0 ? (int)rows : 1;
     lines_job jobs[MAX_THREADS];
     pthread_t tid[MAX_THREADS];
