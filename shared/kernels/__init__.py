@@ -242,7 +242,12 @@ def line_sizes(quads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     it (vertical lines turned), and whether it can be read at all (a convex quad)."""
     from edgefleet.shared.kernels.lines import line_sizes as sizes
 
-    q = np.asarray(quads, np.float32).reshape(-1, 4, 2)
+    try:
+        q = np.asarray(quads, np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"quads must be numbers of shape (N, 4, 2): {exc}") from exc
+    if q.ndim != 3 or q.shape[1:] != (4, 2):
+        raise InvalidInput(f"quads must have shape (N, 4, 2) tl, tr, br, bl, got {q.shape}")
     if q.size and not np.isfinite(q).all():
         raise InvalidInput("quads contain NaN or infinity")
     return sizes(q)

@@ -394,7 +394,7 @@ def _indices(name: str, value: object, n: int, lo: int, hi: int) -> np.ndarray:
     """n integers in lo..hi as a contiguous int32 array."""
     arr = np.asarray(value) if isinstance(value, (np.ndarray, list, tuple)) else None
     if arr is None or arr.shape != (n,) or (n and arr.dtype.kind not in "iu"):
-        raise InvalidInput(f"{name} must be {n} integers, got {value!r}")
+        raise InvalidInput(f"{name} must hold one integer per quad ({n}), got {value!r}")
     if n and (arr.min() < lo or arr.max() > hi):
         raise InvalidInput(f"{name} must lie in {lo}..{hi}")
     return np.ascontiguousarray(arr, dtype=np.int32)

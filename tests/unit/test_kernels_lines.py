@@ -151,9 +151,9 @@ OUT = np.zeros((2, 3, 8, 32), np.float32)
         ({"quads": BOWTIE}, "not convex"),
         ({"widths": np.array([0])}, "widths must lie"),
         ({"widths": np.array([33])}, "widths must lie"),
-        ({"widths": np.array([1.5])}, "widths must be 1 integers"),
+        ({"widths": np.array([1.5])}, "widths must hold one integer per quad"),
         ({"slots": np.array([2])}, "slots must lie"),
-        ({"slots": np.array([0, 1])}, "slots must be 1 integers"),
+        ({"slots": np.array([0, 1])}, "slots must hold one integer per quad"),
         ({"out": OUT.astype(np.float16)}, "float32"),
         ({"out": OUT[:, :2]}, r"\(B, 3, h, W\)"),
         ({"out": OUT[:, :, :, ::2]}, "C-contiguous"),
@@ -203,3 +203,6 @@ def test_no_quads_is_no_work_and_line_sizes_say_what_cannot_be_read():
     assert sizes[0].tolist() == [19, 7] and ok.tolist() == [True, False, False]
     with pytest.raises(InvalidInput, match="NaN"):
         kernels.line_sizes(NAN)
+    for bad in (QUAD[0], [["a"]], np.zeros((2, 3, 2), np.float32)):
+        with pytest.raises(InvalidInput, match="quads must"):
+            kernels.line_sizes(bad)
