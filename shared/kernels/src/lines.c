@@ -15,33 +15,66 @@
 
 #define EF_INLINE static inline __attribute__((always_inline))
 
-/* The RGB of frame pixel (x, y), already clamped into the frame; `format` is a constant
- * where this is inlined (line_row_as), so each format gets its own loop. */
+/* The RGB of packed frame pixel (x, y), already clamped into the frame; `format` is a
+ * constant where this is inlined (line_row_as), so each format gets its own loop. */
 EF_INLINE void rgb_at(const ef_lines_args *a, int format, int x, int y, int32_t rgb[3]) {
-    const uint8_t *f = a->frame;
-    size_t w = (size_t)a->src_w, h = (size_t)a->src_h;
-    switch (format) {
-    case EF_NV12: {
-        const uint8_t *uv = f + h * w + (size_t)(y / 2) * w;
-        ef_yuv_px(f + (size_t)y * w, uv, uv + 1, 1, x, rgb);
-        return;
-    }
-    case EF_I420: {
-        const uint8_t *u = f + h * w + (size_t)(y / 2) * (w / 2);
-        ef_yuv_px(f + (size_t)y * w, u, u + (h / 2) * (w / 2), 0, x, rgb);
-        return;
-    }
-    default: {
-        const uint8_t *p = f + ((size_t)y * w + (size_t)x) * 3;
-        int swap = format == EF_BGR;
-        rgb[0] = p[swap ? 2 : 0];
-        rgb[1] = p[1];
-        rgb[2] = p[swap ? 0 : 2];
-    }
-    }
+    const uint8_t *p = a->frame + ((size_t)y * (size_t)a->src_w + (size_t)x) * 3;
+    int swap = format == EF_BGR;
+    rgb[0] = p[swap ? 2 : 0];
+    rgb[1] = p[1];
+    rgb[2] = p[swap ? 0 : 2];
 }
 
 EF_INLINE int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+/* The chroma terms of ef_yuv_px for chroma sample (cx, cy): r, g, b offsets. */
+EF_INLINE void chroma_at(const ef_lines_args *a, int format, int cx, int cy, int32_t t[3]) {
+    size_t w = (size_t)a->src_w, h = (size_t)a->src_h;
+    const uint8_t *c = a->frame + h * w;
+    int uu, vv;
+    if (format == EF_NV12) {
+        const uint8_t *uv = c + (size_t)cy * w + 2 * (size_t)cx;
+        uu = (int)uv[0] - 128;
+        vv = (int)uv[1] - 128;
+    } else {
+        uu = (int)c[(size_t)cy * (w / 2) + cx] - 128;
+        vv = (int)c[(h / 2) * (w / 2) + (size_t)cy * (w / 2) + cx] - 128;
+    }
+    t[0] = EF_HALF + EF_CVR * vv;
+    t[1] = EF_HALF + EF_CVG * vv + EF_CUG * uu;
+    t[2] = EF_HALF + EF_CUB * uu;
+}
+
+/* RGB of the four pixels of a 4:2:0 tap, as ef_yuv_px converts them, computing each
+ * distinct chroma sample once (neighbours share one half of the time per axis). */
+EF_INLINE void yuv_quad(const ef_lines_args *a, int format, int xa, int xb, int ya, int yb,
+                        int32_t p00[3], int32_t p01[3], int32_t p10[3], int32_t p11[3]) {
+    size_t w = (size_t)a->src_w;
+    int32_t ta[3], tb[3], tc[3], td[3];
+    int cxa = xa >> 1, cxb = xb >> 1, cya = ya >> 1, cyb = yb >> 1;
+    chroma_at(a, format, cxa, cya, ta);
+    if (cxb == cxa)
+        for (int c = 0; c < 3; c++) tb[c] = ta[c];
+    else
+        chroma_at(a, format, cxb, cya, tb);
+    if (cyb == cya) {
+        for (int c = 0; c < 3; c++) tc[c] = ta[c], td[c] = tb[c];
+    } else {
+        chroma_at(a, format, cxa, cyb, tc);
+        if (cxb == cxa)
+            for (int c = 0; c < 3; c++) td[c] = tc[c];
+        else
+            chroma_at(a, format, cxb, cyb, td);
+    }
+    const uint8_t *ra = a->frame + (size_t)ya * w, *rb = a->frame + (size_t)yb * w;
+    int l[4] = {(int)ra[xa] - 16, (int)ra[xb] - 16, (int)rb[xa] - 16, (int)rb[xb] - 16};
+    int32_t *px[4] = {p00, p01, p10, p11};
+    const int32_t *tt[4] = {ta, tb, tc, td};
+    for (int k = 0; k < 4; k++) {
+        int yy = (l[k] < 0 ? 0 : l[k]) * EF_CY;
+        for (int c = 0; c < 3; c++) px[k][c] = ef_clamp8((yy + tt[k][c]) >> EF_SHIFT);
+    }
+}
 
 /* One bilinear tap at frame position (sx, sy), added to acc. */
 EF_INLINE void tap(const ef_lines_args *a, int format, double sx, double sy, float acc[3]) {
@@ -55,10 +88,14 @@ EF_INLINE void tap(const ef_lines_args *a, int format, double sx, double sy, flo
     int xa = clampi(x0, 0, a->src_w - 1), xb = clampi(x0 + 1, 0, a->src_w - 1);
     int ya = clampi(y0, 0, a->src_h - 1), yb = clampi(y0 + 1, 0, a->src_h - 1);
     int32_t p00[3], p01[3], p10[3], p11[3];
-    rgb_at(a, format, xa, ya, p00);
-    rgb_at(a, format, xb, ya, p01);
-    rgb_at(a, format, xa, yb, p10);
-    rgb_at(a, format, xb, yb, p11);
+    if (format == EF_NV12 || format == EF_I420) {
+        yuv_quad(a, format, xa, xb, ya, yb, p00, p01, p10, p11);
+    } else {
+        rgb_at(a, format, xa, ya, p00);
+        rgb_at(a, format, xb, ya, p01);
+        rgb_at(a, format, xa, yb, p10);
+        rgb_at(a, format, xb, yb, p11);
+    }
     for (int c = 0; c < 3; c++) {
         float top = (float)p00[c] * (1.f - fx) + (float)p01[c] * fx;
         float bottom = (float)p10[c] * (1.f - fx) + (float)p11[c] * fx;
