@@ -36,6 +36,7 @@ native = Extension(
         "shared/kernels/src/preprocess.c",
         "shared/kernels/src/preprocess_x86.c",
         "shared/kernels/src/nms.c",
+        "shared/kernels/src/lines.c",
     ],
     depends=["shared/kernels/src/ef_kernels.h", "shared/kernels/src/ef_internal.h"],
     include_dirs=["shared/kernels/src"],

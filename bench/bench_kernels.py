@@ -3,7 +3,9 @@
 Run: `.venv/bin/python -m edgefleet.bench.bench_kernels` (add `--rounds 5` on a busy machine).
 1080p NV12 -> 640x640 float32 tensor: the fused kernel vs the OpenCV + numpy chain
 (cvtColor, resize, copyMakeBorder, normalise, transpose), with the memory-bandwidth
-bound (bytes the kernel must move / measured copy bandwidth). NMS on 1k and 10k random
+bound (bytes the kernel must move / measured copy bandwidth). OCR line crops: 16 text
+lines of a 1080p frame (NV12 and BGR) into one recogniser batch, `quads_to_tensor` vs the
+chain it replaced (region conversion, warpPerspective, resize, normalise). NMS on 1k and 10k random
 boxes vs cv2.dnn.NMSBoxes (and torchvision.ops.nms when installed). Timings are the
 median of `--repeat` calls, best round of `--rounds` (the machine is shared).
 """
@@ -128,6 +130,89 @@ def bench_preprocess(repeat: int, rounds: int) -> None:
         )
 
 
+def text_quads(n: int, hw: tuple[int, int], seed: int) -> np.ndarray:
+    """n slightly rotated text-line quads (tl, tr, br, bl) inside an (h, w) frame."""
+    rng = np.random.default_rng(seed)
+    length, thick = rng.uniform(150, 900, n), rng.uniform(20, 90, n)
+    angle = rng.uniform(-0.1, 0.1, n)
+    u = np.stack([np.cos(angle), np.sin(angle)], 1) * length[:, None]
+    v = np.stack([-np.sin(angle), np.cos(angle)], 1) * thick[:, None]
+    tl = rng.uniform([50, 50], [hw[1] - 1000, hw[0] - 150], (n, 2))
+    return np.stack([tl, tl + u, tl + u + v, tl + v], 1).astype(np.float32)
+
+
+def lines_chain(frame: np.ndarray, fmt: str, quads: np.ndarray, out: np.ndarray) -> None:
+    """What the OCR model did per line before the fused kernel: crop, resize, normalise."""
+    from edgefleet.shared.imaging.normalise import normalise
+    from edgefleet.shared.models.frames import FrameIn
+    from edgefleet.shared.models.ocr import frame_crop
+
+    h, width = out.shape[2:]
+    src = FrameIn(frame, fmt)  # type: ignore[arg-type]  # fmt is one of the four
+    out[...] = 0.0
+    for k, quad in enumerate(quads):
+        crop, is_bgr = frame_crop(src, quad)
+        rw = min(width, max(1, int(np.ceil(h * crop.shape[1] / crop.shape[0]))))
+        resized = cv2.resize(crop, (rw, h))
+        out[k, :, :, :rw] = normalise(resized, [0.5] * 3, [0.5] * 3, 1 / 255, not is_bgr)
+
+
+def bench_lines(repeat: int, rounds: int) -> None:
+    rng = np.random.default_rng(1)
+    rgb = cv2.GaussianBlur(rng.integers(0, 256, (1080, 1920, 3), dtype=np.uint8), (0, 0), 2)
+    frames = {
+        "NV12": ("nv12", np.ascontiguousarray(cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420))),
+        "BGR": ("bgr", np.ascontiguousarray(rgb[..., ::-1])),
+    }
+    frames["NV12"] = ("nv12", _i420_to_nv12(frames["NV12"][1], 1080, 1920))
+    quads = text_quads(16, (1080, 1920), seed=2)
+    sizes, _ = kernels.line_sizes(quads)
+    widths = np.minimum(1600, np.ceil(48 * sizes[:, 0] / sizes[:, 1])).astype(np.int32)
+    out = np.empty((len(quads), 3, 48, int(widths.max())), np.float32)
+    slots = np.arange(len(quads), dtype=np.int32)
+    half = (0.5, 0.5, 0.5)
+    for label, (fmt, frame) in frames.items():
+        old = out.copy()
+        lines_chain(frame, fmt, quads, old)
+        native.quads_to_tensor(frame, fmt, quads, widths, slots, out, half, half, 0.0, "bgr")
+        diff = float(np.abs(out - old).mean()) * 0.5 * 255
+        t_chain = timed(lambda: lines_chain(frame, fmt, quads, old), repeat, rounds)  # noqa: B023
+        print(
+            f"16 lines of 1080p {label} -> (16, 3, 48, {out.shape[3]}) f32  chain (crop, resize, "
+            f"normalise) {t_chain * 1e3:7.3f} ms; mean |fused - chain| {diff:.2f} levels"
+        )
+        for threads in (1, 2):
+            t = timed(
+                partial(
+                    native.quads_to_tensor,
+                    frame,
+                    fmt,
+                    quads,
+                    widths,
+                    slots,
+                    out,
+                    half,
+                    half,
+                    0.0,
+                    "bgr",
+                    threads=threads,
+                ),
+                repeat,
+                rounds,
+            )
+            print(
+                f"16 lines of 1080p {label}  quads_to_tensor, {threads} thread(s) "
+                f"{t * 1e3:7.3f} ms   {t_chain / t:5.1f}x faster"
+            )
+
+
+def _i420_to_nv12(i420: np.ndarray, h: int, w: int) -> np.ndarray:
+    flat = i420.reshape(-1)
+    u = flat[h * w : h * w * 5 // 4].reshape(h // 2, w // 2)
+    v = flat[h * w * 5 // 4 :].reshape(h // 2, w // 2)
+    return np.concatenate([i420[:h], np.stack([u, v], axis=-1).reshape(h // 2, w)])
+
+
 def random_boxes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     xy = rng.uniform(0, 1000, (n, 2))
@@ -184,6 +269,7 @@ def main(
     Example: edgefleet bench kernels --rounds 5
     """
     bench_preprocess(repeat, rounds)
+    bench_lines(max(3, repeat // 5), rounds)
     bench_nms(repeat, rounds)
 
 

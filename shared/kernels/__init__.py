@@ -30,8 +30,10 @@ __all__ = [
     "frame_to_tensor",
     "i420_to_tensor",
     "keypoint_nms",
+    "line_sizes",
     "nms",
     "nv12_to_tensor",
+    "quads_to_tensor",
     "rgb_to_tensor",
     "to_rgb",
     "use_backend",
@@ -211,6 +213,48 @@ def crop_resize(
 
     module = _active().module
     return run(module.frame_to_tensor, frame, fmt, boxes, size, mean, std, pad, dtype, out)
+
+
+def quads_to_tensor(
+    frame,
+    fmt,
+    quads,
+    widths,
+    slots,
+    out,
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    fill=0.0,
+    channels="rgb",
+) -> np.ndarray:
+    """Text lines of one frame, rectified straight into slots of a float32 (B, 3, h, W) batch.
+
+    quads: float32 (N, 4, 2) tl, tr, br, bl in frame pixels; line i fills the first
+    widths[i] columns of out[slots[i]] (colour-converted from `fmt`, normalised as
+    (x / 255 - mean) / std per R, G, B, planes in `channels` order) and `fill` the rest.
+    A line 1.5x taller than wide is read turned; lines shrunk more than 2x are
+    supersampled (an area filter). The geometry: edgefleet.shared.kernels.lines.
+    """
+    if fmt not in checks.FORMATS:
+        raise InvalidInput(f"unknown frame format {fmt!r}; one of {checks.FORMATS}")
+    module = _active().module
+    return module.quads_to_tensor(frame, fmt, quads, widths, slots, out, mean, std, fill, channels)
+
+
+def line_sizes(quads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(length, thickness) of each float32 (N, 4, 2) quad's line as `quads_to_tensor` reads
+    it (vertical lines turned), and whether it can be read at all (a convex quad)."""
+    from edgefleet.shared.kernels.lines import line_sizes as sizes
+
+    try:
+        q = np.asarray(quads, np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"quads must be numbers of shape (N, 4, 2): {exc}") from exc
+    if q.ndim != 3 or q.shape[1:] != (4, 2):
+        raise InvalidInput(f"quads must have shape (N, 4, 2) tl, tr, br, bl, got {q.shape}")
+    if q.size and not np.isfinite(q).all():
+        raise InvalidInput("quads contain NaN or infinity")
+    return sizes(q)
 
 
 def nms(

@@ -22,6 +22,24 @@ def preprocess(
     threads: int,
     /,
 ) -> None: ...
+def quads_to_tensor(
+    frame: np.ndarray,
+    format: int,
+    src_h: int,
+    src_w: int,
+    homographies: np.ndarray,
+    taps: np.ndarray,
+    widths: np.ndarray,
+    slots: np.ndarray,
+    out: np.ndarray,
+    out_h: int,
+    out_w: int,
+    scale: object,
+    bias: object,
+    fill: float,
+    threads: int,
+    /,
+) -> None: ...
 def nms(
     boxes: np.ndarray,
     scores: np.ndarray,

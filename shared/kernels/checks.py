@@ -323,3 +323,78 @@ def _keypoint_areas(kp: np.ndarray) -> np.ndarray:
         axis=1, initial=inf
     )
     return np.maximum(w, 0) * np.maximum(h, 0)
+
+
+MAX_COORD = 1e6  # quad corners beyond this (frame pixels) are nonsense, not geometry
+
+
+@dataclass(frozen=True)
+class LineArgs:
+    """quads_to_tensor's checked arguments and the plan every backend samples by."""
+
+    hw: tuple[int, int]  # the frame's (height, width)
+    homographies: np.ndarray  # (N, 9) float64: slot pixel -> frame pixel
+    taps: np.ndarray  # (N, 2) int32: kx, ky
+    widths: np.ndarray  # (N,) int32
+    slots: np.ndarray  # (N,) int32
+    out: np.ndarray  # (B, 3, h, W) float32
+    scale: tuple[float, float, float]  # per R, G, B: out = level * scale + bias
+    bias: tuple[float, float, float]
+    fill: float  # the (normalised) value right of each line
+    bgr_out: bool
+
+
+def line_args(
+    hw: tuple[int, int],
+    quads: object,
+    widths: object,
+    slots: object,
+    out: object,
+    mean: Sequence[float],
+    std: Sequence[float],
+    fill: object,
+    channels: object,
+) -> LineArgs:
+    """Validate a quads_to_tensor call on a checked (h, w) frame and plan it (the
+    geometry: edgefleet.shared.kernels.lines)."""
+    from edgefleet.shared.kernels import lines
+
+    bgr_out = channel_order(channels)
+    o = _array("out", out)
+    if o.dtype != np.float32 or o.ndim != 4 or o.shape[1] != 3 or 0 in o.shape:
+        raise InvalidInput(f"out must be float32 (B, 3, h, W), got {o.dtype} {o.shape}")
+    _contiguous("out", o)
+    if not o.flags.writeable:
+        raise InvalidInput("out is read-only")
+    q = _array("quads", quads)
+    if q.dtype != np.float32 or q.ndim != 3 or q.shape[1:] != (4, 2):
+        raise InvalidInput(
+            f"quads must be float32 (N, 4, 2) tl, tr, br, bl, got {q.dtype} {q.shape}"
+        )
+    n = q.shape[0]
+    if n and not (np.isfinite(q).all() and np.abs(q).max() <= MAX_COORD):
+        raise InvalidInput(f"quads must be finite frame coordinates (|x| <= {MAX_COORD:g})")
+    w = _indices("widths", widths, n, 1, o.shape[3])
+    s = _indices("slots", slots, n, 0, o.shape[0] - 1)
+    if len(np.unique(s)) != n:
+        raise InvalidInput("slots must be distinct: one quad per slot")
+    norm = normalise(mean, std, 0)
+    fill_f = _threshold("fill", fill)
+    hom, taps, degenerate = lines.plan(q, w, o.shape[2])
+    if degenerate.any():
+        bad = np.flatnonzero(degenerate)[:5].tolist()
+        raise InvalidInput(f"quads {bad} are not convex (three corners on a line?)")
+    (m0, m1, m2), (s0, s1, s2) = norm.mean, norm.std
+    scale = (1.0 / (255.0 * s0), 1.0 / (255.0 * s1), 1.0 / (255.0 * s2))
+    bias = (-m0 / s0, -m1 / s1, -m2 / s2)
+    return LineArgs(hw, hom, taps, w, s, o, scale, bias, fill_f, bgr_out)
+
+
+def _indices(name: str, value: object, n: int, lo: int, hi: int) -> np.ndarray:
+    """n integers in lo..hi as a contiguous int32 array."""
+    arr = np.asarray(value) if isinstance(value, (np.ndarray, list, tuple)) else None
+    if arr is None or arr.shape != (n,) or (n and arr.dtype.kind not in "iu"):
+        raise InvalidInput(f"{name} must hold one integer per quad ({n}), got {value!r}")
+    if n and (arr.min() < lo or arr.max() > hi):
+        raise InvalidInput(f"{name} must lie in {lo}..{hi}")
+    return np.ascontiguousarray(arr, dtype=np.int32)

@@ -143,6 +143,59 @@ def frame_to_tensor(
     return dev_out, t
 
 
+MAX_GRID_Z = 65535  # quads per launch (gridDim.z)
+
+
+def quads_to_tensor(
+    frame,
+    fmt: str,
+    quads: np.ndarray,
+    widths: np.ndarray,
+    slots: np.ndarray,
+    out: np.ndarray,
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    fill: float = 0.0,
+    channels: str = "rgb",
+) -> np.ndarray:
+    """Text-line quads sampled into slots of `out` on the GPU (a host or device frame; `out`
+    is the host batch the recogniser reads, written back after the kernel)."""
+    from pycuda import gpuarray
+
+    ptr, holder, (h, w) = _device_frame(frame, fmt)  # holder keeps the memory alive
+    a = checks.line_args((h, w), quads, widths, slots, out, mean, std, fill, channels)
+    n = len(a.widths)
+    if n == 0:
+        return a.out
+    dev_out = gpuarray.to_gpu(a.out)  # slots not written keep the caller's values
+    hom = gpuarray.to_gpu(a.homographies.astype(np.float32))
+    taps, wid, slot = (gpuarray.to_gpu(v) for v in (a.taps, a.widths, a.slots))
+    kernel = _module().get_function("ef_quads_to_tensor_f32")
+    pitch = w * 3 if fmt in ("bgr", "rgb") else w
+    code = FORMAT_CODES[fmt] | (BGR_OUT if a.bgr_out else 0)
+    out_h, out_w = a.out.shape[2], a.out.shape[3]
+    for first in range(0, n, MAX_GRID_Z):
+        count = min(MAX_GRID_Z, n - first)
+        grid = ((out_w + BLOCK[0] - 1) // BLOCK[0], (out_h + BLOCK[1] - 1) // BLOCK[1], count)
+        kernel(
+            np.uintp(ptr),
+            np.uintp(int(hom.gpudata) + first * 9 * 4),
+            np.uintp(int(taps.gpudata) + first * 2 * 4),
+            np.uintp(int(wid.gpudata) + first * 4),
+            np.uintp(int(slot.gpudata) + first * 4),
+            np.uintp(int(dev_out.gpudata)),
+            *(np.int32(v) for v in (code, h, w, pitch, count, out_h, out_w)),
+            np.float32(a.fill),
+            _float3(a.scale),
+            _float3(a.bias),
+            block=BLOCK,
+            grid=grid,
+        )
+    dev_out.get(ary=a.out)
+    del holder  # the uploaded frame, freed only after the result came back
+    return a.out
+
+
 def _float3(values) -> np.void:
     f3 = np.dtype([("x", np.float32), ("y", np.float32), ("z", np.float32)])
     return np.array([tuple(values)], f3)[0]

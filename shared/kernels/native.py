@@ -138,3 +138,40 @@ def keypoint_nms(
         keep,
     )
     return keep[:n].copy() if n < len(keep) else keep
+
+
+def quads_to_tensor(
+    frame: np.ndarray,
+    fmt: str,
+    quads: np.ndarray,
+    widths: np.ndarray,
+    slots: np.ndarray,
+    out: np.ndarray,
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    fill: float = 0.0,
+    channels: str = "rgb",
+    *,
+    threads: int | None = None,
+) -> np.ndarray:
+    """Text-line quads sampled, colour-converted and normalised into slots of `out`."""
+    h, w = checks.frame_hw(frame, fmt)
+    a = checks.line_args((h, w), quads, widths, slots, out, mean, std, fill, channels)
+    _native.quads_to_tensor(
+        frame,
+        FORMAT_CODES[fmt] | (BGR_OUT if a.bgr_out else 0),
+        h,
+        w,
+        a.homographies,
+        a.taps,
+        a.widths,
+        a.slots,
+        a.out,
+        a.out.shape[2],
+        a.out.shape[3],
+        a.scale,
+        a.bias,
+        a.fill,
+        _threads if threads is None else threads,
+    )
+    return a.out

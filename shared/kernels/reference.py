@@ -154,3 +154,64 @@ def keypoint_nms(
         if not suppressed:
             kept.append(int(i))
     return np.asarray(kept, dtype=np.int64)
+
+
+def quads_to_tensor(
+    frame: np.ndarray,
+    fmt: str,
+    quads: np.ndarray,
+    widths: np.ndarray,
+    slots: np.ndarray,
+    out: np.ndarray,
+    mean=(0.0, 0.0, 0.0),
+    std=(1.0, 1.0, 1.0),
+    fill: float = 0.0,
+    channels: str = "rgb",
+) -> np.ndarray:
+    """Reference line sampling (edgefleet.shared.kernels.lines), float64 throughout; of a
+    YUV frame only the pixels each line's taps reach are converted."""
+    hw = checks.frame_hw(frame, fmt)
+    a = checks.line_args(hw, quads, widths, slots, out, mean, std, fill, channels)
+    h = a.out.shape[2]
+    for hom, (kx, ky), w, slot in zip(a.homographies, a.taps, a.widths, a.slots, strict=True):
+        level = _sample_line(frame, fmt, a.hw, hom.reshape(3, 3), int(w), h, int(kx), int(ky))
+        x = level * np.asarray(a.scale) + np.asarray(a.bias)  # (h, w, 3), R, G, B
+        planes = x.transpose(2, 0, 1)
+        a.out[slot, :, :, :w] = planes[::-1] if a.bgr_out else planes
+        a.out[slot, :, :, w:] = a.fill
+    return a.out
+
+
+def _sample_line(
+    frame: np.ndarray,
+    fmt: str,
+    hw: tuple[int, int],
+    hom: np.ndarray,
+    w: int,
+    h: int,
+    kx: int,
+    ky: int,
+) -> np.ndarray:
+    """(h, w, 3) float64 levels: the mean of kx x ky bilinear taps per output pixel."""
+    from edgefleet.shared.kernels.crops import crop_windows, sub_frame
+
+    px = (np.arange(w)[:, None] + (np.arange(kx) + 0.5) / kx)[None, None]  # (1, 1, w, kx)
+    py = (np.arange(h)[:, None] + (np.arange(ky) + 0.5) / ky)[:, :, None, None]  # (h, ky, 1, 1)
+    den = hom[2, 0] * px + hom[2, 1] * py + hom[2, 2]
+    sx = (hom[0, 0] * px + hom[0, 1] * py + hom[0, 2]) / den
+    sy = (hom[1, 0] * px + hom[1, 1] * py + hom[1, 2]) / den
+    fh, fw = hw
+    sx = np.clip(sx, -1.0, float(fw))
+    sy = np.clip(sy, -1.0, float(fh))
+    x0, y0 = np.floor(sx), np.floor(sy)
+    fx, fy = (sx - x0)[..., None], (sy - y0)[..., None]
+    xa, xb = np.clip(x0, 0, fw - 1).astype(np.int64), np.clip(x0 + 1, 0, fw - 1).astype(np.int64)
+    ya, yb = np.clip(y0, 0, fh - 1).astype(np.int64), np.clip(y0 + 1, 0, fh - 1).astype(np.int64)
+    box = np.array([[xa.min(), ya.min(), xb.max() + 1, yb.max() + 1]], np.float32)
+    wx0, wy0, wx1, wy1 = crop_windows(box, hw, fmt)[0]
+    rgb = to_rgb(sub_frame(frame, fmt, hw, (wx0, wy0, wx1, wy1)), fmt).astype(np.float64)
+    xa, xb, ya, yb = xa - wx0, xb - wx0, ya - wy0, yb - wy0
+    top = rgb[ya, xa] * (1 - fx) + rgb[ya, xb] * fx
+    bottom = rgb[yb, xa] * (1 - fx) + rgb[yb, xb] * fx
+    taps = top * (1 - fy) + bottom * fy  # (h, ky, w, kx, 3)
+    return taps.mean(axis=(1, 3))

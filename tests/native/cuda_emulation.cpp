@@ -1,11 +1,12 @@
 // Runs the CUDA kernels' code (shared/kernels/cuda/*.cu) on the CPU through the shim in
 // cuda_shim/, thread by thread, and checks it against the C kernels: the pre-processing
-// tensor must be bit-identical, and the greedy pass over the NMS bitmask must keep
-// exactly ef_nms's indices. This tests the kernels' arithmetic and indexing where no GPU
+// tensor must be bit-identical, the line crops (float coordinates on the GPU, double in C)
+// within 0.05 of a level, and the greedy pass over the NMS bitmask must keep exactly
+// ef_nms's indices. This tests the kernels' arithmetic and indexing where no GPU
 // is present; launch, memory and timing are left to the `gpu` tests.
 //
 // Build (tests/unit/test_kernels_cuda_build.py does this):
-//   gcc -O2 -ffp-contract=off -c shared/kernels/src/{preprocess,preprocess_x86,nms}.c
+//   gcc -O2 -ffp-contract=off -c shared/kernels/src/{preprocess,preprocess_x86,nms,lines}.c
 //   g++ -O2 -ffp-contract=off -I tests/native/cuda_shim -I shared/kernels/src
 //       tests/native/cuda_emulation.cpp *.o -pthread -o emu && ./emu
 #include <cstdio>
@@ -84,6 +85,60 @@ static void check_pre(int format, int sh, int sw, int dh, int dw, int f16) {
                 sw, dh, dw, f16 ? "f16" : "f32");
 }
 
+// Parallelogram lines (an affine homography: slot (x, y) -> tl + x/w (tr - tl) + y/h (bl - tl)).
+static void check_lines(int format, int sh, int sw) {
+    size_t in = format <= EF_I420 ? (size_t)sh * sw * 3 / 2 : (size_t)sh * sw * 3;
+    std::vector<uint8_t> frame(in);
+    for (auto &b : frame) b = (uint8_t)rnd();
+    const int n = 5, oh = 16, ow = 40;
+    std::vector<double> hom(9 * n);
+    std::vector<float> homf(9 * n);
+    std::vector<int32_t> taps(2 * n), widths(n), slots(n);
+    for (int i = 0; i < n; i++) {
+        double tlx = (double)(rnd() % (sw + 20)) - 10.3, tly = (double)(rnd() % (sh + 20)) - 10.7;
+        double ux = (double)(rnd() % 300) + 1.5, uy = (double)(rnd() % 40) - 20.25;
+        double vx = (double)(rnd() % 20) - 10.5, vy = (double)(rnd() % 120) + 2.5;
+        widths[i] = 1 + (int)(rnd() % ow);
+        slots[i] = n - 1 - i;
+        taps[2 * i] = 1 + i % 3;
+        taps[2 * i + 1] = 1 + i % 4;
+        double m[9] = {ux / widths[i], vx / oh, tlx, uy / widths[i], vy / oh, tly, 0, 0, 1};
+        for (int k = 0; k < 9; k++) hom[9 * i + k] = m[k], homf[9 * i + k] = (float)m[k];
+    }
+    ef_lines_args a;
+    std::memset(&a, 0, sizeof a);
+    a.format = format;
+    a.frame = frame.data();
+    a.src_h = sh, a.src_w = sw, a.n = n, a.out_h = oh, a.out_w = ow;
+    a.hom = hom.data(), a.taps = taps.data(), a.widths = widths.data(), a.slots = slots.data();
+    for (int c = 0; c < 3; c++) a.scale[c] = 1.f / 255.f, a.bias[c] = 0.f;
+    a.fill = -1.f;
+    std::vector<float> want((size_t)n * 3 * oh * ow), got(want.size(), 9.f);
+    a.out = want.data();
+    ef_quads_to_tensor(&a, 1);
+    float3 scale = {a.scale[0], a.scale[1], a.scale[2]}, bias = {0.f, 0.f, 0.f};
+    blockDim = {32, 8, 1};
+    for (unsigned bz = 0; bz < (unsigned)n; bz++)
+        for (unsigned by = 0; by < (unsigned)(oh + 7) / 8; by++)
+            for (unsigned bx = 0; bx < (unsigned)(ow + 31) / 32; bx++)
+                for (unsigned ty = 0; ty < 8; ty++)
+                    for (unsigned tx = 0; tx < 32; tx++) {
+                        blockIdx = {bx, by, bz};
+                        threadIdx = {tx, ty, 0};
+                        ef_quads_to_tensor_f32(frame.data(), homf.data(), taps.data(), widths.data(),
+                                           slots.data(), got.data(), format,
+                                           sh, sw, format >= EF_BGR ? sw * 3 : sw, n, oh, ow,
+                                           a.fill, scale, bias);
+                    }
+    float worst = 0.f;
+    for (size_t k = 0; k < want.size(); k++) worst = std::max(worst, std::fabs(want[k] - got[k]));
+    bool ok = worst <= 0.05f / 255.f;
+    checks++;
+    failures += !ok;
+    std::printf("%s cuda-emu lines format=%d %dx%d max diff %.2e levels\n", ok ? "ok  " : "FAIL",
+                format, sh, sw, worst * 255.f);
+}
+
 static void check_nms(int n, float thr, bool classes, float sthr, int max_det) {
     std::vector<float> boxes(4 * (size_t)n), scores(n);
     std::vector<int32_t> cls(n);
@@ -140,6 +195,10 @@ int main() {
         for (int s = 0; s < 6; s++) check_pre(f, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], s % 2);
     check_pre(EF_BGR, 1, 1, 3, 5, 0);
     check_pre(EF_RGB, 7, 3, 9, 9, 1);
+    for (int f = 0; f < 4; f++) {
+        check_lines(f, 720, 1280);
+        check_lines(f, 2, 2);
+    }
     check_nms(0, 0.5f, false, 0.f, 100);
     check_nms(1, 0.5f, false, 0.f, 100);
     check_nms(64, 0.5f, false, 0.f, 64);

@@ -46,7 +46,12 @@ def test_launcher_translation_unit_compiles(arch, tmp_path):
     src = tmp_path / "combined.cu"
     src.write_text(cuda_backend.combined_source())
     cubin = nvcc(src, arch, tmp_path)
-    for name in (b"ef_to_tensor_f32", b"ef_to_tensor_f16", b"ef_nms_mask"):
+    for name in (
+        b"ef_to_tensor_f32",
+        b"ef_to_tensor_f16",
+        b"ef_quads_to_tensor_f32",
+        b"ef_nms_mask",
+    ):
         assert name in cubin
 
 
@@ -60,7 +65,7 @@ def test_cuda_kernel_code_emulated_on_cpu_matches_c_kernels(tmp_path):
     src = ROOT / "shared/kernels/src"
     flags = ["-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror"]
     objects = []
-    for name in ("preprocess", "preprocess_x86", "nms"):
+    for name in ("preprocess", "preprocess_x86", "nms", "lines"):
         obj = tmp_path / f"{name}.o"
         c_flags = ["-std=c99", "-D_GNU_SOURCE", "-I", str(src)]
         cmd = ["gcc", *flags, *c_flags, "-c", str(src / f"{name}.c"), "-o", str(obj)]
@@ -132,6 +137,30 @@ def test_cuda_preprocess_device_in_device_out(cuda_active):
     assert got is dev_out
     want, _ = reference.frame_to_tensor(frame, "nv12", (640, 640), MEAN, STD)
     assert np.abs((got.get() - want) * np.float32(STD)[None, :, None, None]).max() <= 1 / 255
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nv12", "i420", "bgr", "rgb"])
+def test_cuda_quads_to_tensor_matches_reference(cuda_active, fmt):
+    # the CUDA kernel maps coordinates in float (the CPU in double): within 0.05 of a level
+    rng = np.random.default_rng(7)
+    h, w = 720, 1280
+    shape = (h * 3 // 2, w) if fmt in ("nv12", "i420") else (h, w, 3)
+    frame = rng.integers(0, 256, shape, dtype=np.uint8)
+    centre = rng.uniform(0, 1, (20, 2)) * (w, h)
+    half = rng.uniform([4, 2], [400, 150], (20, 2))
+    quads = np.stack(
+        [centre - half, centre + half * (1, -1), centre + half, centre + half * (-1, 1)], 1
+    ).astype(np.float32)
+    sizes, _ = cuda_active.line_sizes(quads)
+    widths = np.minimum(600, np.ceil(48 * sizes[:, 0] / sizes[:, 1])).astype(np.int32)
+    slots = np.arange(20, dtype=np.int32)[::-1].copy()
+    got = np.full((21, 3, 48, 600), 3.0, np.float32)
+    want = got.copy()
+    cuda_active.quads_to_tensor(frame, fmt, quads, widths, slots, got, MEAN, STD, 0.0, "bgr")
+    reference.quads_to_tensor(frame, fmt, quads, widths, slots, want, MEAN, STD, 0.0, "bgr")
+    s = np.float32(STD[::-1])[None, :, None, None]
+    assert np.abs((got - want) * s).max() <= 0.05 / 255
 
 
 @pytest.mark.gpu

@@ -90,9 +90,11 @@ def test_no_full_frame_conversion_or_copy_between_capture_and_tensor(ocr, fmt, m
     # given a 1080p camera frame and spies on every way a frame could be converted
     frame = as_format(camera_scene(1080, 1920), fmt)
     converted: list[tuple[int, ...]] = []  # every cv2.cvtColor
-    regions: list[tuple[int, ...]] = []  # every kernels.to_rgb (YUV crops for the warp)
+    regions: list[tuple[int, ...]] = []  # every kernels.to_rgb
     handed: list[np.ndarray] = []
+    lines_from: list[np.ndarray] = []  # the frame each line-reading kernel call sampled
     real_cvt, real_to_rgb, real_to_tensor = cv2.cvtColor, kernels.to_rgb, kernels.frame_to_tensor
+    real_quads = kernels.quads_to_tensor
 
     def cvt(src, code, *args, **kwargs):
         converted.append(src.shape)
@@ -106,17 +108,54 @@ def test_no_full_frame_conversion_or_copy_between_capture_and_tensor(ocr, fmt, m
         handed.append(pixels)
         return real_to_tensor(pixels, f, *args, **kwargs)
 
+    def quads_to_tensor(pixels, f, *args, **kwargs):
+        lines_from.append(pixels)
+        return real_quads(pixels, f, *args, **kwargs)
+
     monkeypatch.setattr(cv2, "cvtColor", cvt)
     monkeypatch.setattr(kernels, "to_rgb", to_rgb)
     monkeypatch.setattr(kernels, "frame_to_tensor", to_tensor)
+    monkeypatch.setattr(kernels, "quads_to_tensor", quads_to_tensor)
     # when the model reads it
     lines = ocr.predict(frame, fmt=fmt)
-    # then the kernel got the camera's own buffer, and only line crops were converted
+    # then the kernels got the camera's own buffer (the detector's tensor, then the lines:
+    # one call for both lines of the frame), and nothing was converted on the way
     assert [d.text for d in lines] == ["GATE 12", "MSCU1234565"]
     assert len(handed) == 2 and all(h is frame for h in handed)  # one per detector scale
-    full = 1080 * 1920
-    assert all(np.prod(shape[:2]) < full // 20 for shape in converted + regions), converted
-    assert len(regions) == (2 if fmt == "nv12" else 0)  # one small region per line
+    assert len(lines_from) == 1 and lines_from[0] is frame
+    assert converted == [] and regions == []
+
+
+@pytest.fixture(scope="module")
+def heavy():
+    settings = ExecutionSettings(
+        backends=["onnxruntime-cpu"], intra_op_threads=1, batching=BatcherSettings(enabled=False)
+    )
+    with load_model("ppocr-heavy", settings=settings) as model:
+        yield model
+
+
+@pytest.mark.parametrize("turn", ["upright", "upside down", "a quarter turn"])
+def test_the_angle_classifier_and_second_reads_work_on_quads_of_the_frame(heavy, turn):
+    # given the scene upside down or turned (its lines vertical), as an NV12 camera frame
+    rgb = camera_scene()
+    rgb = {"upright": rgb, "upside down": rgb[::-1, ::-1], "a quarter turn": np.rot90(rgb)}[turn]
+    frame = as_format(np.ascontiguousarray(rgb), "nv12")
+    # when a pipeline with an angle classifier and a padded second read (tta) reads it
+    lines = heavy.predict(frame, fmt="nv12")
+    # then vertical lines are read turned, upside-down ones flipped: the text is right
+    assert sorted(d.text for d in lines) == ["GATE 12", "MSCU1234565"]
+
+
+def test_enhanced_reads_come_from_the_crop_and_vote_with_the_others():
+    settings = ExecutionSettings(
+        backends=["onnxruntime-cpu"], intra_op_threads=1, batching=BatcherSettings(enabled=False)
+    )
+    with load_model("ppocr6-cloud", settings=settings) as cloud:  # tta and enhance on
+        assert cloud.opts.tta and cloud.opts.enhance
+        for fmt in ("bgr", "i420"):
+            lines = cloud.predict(as_format(camera_scene(), fmt), fmt=fmt)
+            assert [d.text for d in lines] == ["GATE 12", "MSCU1234565"]
 
 
 @pytest.mark.parametrize(

@@ -136,3 +136,69 @@ extern "C" __global__ void ef_to_tensor_f16(const uint8_t *frame, __half *out, i
     to_tensor<__half>(frame, format, src_h, src_w, pitch, dst_h, dst_w, new_h, new_w, top, left,
                       scale, bias, pad, out);
 }
+
+// Text-line quads -> slots of an NCHW float32 batch (shared/kernels/lines.py defines it):
+// one thread per output pixel of one quad (blockIdx.z); the mean of kx x ky bilinear taps
+// through the quad's homography (float here, double on the CPU: within the documented
+// tolerance), border replicated, colour-converted per tap, normalised in the same pass.
+__device__ __forceinline__ void line_tap(const uint8_t *frame, int format, int src_h, int src_w,
+                                         int pitch, float sx, float sy, float acc[3]) {
+    if (!(sx >= -1.f)) sx = -1.f;  // also NaN
+    if (!(sy >= -1.f)) sy = -1.f;
+    if (sx > (float)src_w) sx = (float)src_w;
+    if (sy > (float)src_h) sy = (float)src_h;
+    float fx0 = floorf(sx), fy0 = floorf(sy);
+    float fx = sx - fx0, fy = sy - fy0;
+    int x0 = (int)fx0, y0 = (int)fy0;
+    int xa = min(max(x0, 0), src_w - 1), xb = min(max(x0 + 1, 0), src_w - 1);
+    int ya = min(max(y0, 0), src_h - 1), yb = min(max(y0 + 1, 0), src_h - 1);
+    int p00[3], p01[3], p10[3], p11[3];
+    rgb_at(frame, format, src_h, pitch, xa, ya, p00);
+    rgb_at(frame, format, src_h, pitch, xb, ya, p01);
+    rgb_at(frame, format, src_h, pitch, xa, yb, p10);
+    rgb_at(frame, format, src_h, pitch, xb, yb, p11);
+    for (int c = 0; c < 3; c++) {
+        float top = (float)p00[c] * (1.f - fx) + (float)p01[c] * fx;
+        float bottom = (float)p10[c] * (1.f - fx) + (float)p11[c] * fx;
+        acc[c] += top * (1.f - fy) + bottom * fy;
+    }
+}
+
+// Pointers first, then ints, then floats/float3s. hom: (n, 9) float, taps: (n, 2) kx, ky.
+extern "C" __global__ void ef_quads_to_tensor_f32(const uint8_t *frame, const float *hom,
+                                                  const int *taps, const int *widths,
+                                                  const int *slots, float *out, int format,
+                                                  int src_h, int src_w, int pitch, int n,
+                                                  int out_h, int out_w, float fill, float3 scale,
+                                                  float3 bias) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x;
+    int y = blockIdx.y * blockDim.y + threadIdx.y;
+    int i = blockIdx.z;
+    if (x >= out_w || y >= out_h || i >= n) return;
+    size_t plane = (size_t)out_h * out_w;
+    size_t at = (size_t)slots[i] * 3 * plane + (size_t)y * out_w + x;
+    int bgr = (format & 16) != 0;
+    format &= 15;
+    if (x >= widths[i]) {
+        out[at] = fill;
+        out[at + plane] = fill;
+        out[at + 2 * plane] = fill;
+        return;
+    }
+    const float *m = hom + 9 * (size_t)i;
+    int kx = taps[2 * i], ky = taps[2 * i + 1];
+    float acc[3] = {0.f, 0.f, 0.f};
+    for (int b = 0; b < ky; b++) {
+        float py = (float)y + ((float)b + 0.5f) / (float)ky;
+        for (int t = 0; t < kx; t++) {
+            float px = (float)x + ((float)t + 0.5f) / (float)kx;
+            float den = m[6] * px + m[7] * py + m[8];
+            line_tap(frame, format, src_h, src_w, pitch, (m[0] * px + m[1] * py + m[2]) / den,
+                     (m[3] * px + m[4] * py + m[5]) / den, acc);
+        }
+    }
+    float inv = 1.f / (float)(kx * ky);
+    float k[3] = {scale.x, scale.y, scale.z}, o[3] = {bias.x, bias.y, bias.z};
+    for (int c = 0; c < 3; c++)
+        out[at + (size_t)(bgr ? 2 - c : c) * plane] = acc[c] * inv * k[c] + o[c];
+}

@@ -12,6 +12,27 @@
 #define EF_SHIFT 20
 #define EF_HALF (1 << (EF_SHIFT - 1))
 
+static inline uint8_t ef_clamp8(int v) { return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v)); }
+
+/* One pixel of a 4:2:0 frame as cv2.COLOR_YUV2RGB_NV12 / _I420 converts it. y is the pixel's
+ * luma row; nv12: u is the interleaved UV row (v unused), else the I420 U and V rows. */
+static inline void ef_yuv_px(const uint8_t *y, const uint8_t *u, const uint8_t *v, int nv12,
+                             int x, int32_t rgb[3]) {
+    int uu, vv;
+    if (nv12) {
+        uu = (int)u[x & ~1] - 128;
+        vv = (int)u[(x & ~1) + 1] - 128;
+    } else {
+        uu = (int)u[x >> 1] - 128;
+        vv = (int)v[x >> 1] - 128;
+    }
+    int yy = (int)y[x] - 16;
+    yy = (yy < 0 ? 0 : yy) * EF_CY;
+    rgb[0] = ef_clamp8((yy + (EF_HALF + EF_CVR * vv)) >> EF_SHIFT);
+    rgb[1] = ef_clamp8((yy + (EF_HALF + EF_CVG * vv + EF_CUG * uu)) >> EF_SHIFT);
+    rgb[2] = ef_clamp8((yy + (EF_HALF + EF_CUB * uu)) >> EF_SHIFT);
+}
+
 /* 1 when this CPU runs the AVX2 (+F16C) helpers below; 0 elsewhere and on non-x86. */
 int ef_x86_avx2(void);
 

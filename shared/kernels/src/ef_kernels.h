@@ -32,6 +32,28 @@ typedef struct {
 /* 0 on success, -1 when memory or threads could not be had. */
 int ef_preprocess(const ef_pre_args *a, int impl, int threads);
 
+/* Text-line quads of one frame, each rectified into a slot of a batch (the geometry and the
+ * definition: shared/kernels/lines.py; the plan comes from there, computed once). */
+typedef struct {
+    int format;            /* enum ef_format */
+    const uint8_t *frame;  /* as in ef_pre_args */
+    int src_h, src_w;
+    int n;                 /* quads */
+    const double *hom;     /* (n, 9): slot pixel (x, y, 1) -> frame pixel, row-major */
+    const int32_t *taps;   /* (n, 2): kx, ky bilinear taps per output pixel */
+    const int32_t *widths; /* (n): columns of the slot the line fills, 1..out_w */
+    const int32_t *slots;  /* (n): distinct slots of out */
+    int out_h, out_w;      /* one slot's (h, W) */
+    float scale[3];        /* out = mean level * scale + bias, per RGB channel */
+    float bias[3];
+    float fill;            /* normalised value right of each line */
+    int bgr_out;           /* 1: channel c lands in plane 2 - c */
+    float *out;            /* (B, 3, out_h, out_w) float32 */
+} ef_lines_args;
+
+/* Returns 0 (a thread that cannot start has its rows done by the caller). */
+int ef_quads_to_tensor(const ef_lines_args *a, int threads);
+
 /* Greedy NMS (see shared/kernels/reference.py for the exact rule).
  * Writes up to max_det indices into keep; returns the count, or -1 on ENOMEM. */
 int ef_nms(const float *boxes, const float *scores, const int32_t *class_ids, int n,

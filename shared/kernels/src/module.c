@@ -79,6 +79,76 @@ static PyObject *py_preprocess(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_quads_to_tensor(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer frame, hom, taps, widths, slots, out;
+    ef_lines_args a;
+    PyObject *scale, *bias;
+    int threads;
+    if (!PyArg_ParseTuple(args, "y*iiiy*y*y*y*w*iiOOfi", &frame, &a.format, &a.src_h, &a.src_w,
+                          &hom, &taps, &widths, &slots, &out, &a.out_h, &a.out_w, &scale, &bias,
+                          &a.fill, &threads))
+        return NULL;
+    a.bgr_out = (a.format & EF_BGR_OUT) != 0;
+    if (a.format >= 0) a.format &= EF_FORMAT_MASK;
+    const char *err = NULL;
+    Py_ssize_t expect_in = 0, n = widths.len / 4, batch = 0;
+    if (a.src_h < 1 || a.src_w < 1 || a.src_h > 65536 || a.src_w > 65536) err = "bad source size";
+    else if (a.format == EF_NV12 || a.format == EF_I420) {
+        if (a.src_h % 2 || a.src_w % 2) err = "4:2:0 frames need even sizes";
+        expect_in = (Py_ssize_t)a.src_h * a.src_w * 3 / 2;
+    } else if (a.format == EF_BGR || a.format == EF_RGB) {
+        expect_in = (Py_ssize_t)a.src_h * a.src_w * 3;
+    } else err = "unknown format";
+    if (!err && frame.len != expect_in) err = "frame buffer has the wrong length";
+    if (!err && (a.out_h < 1 || a.out_w < 1 || a.out_h > 65536 || a.out_w > 65536))
+        err = "bad slot size";
+    if (!err) {
+        Py_ssize_t slot_len = (Py_ssize_t)3 * a.out_h * a.out_w * 4;
+        batch = out.len / slot_len;
+        if (out.len % slot_len || widths.len % 4 || n > 0x7fffffff || hom.len != n * 72 ||
+            taps.len != n * 8 || slots.len != n * 4)
+            err = "buffer lengths differ";
+    }
+    const int32_t *w = widths.buf, *s = slots.buf, *k = taps.buf;
+    for (Py_ssize_t i = 0; !err && i < n; i++) {
+        if (w[i] < 1 || w[i] > a.out_w || s[i] < 0 || s[i] >= batch || k[2 * i] < 1 ||
+            k[2 * i] > 64 || k[2 * i + 1] < 1 || k[2 * i + 1] > 64)
+            err = "width, slot or taps out of range";
+    }
+    if (!err && (get3(scale, a.scale, "scale") || get3(bias, a.bias, "bias"))) {
+        PyBuffer_Release(&frame);
+        PyBuffer_Release(&hom);
+        PyBuffer_Release(&taps);
+        PyBuffer_Release(&widths);
+        PyBuffer_Release(&slots);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    if (!err) {
+        a.frame = frame.buf;
+        a.n = (int)n;
+        a.hom = hom.buf;
+        a.taps = k;
+        a.widths = w;
+        a.slots = s;
+        a.out = out.buf;
+        Py_BEGIN_ALLOW_THREADS ef_quads_to_tensor(&a, threads);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&frame);
+    PyBuffer_Release(&hom);
+    PyBuffer_Release(&taps);
+    PyBuffer_Release(&widths);
+    PyBuffer_Release(&slots);
+    PyBuffer_Release(&out);
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_nms(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer boxes, scores, keep, cls = {0};
@@ -164,6 +234,8 @@ static PyObject *py_have_neon(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"preprocess", py_preprocess, METH_VARARGS, "Fused frame -> NCHW tensor (see native.py)."},
+    {"quads_to_tensor", py_quads_to_tensor, METH_VARARGS,
+     "Text-line quads -> slots of an NCHW batch (see native.py)."},
     {"nms", py_nms, METH_VARARGS, "Greedy NMS; returns the number of kept indices."},
     {"keypoint_nms", py_keypoint_nms, METH_VARARGS, "Greedy OKS NMS; returns the count kept."},
     {"have_neon", py_have_neon, METH_NOARGS, "True when built with the NEON paths."},

@@ -76,8 +76,6 @@ static void build_axis(int src, int dst, int *o0, int *o1, int32_t *w0, int32_t 
     }
 }
 
-static inline uint8_t clamp8(int v) { return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v)); }
-
 /* One row of 4:2:0 YUV to planar RGB; uvstep 2 = NV12 (interleaved UV), 1 = I420. */
 static inline void yuv_row_c(const uint8_t *restrict y, const uint8_t *restrict u,
                              const uint8_t *restrict v, int uvstep, int w,
@@ -88,12 +86,12 @@ static inline void yuv_row_c(const uint8_t *restrict y, const uint8_t *restrict 
         int ya = (int)y[2 * j] - 16, yb = (int)y[2 * j + 1] - 16;
         ya = (ya < 0 ? 0 : ya) * CY;
         yb = (yb < 0 ? 0 : yb) * CY;
-        r[2 * j] = clamp8((ya + ruv) >> SHIFT);
-        r[2 * j + 1] = clamp8((yb + ruv) >> SHIFT);
-        g[2 * j] = clamp8((ya + guv) >> SHIFT);
-        g[2 * j + 1] = clamp8((yb + guv) >> SHIFT);
-        b[2 * j] = clamp8((ya + buv) >> SHIFT);
-        b[2 * j + 1] = clamp8((yb + buv) >> SHIFT);
+        r[2 * j] = ef_clamp8((ya + ruv) >> SHIFT);
+        r[2 * j + 1] = ef_clamp8((yb + ruv) >> SHIFT);
+        g[2 * j] = ef_clamp8((ya + guv) >> SHIFT);
+        g[2 * j + 1] = ef_clamp8((yb + guv) >> SHIFT);
+        b[2 * j] = ef_clamp8((ya + buv) >> SHIFT);
+        b[2 * j + 1] = ef_clamp8((yb + buv) >> SHIFT);
     }
 }
 
@@ -320,24 +318,6 @@ static void convert_row(const ef_pre_args *a, int sy, uint8_t *rgb, int impl) {
     }
 }
 
-/* One pixel of a 4:2:0 row (the tail of the AVX2 path). */
-static inline void yuv_px(const uint8_t *y, const uint8_t *u, const uint8_t *v, int nv12, int x,
-                          int32_t rgb[3]) {
-    int uu, vv;
-    if (nv12) {
-        uu = (int)u[x & ~1] - 128;
-        vv = (int)u[(x & ~1) + 1] - 128;
-    } else {
-        uu = (int)u[x >> 1] - 128;
-        vv = (int)v[x >> 1] - 128;
-    }
-    int yy = (int)y[x] - 16;
-    yy = (yy < 0 ? 0 : yy) * CY;
-    rgb[0] = clamp8((yy + (HALF + CVR * vv)) >> SHIFT);
-    rgb[1] = clamp8((yy + (HALF + CVG * vv + CUG * uu)) >> SHIFT);
-    rgb[2] = clamp8((yy + (HALF + CUB * uu)) >> SHIFT);
-}
-
 /* x86 with AVX2: convert only the pixels the output samples, straight into h. */
 static void yuv_hresample_x86(const ef_pre_args *a, const tables *t, int sy, int32_t *h) {
     int w = a->src_w, nv12 = a->format == EF_NV12;
@@ -354,8 +334,8 @@ static void yuv_hresample_x86(const ef_pre_args *a, const tables *t, int sy, int
                                    hg, hb);
     for (; dx < a->new_w; dx++) {
         int32_t p0[3], p1[3];
-        yuv_px(y, u, v, nv12, t->x0[dx], p0);
-        yuv_px(y, u, v, nv12, t->x1[dx], p1);
+        ef_yuv_px(y, u, v, nv12, t->x0[dx], p0);
+        ef_yuv_px(y, u, v, nv12, t->x1[dx], p1);
         hr[dx] = p0[0] * t->ax0[dx] + p1[0] * t->ax1[dx];
         hg[dx] = p0[1] * t->ax0[dx] + p1[1] * t->ax1[dx];
         hb[dx] = p0[2] * t->ax0[dx] + p1[2] * t->ax1[dx];

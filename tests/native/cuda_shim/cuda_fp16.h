@@ -33,6 +33,7 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline void __syncthreads() {}
+using std::max;
 using std::min;
 
 // IEEE binary16, round to nearest even (what __float2half_rn does on the device).
