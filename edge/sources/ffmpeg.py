@@ -29,7 +29,7 @@ from prometheus_client import Counter
 from edgefleet.edge.settings import SourceSettings
 from edgefleet.edge.sources.base import VideoSource
 from edgefleet.edge.sources.opencv import guess_kind, safe_url
-from edgefleet.shared.errors import SourceDisconnected
+from edgefleet.shared.errors import ConfigError, SourceDisconnected
 
 if TYPE_CHECKING:
     from av.container import InputContainer
@@ -101,7 +101,7 @@ class FfmpegSource(VideoSource):
         self.settings = settings
         self.kind = guess_kind(settings.url) if settings.kind == "auto" else settings.kind
         if self.kind == "gstreamer":
-            raise ValueError("a GStreamer pipeline goes through OpenCV, not PyAV")
+            raise ConfigError("a GStreamer pipeline url goes through OpenCV, not PyAV")
         self._container: InputContainer | None = None
         self._frames: Iterator[VideoFrame | None] | None = None
         self._fps: float | None = None
@@ -150,7 +150,9 @@ class FfmpegSource(VideoSource):
             container.close()
             raise SourceDisconnected(f"{self.describe()}: no video stream")
         stream = container.streams.video[0]
-        stream.thread_type = "AUTO"  # frame threads: decode keeps up with a 1080p60 file
+        # Slice threads only: frame threading would hold each frame back by one frame per
+        # decoder thread (camera-to-result latency) and take the inference workers' cores.
+        stream.thread_type = "SLICE"
         rate = stream.average_rate or stream.guessed_rate
         fps = float(rate) if rate else 0.0
         self._fps = fps if 0 < fps < 1000 else None
