@@ -30,6 +30,16 @@ class Predictor(Protocol):
         """Free the model."""
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: a container limited to a cpuset (docker
+    --cpuset-cpus) sees the host's count in os.cpu_count(), and N threads per worker there
+    would fight over the few cores it has."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 2
+
+
 def edge_execution(workers: int) -> ExecutionSettings:
     """The edge's executor defaults: `workers` runs side by side, the cores split between.
 
@@ -39,9 +49,10 @@ def edge_execution(workers: int) -> ExecutionSettings:
     batcher still queues requests (several streams share the model) but sends a batch as
     soon as one waits: merging two frames onto one single-threaded run would serialise them.
     """
-    cores = os.cpu_count() or 2
+    cores = usable_cores()
     return ExecutionSettings(
         intra_op_threads=max(1, cores // workers),
+        spinning=False,  # decode, post and the other workers share these cores
         batching=BatcherSettings(workers=workers, preferred_batch_size=1, max_delay_ms=2.0),
     )
 
