@@ -41,13 +41,16 @@ def usable_cores() -> int:
 
 
 def edge_execution(workers: int) -> ExecutionSettings:
-    """The edge's executor defaults: `workers` runs side by side, the cores split between.
+    """The edge's executor defaults: `workers` runs side by side, the cores split between,
+    and ONNX Runtime's idle threads not spinning.
 
-    Measured on 2 cores (bench/bench_edge.py): N single-threaded sessions running N frames
-    at once beat one session spreading one frame over N threads, because a good share of
-    OCR (box finding, crops, CTC decode) is single-threaded and overlaps this way. The
-    batcher still queues requests (several streams share the model) but sends a batch as
-    soon as one waits: merging two frames onto one single-threaded run would serialise them.
+    Measured on 2 shared cores (bench/bench_edge.py, one run, A/B): a spinning session burns
+    ~150 ms of CPU per frame instead of ~60 and runs 3x slower, because its idle threads
+    compete with decode, the post stage and the machine's other work. Without spinning, one
+    worker spreading each frame over every core (the default, `infer_workers: 1`) has about
+    half the p95 of two single-threaded workers at the same throughput. The batcher still
+    queues requests (several streams share the model) but sends a batch as soon as one
+    waits.
     """
     cores = usable_cores()
     return ExecutionSettings(
@@ -57,7 +60,7 @@ def edge_execution(workers: int) -> ExecutionSettings:
     )
 
 
-def open_model(settings: ModelSettings, workers: int = 2) -> Predictor:
+def open_model(settings: ModelSettings, workers: int = 1) -> Predictor:
     """Load and warm the configured model through the shared registry."""
     from edgefleet.shared.models import load_model  # the registry pulls in the executor backends
 

@@ -204,7 +204,11 @@ class UplinkSettings(Closed):
 
 class PipelineSettings(Closed):
     infer_workers: int = Field(
-        2, ge=1, le=16, description="threads calling the model (the batcher merges them)"
+        1,
+        ge=1,
+        le=16,
+        description="threads calling the model, each session run on cores / workers ONNX "
+        "Runtime threads; 1 = one frame at a time on every core, the lowest latency",
     )
     queue_size: int = Field(
         4, ge=1, le=1024, description="bound of the queue between inference and post/uplink"
