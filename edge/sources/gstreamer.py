@@ -3,10 +3,11 @@
 OpenCV's GStreamer backend hands an appsink buffer of `video/x-raw,format=NV12` over as
 it is: one 8-bit channel, (H*3/2, W) (cap_gstreamer.cpp, `determineFrameDims`: NV12, NV21,
 YV12 and I420 are "1 channel, height is 1.5x larger"); it never colour-converts raw YUV,
-whatever CAP_PROP_CONVERT_RGB says (the backend ignores that property; it is set off
-anyway, for backends that honour it). So the frame reaches the kernel in the format the
-decoder wrote, with one copy (OpenCV's, out of the GStreamer buffer). OpenCV before 4.6
-ignores row strides: use widths that are a multiple of 4 there.
+whatever CAP_PROP_CONVERT_RGB says: the backend's setProperty ignores that property, and
+(OpenCV 4.x) any setProperty on a playing pipeline stops and restarts it, an RTSP
+reconnect, so it is not set at all. The frame reaches the kernel in the format the decoder
+wrote, with one copy (OpenCV's, out of the GStreamer buffer). Some OpenCV 4.x builds copy
+that buffer as one block without row strides: keep widths a multiple of 4 there.
 """
 
 from __future__ import annotations
@@ -91,7 +92,6 @@ class GstreamerSource(VideoSource):
         if not cap.isOpened():
             cap.release()
             raise SourceDisconnected(f"{self.describe()}: cannot be opened")
-        cap.set(cv2.CAP_PROP_CONVERT_RGB, 0)  # ignored by the GStreamer backend (see above)
         fps = cap.get(cv2.CAP_PROP_FPS)
         self._fps = fps if 0 < fps < 1000 else None
         self._cap = cap
