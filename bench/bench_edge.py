@@ -15,7 +15,8 @@ Run: `.venv/bin/python -m edgefleet.bench.bench_edge` (`--frames 90` by default)
    loop runs with the executor's defaults (what a user gets) and with one ORT thread.
    The agent runs with its defaults (`edgefleet.edge.model.edge_execution`) in real-time mode (the
    file paced at its frame rate, looping, newest frame only: how it runs on a camera), once
-   more with as many single-threaded workers as cores (the default before), once more with
+   more with as many single-threaded workers as cores (the default before), with as many
+   workers each on every core, once more with
    ONNX Runtime's idle threads spinning (its default; the edge turns it off), and in
    "every frame" mode (throughput on the same frames; latency there includes queueing).
    CPU time per processed frame (process CPU, all threads; model loading included) is
@@ -405,10 +406,16 @@ def pipeline_figures(
     # executor: as many single-threaded workers as cores (the default before), and the
     # defaults with ONNX Runtime's idle threads spinning (its own default).
     cores = ours.intra_op_threads * workers
+    # every worker's session on every core: frames overlap where OCR is single-threaded
+    whole = edge_execution(1)
+    overlapped = whole.model_copy(
+        update={"batching": whole.batching.model_copy(update={"workers": cores})}
+    )
     realtime: dict[str, tuple[Decoder, ExecutionSettings, int]] = {
         "agent, real time, ffmpeg i420": ("ffmpeg", ours, workers),
         "agent, real time, opencv bgr": ("opencv", ours, workers),
         f"agent, {cores} workers x 1 thread": ("ffmpeg", edge_execution(cores), cores),
+        f"agent, {cores} workers x {cores} threads": ("ffmpeg", overlapped, cores),
         "agent, ORT threads spinning": (
             "ffmpeg",
             ours.model_copy(update={"spinning": True}),
