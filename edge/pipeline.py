@@ -206,6 +206,7 @@ class Pipeline:
             work.detections,
             expect_result=work.expect_result,
             failed=work.error is not None,
+            fmt=work.frame.fmt,
         )
         mid = time.perf_counter()
         STAGE.labels("policy").observe(mid - start)

@@ -28,6 +28,7 @@ import numpy as np
 from prometheus_client import Counter
 
 from edgefleet.edge.budget import EscalationBudget
+from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
 from edgefleet.edge.settings import PolicySettings
 from edgefleet.edge.tracks import Track, Tracker
 from edgefleet.shared.messages import Detection, EscalationReason, StreamId, Tile, TrackId
@@ -171,12 +172,16 @@ class EscalationPolicy:
         *,
         expect_result: bool = False,
         failed: bool = False,
+        fmt: str = "bgr",
     ) -> list[Escalation]:
-        """Every case this frame (BGR image) gives: its own, and its tracks' (tracks mode)."""
-        own = self.decide(stream_id, image, detections, expect_result=expect_result, failed=failed)
+        """Every case this frame (`image` in pixel format `fmt`: bgr, nv12, i420) gives: its
+        own, and its tracks' (tracks mode)."""
+        own = self.decide(
+            stream_id, image, detections, expect_result=expect_result, failed=failed, fmt=fmt
+        )
         out = [own] if own is not None else []
         if self.settings.escalate == "tracks":
-            tracks = self.tracker.update(stream_id, frame_index, image, detections)
+            tracks = self.tracker.update(stream_id, frame_index, image, detections, fmt)
             out += self.escalations_for(stream_id, tracks)
         return out
 
@@ -228,18 +233,19 @@ class EscalationPolicy:
         *,
         expect_result: bool = False,
         failed: bool = False,
+        fmt: str = "bgr",
     ) -> Escalation | None:
-        """The frame's own escalation (BGR image), or None."""
+        """The frame's own escalation, or None (YUV: only what the JPEG shows is converted,
+        and only for a case that passes)."""
         reason = self.reason(detections, expect_result=expect_result, failed=failed)
         if reason is None:
             return None
         CANDIDATES.labels(reason).inc()
-        if not self.admit(stream_id, image):
+        if not self.admit(stream_id, gray(image, fmt)):
             return None
-        crop = (
-            self.crop_box(image.shape[:2], detections) if self.settings.attach == "crop" else None
-        )
-        return Escalation(reason, self.encode(image, crop), crop)
+        hw = frame_hw(image, fmt)
+        crop = self.crop_box(hw, detections) if self.settings.attach == "crop" else None
+        return Escalation(reason, self.encode(bgr_crop(image, fmt, crop), None), crop)
 
     def crop_box(
         self, hw: tuple[int, int], detections: list[Detection]

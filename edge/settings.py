@@ -21,6 +21,7 @@ from edgefleet.shared.messages import DEVICE_ID_PATTERN
 from edgefleet.shared.mqtt import MqttSettings
 
 SourceKind = Literal["auto", "file", "rtsp", "udp", "http", "v4l2", "gstreamer"]
+Decoder = Literal["auto", "ffmpeg", "opencv", "gstreamer"]
 
 
 class SourceSettings(Closed):
@@ -35,6 +36,12 @@ class SourceSettings(Closed):
         "GStreamer pipeline ending in appsink",
     )
     kind: SourceKind = Field("auto", description="source type; auto guesses from the url")
+    decoder: Decoder = Field(
+        "auto",
+        description="who decodes: ffmpeg (PyAV: the decoder's YUV planes as they come), "
+        "opencv (BGR), gstreamer (Jetson: nvv4l2decoder to NV12); auto = ffmpeg when PyAV is "
+        "installed, else opencv (a GStreamer pipeline url always goes through OpenCV)",
+    )
     realtime: bool = Field(
         True,
         description="files only: play at the file's frame rate and drop what the pipeline "
@@ -197,7 +204,11 @@ class UplinkSettings(Closed):
 
 class PipelineSettings(Closed):
     infer_workers: int = Field(
-        2, ge=1, le=16, description="threads calling the model (the batcher merges them)"
+        1,
+        ge=1,
+        le=16,
+        description="threads calling the model, each session run on cores / workers ONNX "
+        "Runtime threads; 1 = one frame at a time on every core, the lowest latency",
     )
     queue_size: int = Field(
         4, ge=1, le=1024, description="bound of the queue between inference and post/uplink"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
+from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
 from edgefleet.edge.settings import TrackSettings
 from edgefleet.shared.messages import CaseId, Detection, StreamId, TrackId
 from edgefleet.shared.models.ocr import vote
@@ -132,9 +133,15 @@ class Tracker:
         self._lock = threading.Lock()
 
     def update(
-        self, stream_id: StreamId, frame_index: int, image: np.ndarray, detections: list[Detection]
+        self,
+        stream_id: StreamId,
+        frame_index: int,
+        image: np.ndarray,
+        detections: list[Detection],
+        fmt: str = "bgr",
     ) -> list[Track]:
-        """Add one frame's text lines; the track of each detection, in the same order."""
+        """Add one frame's text lines (`image` in pixel format `fmt`); the track of each
+        detection, in the same order."""
         s = self.settings
         with self._lock:
             tracks = self._open.setdefault(stream_id, [])
@@ -172,29 +179,31 @@ class Tracker:
                 track.box, track.last_frame = det.box, frame_index
                 track.reads.append((det.text, det.score))
                 del track.reads[: -s.max_reads]
-                self._keep_crop(track, image, det.box, frame_index, det.score)
+                self._keep_crop(track, image, fmt, det.box, frame_index, det.score)
                 out.append(track)
             self._end_stale(stream_id, frame_index)
             return out
 
     def _keep_crop(
-        self, track: Track, image: np.ndarray, box: Box, frame_index: int, score: float
+        self, track: Track, image: np.ndarray, fmt: str, box: Box, frame_index: int, score: float
     ) -> None:
-        h, w = image.shape[:2]
+        """Rank the sighting's crop (YUV: on the Y plane); keep the best, converted to BGR
+        only when kept."""
+        h, w = frame_hw(image, fmt)
         bw, bh = box[2] - box[0], box[3] - box[1]
         m = self.settings.crop_margin
         x1, y1 = int(max(0, box[0] - m * bh)), int(max(0, box[1] - m * bh))
         x2, y2 = int(min(w, np.ceil(box[2] + m * bh))), int(min(h, np.ceil(box[3] + m * bh)))
         if x2 - x1 < 2 or y2 - y1 < 2:
             return
-        crop = image[y1:y2, x1:x2]
-        rank = score * sharpness(crop) * bw * bh  # readable: sure, sharp and large
+        rank = score * sharpness(gray(image, fmt)[y1:y2, x1:x2]) * bw * bh  # sure, sharp, large
         worst = min(track.crops, key=lambda c: c.rank, default=None)
-        if len(track.crops) < self.settings.max_crops:
-            track.crops.append(Crop(crop.copy(), frame_index, (x1, y1, x2, y2), rank))
-        elif worst is not None and rank > worst.rank:
+        if len(track.crops) >= self.settings.max_crops:
+            if worst is None or rank <= worst.rank:
+                return
             track.crops.remove(worst)
-            track.crops.append(Crop(crop.copy(), frame_index, (x1, y1, x2, y2), rank))
+        crop = bgr_crop(image, fmt, (x1, y1, x2, y2)).copy()
+        track.crops.append(Crop(crop, frame_index, (x1, y1, x2, y2), rank))
 
     def _end_stale(self, stream_id: StreamId, frame_index: int) -> None:
         tracks = self._open[stream_id]

@@ -23,10 +23,17 @@ def _has_nvidia_gpu() -> bool:
         return False
 
 
+def _has_gstreamer() -> bool:
+    from edgefleet.edge.sources.opencv import has_gstreamer
+
+    return has_gstreamer()
+
+
 _HARDWARE = {
     "gpu": (_has_nvidia_gpu, "needs an NVIDIA GPU (NVML found none here)"),
     "jetson": (lambda: Path("/etc/nv_tegra_release").exists(), "needs a Jetson (no L4T here)"),
     "trt": (lambda: importlib.util.find_spec("tensorrt") is not None, "needs TensorRT"),
+    "gstreamer": (_has_gstreamer, "needs OpenCV built with GStreamer (this one has none)"),
 }
 
 

@@ -32,6 +32,7 @@ class VideoSource(ABC):
     """Open, read frames one by one, close. Called from one capture thread only."""
 
     kind: str = "source"
+    pixel_format: str = "bgr"  # of the last frame `read` returned (see Frame.fmt)
 
     @abstractmethod
     def open(self) -> None:
@@ -39,7 +40,8 @@ class VideoSource(ABC):
 
     @abstractmethod
     def read(self) -> np.ndarray | None:
-        """The next frame (BGR uint8 HxWx3), None at the end; SourceDisconnected on errors."""
+        """The next frame in `pixel_format` (BGR uint8 HxWx3, or NV12/I420 (H*3/2, W)), None
+        at the end; SourceDisconnected on errors."""
 
     @abstractmethod
     def close(self) -> None:

@@ -53,9 +53,21 @@ class Backoff:
         self.attempt = 0
 
 
-def valid_frame(image: object, max_pixels: int = 8192 * 8192) -> np.ndarray | None:
-    """The frame as BGR uint8 HxWx3, or None if it is garbage (wrong type, shape, size)."""
+def valid_frame(
+    image: object, fmt: str = "bgr", max_pixels: int = 8192 * 8192
+) -> np.ndarray | None:
+    """The frame as BGR uint8 HxWx3 (fmt "bgr") or (H*3/2, W) NV12/I420 with even sides,
+    or None if it is garbage (wrong type, shape, size)."""
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+        return None
+    if fmt in ("nv12", "i420"):
+        if image.ndim != 2 or image.shape[0] % 3 or not image.flags.c_contiguous:
+            return None
+        h, w = image.shape[0] * 2 // 3, image.shape[1]
+        if h % 2 or w % 2 or h < 8 or w < 8 or h * w > max_pixels:
+            return None
+        return image
+    if fmt != "bgr":
         return None
     if image.ndim == 2:
         image = np.repeat(image[:, :, None], 3, axis=2)
@@ -211,7 +223,8 @@ class Capture:
                     self.finished = True
                     log.info("stream %s: file ended", self.stream_id)
                 return went_live
-            image = valid_frame(raw)
+            fmt = self.source.pixel_format
+            image = valid_frame(raw, fmt)
             if image is None:
                 self.invalid += 1
                 INVALID.labels(self.stream_id).inc()
@@ -233,7 +246,7 @@ class Capture:
                 self.last_error = None
             if self.state != "live":
                 self._set_state("live")
-            self._offer(Frame(self.stream_id, index, image))
+            self._offer(Frame(self.stream_id, index, image, fmt=fmt))
             index += 1
         return went_live
 

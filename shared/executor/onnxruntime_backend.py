@@ -66,6 +66,9 @@ class OnnxRuntimeExecutor:
             opts.intra_op_num_threads = s.intra_op_threads
         if s.inter_op_threads:
             opts.inter_op_num_threads = s.inter_op_threads
+        if not s.spinning:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         opts.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -117,6 +117,12 @@ class ExecutionSettings(Closed):
     inter_op_threads: int = Field(
         0, ge=0, le=256, description="ONNX Runtime inter-op threads (0 = runtime default)"
     )
+    spinning: bool = Field(
+        True,
+        description="ONNX Runtime's idle threads spin for work (its default): lower latency "
+        "on free cores, but on cores shared with decode or other sessions they burn the "
+        "CPU the work needs (the edge turns it off)",
+    )
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
         "all", description="ONNX Runtime graph optimisation level"
     )

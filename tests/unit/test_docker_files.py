@@ -219,9 +219,12 @@ def test_x86_images_get_tensorrt_from_nvidia_wheels() -> None:
 
 
 def test_jetson_requirements_follow_pyproject() -> None:
-    """The Jetson list is pyproject's dependencies minus what JetPack ships."""
+    """The Jetson list is the edge's dependencies (base + edge extra) minus what JetPack
+    ships."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    wanted = {_req_name(r) for r in pyproject["project"]["dependencies"]}
+    project = pyproject["project"]
+    edge = project["dependencies"] + project["optional-dependencies"]["edge"]
+    wanted = {_req_name(r) for r in edge}
     wanted -= {"opencv-python-headless", "nvidia-ml-py"}
     lines = (DOCKER / "jetson" / "requirements-jetson.txt").read_text().splitlines()
     have = {_req_name(line) for line in lines if line.strip() and not line.startswith("#")}

@@ -7,6 +7,7 @@ waits in its outbox, which is what these tests read.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from edgefleet.edge.agent import Agent
+from edgefleet.edge.model import edge_execution, usable_cores
 from edgefleet.edge.settings import EdgeSettings
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.messages import (
@@ -136,3 +138,14 @@ def test_a_swap_that_cannot_load_leaves_the_running_model_open(tmp_path: Path) -
         assert model.closed == 0 and agent.current_models() == []
     finally:
         agent.stop()
+
+
+def test_the_edge_splits_the_cores_it_may_run_on_not_the_hosts(monkeypatch) -> None:
+    # given a process pinned to 2 of a host's 16 cores (a container's cpuset)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    # then two inference workers get one ONNX Runtime thread each, not eight, and idle
+    # threads do not spin on the cores decode and post need
+    assert usable_cores() == 2
+    assert edge_execution(2).intra_op_threads == 1
+    assert edge_execution(1).intra_op_threads == 2 and not edge_execution(1).spinning

@@ -122,3 +122,35 @@ def test_large_frames_are_downscaled() -> None:
 
 def test_confident_frames_are_not_escalated() -> None:
     assert _policy().decide("s", _frame(5), [_det(0.99)]) is None
+
+
+def test_an_i420_frame_escalates_like_its_bgr_twin() -> None:
+    # given the same picture as BGR and as I420 (what the FFmpeg source hands over)
+    frame = _frame(3, (240, 320))
+    yuv = cv2.cvtColor(frame, cv2.COLOR_BGR2YUV_I420)
+    dets = [_det(0.5, (100.0, 50.0, 140.0, 70.0)), _det(0.9, (150.0, 60.0, 200.0, 90.0))]
+    # when both are escalated, the crop and the whole frame
+    for attach, shape in (("crop", (48, 120, 3)), ("frame", (240, 320, 3))):
+        kw = {"escalate": "frames", "attach": attach, "crop_margin": 0.1, "jpeg_quality": 95}
+        bgr_case = _policy(**kw).decide("s", frame, dets)
+        yuv_case = _policy(**kw).decide("s", yuv, dets, fmt="i420")
+        # then they show the same box in the same colours (4:2:0 chroma aside)
+        assert bgr_case is not None and yuv_case is not None and yuv_case.crop == bgr_case.crop
+        a = cv2.imdecode(np.frombuffer(bgr_case.jpeg, np.uint8), cv2.IMREAD_COLOR)
+        b = cv2.imdecode(np.frombuffer(yuv_case.jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert a.shape == b.shape == shape
+        assert np.abs(a.astype(int) - b.astype(int)).mean() < 6
+
+
+def test_tracks_keep_bgr_crops_of_i420_frames() -> None:
+    frame = _frame(5, (240, 320))
+    yuv = cv2.cvtColor(frame, cv2.COLOR_BGR2YUV_I420)
+    p = _policy(escalate="tracks")
+    det = _det(0.9, (101.0, 51.0, 181.0, 81.0), text="LOT 42")
+    for index in range(3):
+        p.decide_all("s", index, yuv, [det], fmt="i420")
+    (track,) = p.tracker.update("s", 3, yuv, [det], "i420")
+    crop = track.crops[0]
+    x1, y1, x2, y2 = crop.box
+    assert crop.image.shape == (y2 - y1, x2 - x1, 3)
+    assert np.abs(crop.image.astype(int) - frame[y1:y2, x1:x2].astype(int)).mean() < 6

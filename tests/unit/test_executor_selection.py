@@ -200,3 +200,15 @@ def test_a_gpu_provider_that_did_not_start_is_a_load_error_not_a_silent_cpu_run(
     check_providers("onnxruntime-cuda", requested, requested)  # started as asked
     with pytest.raises(ModelLoadError, match="did not start CUDAExecutionProvider"):
         check_providers("onnxruntime-cuda", requested, ["CPUExecutionProvider"])
+
+
+def test_onnx_runtime_threads_spin_unless_told_not_to() -> None:
+    from edgefleet.shared.executor.onnxruntime_backend import OnnxRuntimeExecutor
+
+    key = "session.intra_op.allow_spinning"
+    default = OnnxRuntimeExecutor(ExecutionSettings())._session_options()
+    quiet = OnnxRuntimeExecutor(ExecutionSettings(spinning=False))._session_options()
+    with pytest.raises(RuntimeError):  # not set: ORT's default, which spins
+        default.get_session_config_entry(key)
+    assert quiet.get_session_config_entry(key) == "0"
+    assert quiet.get_session_config_entry("session.inter_op.allow_spinning") == "0"

@@ -49,8 +49,8 @@ def test_make_demo_installs_the_broker_and_the_build_tools_only(tmp_path: Path) 
     packages = _apt_packages(plan)
     assert {"mosquitto", "gcc", "python3-dev", "python3-venv"} <= packages
     assert not packages & set(TEST_ONLY), packages & set(TEST_ONLY)
-    # the package with what the demo runs (the cloud), without the dev extras (pytest, ...)
-    assert re.search(r"pip install -q -e '\.\[cloud\]'$", plan, re.M)
+    # the package with what the demo runs (the edge with PyAV, the cloud), without the dev extras
+    assert re.search(r"pip install -q -e '\.\[edge,cloud\]'$", plan, re.M)
     assert "[dev]" not in plan
     assert plan.rstrip().endswith("edgefleet demo")
 

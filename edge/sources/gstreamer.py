@@ -1,0 +1,112 @@
+"""Jetson hardware decode: GStreamer's nvv4l2decoder → nvvidconv → NV12 → appsink, via OpenCV.
+
+OpenCV's GStreamer backend hands an appsink buffer of `video/x-raw,format=NV12` over as
+it is: one 8-bit channel, (H*3/2, W) (cap_gstreamer.cpp, `determineFrameDims`: NV12, NV21,
+YV12 and I420 are "1 channel, height is 1.5x larger"); it never colour-converts raw YUV,
+whatever CAP_PROP_CONVERT_RGB says: the backend's setProperty ignores that property, and
+(OpenCV 4.x) any setProperty on a playing pipeline stops and restarts it, an RTSP
+reconnect, so it is not set at all. The frame reaches the kernel in the format the decoder
+wrote, with one copy (OpenCV's, out of the GStreamer buffer). Some OpenCV 4.x builds copy
+that buffer as one block without row strides: keep widths a multiple of 4 there.
+"""
+
+from __future__ import annotations
+
+import re
+
+import cv2
+import numpy as np
+
+from edgefleet.edge.settings import SourceSettings
+from edgefleet.edge.sources.base import VideoSource
+from edgefleet.edge.sources.opencv import guess_kind, has_gstreamer, open_params, safe_url
+from edgefleet.shared.errors import ConfigError, SourceDisconnected
+
+# appsink: the newest buffer only (the capture thread keeps the newest frame anyway), and
+# no clock sync, so a file is read as fast as the pipeline asks (Capture paces files).
+_SINK = "video/x-raw,format=NV12 ! appsink drop=true max-buffers=1 sync=false"
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def jetson_pipeline(url: str, kind: str, latency_ms: int = 200) -> str:
+    """The GStreamer pipeline that decodes `url` on the Jetson's NVDEC into NV12.
+
+    parsebin finds the depayloader and parser for whatever codec the stream carries
+    (H.264, H.265, ...); a camera (V4L2) gives raw frames, which nvvidconv turns to NV12.
+    """
+    decode = "parsebin ! nvv4l2decoder ! nvvidconv"
+    if kind == "rtsp":
+        source = f"rtspsrc location={_quoted(url)} latency={latency_ms} protocols=tcp"
+    elif kind == "file":
+        source = f"filesrc location={_quoted(url)}"
+    elif kind in ("udp", "http"):
+        source = f"urisourcebin uri={_quoted(url)}"
+    elif kind == "v4l2":
+        device = f"/dev/video{url.strip()}" if re.fullmatch(r"\d+", url.strip()) else url
+        source, decode = f"v4l2src device={_quoted(device)}", "nvvidconv"
+    else:
+        raise ConfigError(f"decoder gstreamer cannot build a pipeline for a {kind} source")
+    return f"{source} ! {decode} ! {_SINK}"
+
+
+class GstreamerSource(VideoSource):
+    """A cv2.VideoCapture on `jetson_pipeline(url)`; frames are NV12 (H*3/2, W)."""
+
+    pixel_format = "nv12"
+
+    def __init__(self, settings: SourceSettings):
+        self.settings = settings
+        self.kind = guess_kind(settings.url) if settings.kind == "auto" else settings.kind
+        self.pipeline = jetson_pipeline(settings.url, self.kind)
+        self._cap: cv2.VideoCapture | None = None
+        self._fps: float | None = None
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+    @property
+    def native_fps(self) -> float | None:
+        return self._fps
+
+    def describe(self) -> str:
+        return f"{self.kind} {safe_url(self.settings.url)} (gstreamer nvv4l2decoder)"
+
+    def open(self) -> None:
+        self.close()
+        if not has_gstreamer():
+            raise SourceDisconnected(
+                "this OpenCV has no GStreamer support",
+                hint="decoder gstreamer needs the Jetson image (OpenCV built with GStreamer)",
+            )
+        params = open_params(
+            "gstreamer",
+            self.settings.open_timeout_s,
+            self.settings.stall_timeout_s,
+            cv2.__version__,
+        )
+        cap = cv2.VideoCapture(self.pipeline, cv2.CAP_GSTREAMER, params)
+        if not cap.isOpened():
+            cap.release()
+            raise SourceDisconnected(f"{self.describe()}: cannot be opened")
+        fps = cap.get(cv2.CAP_PROP_FPS)
+        self._fps = fps if 0 < fps < 1000 else None
+        self._cap = cap
+
+    def read(self) -> np.ndarray | None:
+        if self._cap is None:
+            raise SourceDisconnected(f"{self.describe()}: not open")
+        ok, frame = self._cap.read()
+        if not ok:
+            if self.kind == "file":
+                return None
+            raise SourceDisconnected(f"{self.describe()}: no frame (stream ended or timed out)")
+        return frame
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None

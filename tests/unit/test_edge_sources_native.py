@@ -1,0 +1,366 @@
+"""Frames in their decoder's format: the FFmpeg (PyAV) source, the Jetson GStreamer source,
+the decoder setting, and the path from capture to the kernel without a colour conversion."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgefleet.edge.pipeline import Pipeline, Work
+from edgefleet.edge.pixels import bgr_crop
+from edgefleet.edge.policy import Escalation, EscalationPolicy
+from edgefleet.edge.settings import PipelineSettings, PolicySettings, SourceSettings
+from edgefleet.edge.slot import ModelSlot
+from edgefleet.edge.sources import (
+    FfmpegSource,
+    GstreamerSource,
+    OpenCvSource,
+    jetson_pipeline,
+    make_source,
+    pick_decoder,
+)
+from edgefleet.edge.sources.capture import Capture, valid_frame
+from edgefleet.edge.sources.ffmpeg import CONVERTED, i420_from_planes
+from edgefleet.edge.sources.opencv import has_gstreamer
+from edgefleet.edge.telemetry import WindowStats
+from edgefleet.shared import kernels
+from edgefleet.shared.kernels import reference
+from edgefleet.shared.messages import Detection
+from edgefleet.shared.models import load_model
+from tests.support.waiting import eventually
+
+needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg")
+
+
+def _settings(url: str, **kw) -> SourceSettings:
+    return SourceSettings(
+        id="n1", url=url, reconnect_min_s=0.05, reconnect_max_s=0.2, stall_timeout_s=1.0, **kw
+    )
+
+
+def _scene(i: int, w: int = 96, h: int = 64) -> np.ndarray:
+    img = np.full((h, w, 3), 200, np.uint8)
+    img[:, : (i % 6 + 1) * 12] = (30, 160, 60)
+    cv2.putText(img, f"{i}", (40, 40), cv2.FONT_HERSHEY_SIMPLEX, 1.0, (10, 10, 120), 2)
+    return img
+
+
+def _opencv_video(path: Path, frames: int = 8, w: int = 96, h: int = 64) -> Path:
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 25, (w, h))
+    for i in range(frames):
+        writer.write(_scene(i, w, h))
+    writer.release()
+    return path
+
+
+def _ffmpeg_video(path: Path, pix_fmt: str, codec: str = "rawvideo", size: str = "96x64") -> Path:
+    subprocess.run(
+        [
+            *("ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"testsrc=size={size}:rate=10"),
+            *("-frames:v", "5", "-c:v", codec, "-pix_fmt", pix_fmt, str(path)),
+        ],
+        check=True,
+        timeout=60,
+    )
+    return path
+
+
+def _read_all(source) -> list[tuple[np.ndarray, str]]:
+    source.open()
+    out = []
+    while (image := source.read()) is not None:
+        out.append((image, source.pixel_format))
+    source.close()
+    return out
+
+
+def test_an_h264_or_mpeg4_file_comes_out_as_i420_planes_matching_opencvs_decode(
+    tmp_path: Path,
+) -> None:
+    # given a file OpenCV wrote (MPEG-4 part 2, yuv420p; 96 wide: the decoder pads its rows)
+    video = _opencv_video(tmp_path / "v.mp4")
+    # when the FFmpeg source and OpenCV read it
+    ours = _read_all(FfmpegSource(_settings(str(video))))
+    theirs = _read_all(OpenCvSource(_settings(str(video))))
+    # then every frame is I420 (H*3/2, W), contiguous, and converts to OpenCV's BGR
+    assert len(ours) == len(theirs) == 8
+    for (yuv, fmt), (bgr, _) in zip(ours, theirs, strict=True):
+        assert fmt == "i420" and yuv.shape == (96, 96) and yuv.flags.c_contiguous
+        assert valid_frame(yuv, fmt) is yuv
+        diff = np.abs(cv2.cvtColor(yuv, cv2.COLOR_YUV2BGR_I420).astype(int) - bgr.astype(int))
+        assert diff.mean() < 2.0, diff.mean()
+
+
+def test_the_kernel_tensor_of_an_i420_frame_matches_the_reference_of_it_converted(
+    tmp_path: Path,
+) -> None:
+    video = _opencv_video(tmp_path / "v.mp4", frames=2)
+    (yuv, fmt), _ = _read_all(FfmpegSource(_settings(str(video))))
+    tensor, _t = kernels.frame_to_tensor(yuv, fmt, (48, 80), std=(255.0, 255.0, 255.0))
+    want, _r = reference.frame_to_tensor(yuv, fmt, (48, 80), std=(255.0, 255.0, 255.0))
+    assert tensor.shape == want.shape == (1, 3, 48, 80)
+    assert np.abs(tensor - want).max() <= 2.5 / 255
+
+
+def test_planes_with_line_padding_are_copied_once_into_one_frame() -> None:
+    # given I420 planes of a 6x4 picture with rows padded to 16 and 8 bytes, and an odd edge
+    y = np.arange(16 * 5, dtype=np.uint8).reshape(5, 16)
+    u = np.full((3, 8), 7, np.uint8)
+    v = np.full((3, 8), 9, np.uint8)
+    u[:, :3] = [[1, 2, 3], [4, 5, 6], [0, 0, 0]]
+    planes = [(y.tobytes(), 16), (u.tobytes(), 8), (v.tobytes(), 8)]
+    # when made into a frame of the 7x5 picture (odd: the last row and column go)
+    out = i420_from_planes(planes, 7, 5, "i420")
+    # then it is (4*3/2, 6): Y rows without padding, then U, then V, each 3x2
+    assert out.shape == (6, 6)
+    np.testing.assert_array_equal(out[:4], y[:4, :6])
+    flat = out.reshape(-1)
+    np.testing.assert_array_equal(flat[24:30].reshape(2, 3), [[1, 2, 3], [4, 5, 6]])
+    assert (flat[30:] == 9).all()
+    # and NV12's interleaved chroma rows are cut the same way
+    uv = np.arange(8 * 3, dtype=np.uint8).reshape(3, 8)
+    nv12 = i420_from_planes([(y.tobytes(), 16), (uv.tobytes(), 8)], 6, 4, "nv12")
+    np.testing.assert_array_equal(nv12[4:], uv[:2, :6])
+
+
+@needs_ffmpeg
+def test_nv12_video_comes_out_as_nv12(tmp_path: Path) -> None:
+    video = _ffmpeg_video(tmp_path / "nv12.nut", "nv12")
+    frames = _read_all(FfmpegSource(_settings(str(video))))
+    assert [fmt for _, fmt in frames] == ["nv12"] * 5
+    assert frames[0][0].shape == (96, 96)
+    bgr = cv2.cvtColor(frames[0][0], cv2.COLOR_YUV2BGR_NV12)
+    assert bgr.std() > 20  # testsrc's colour bars, not a blank buffer
+
+
+@needs_ffmpeg
+def test_a_webcam_format_is_converted_and_counted(tmp_path: Path, caplog) -> None:
+    # given a YUYV 4:2:2 video (what most USB webcams send)
+    video = _ffmpeg_video(tmp_path / "yuyv.nut", "yuyv422")
+    before = CONVERTED.labels("n1", "yuyv422")._value.get()
+    # when it is read
+    with caplog.at_level(logging.WARNING):
+        frames = _read_all(FfmpegSource(_settings(str(video))))
+    # then frames are BGR, each conversion counted, and the reason logged once
+    assert [fmt for _, fmt in frames] == ["bgr"] * 5 and frames[0][0].shape == (64, 96, 3)
+    assert CONVERTED.labels("n1", "yuyv422")._value.get() - before == 5
+    assert sum("yuyv422 is converted" in r.getMessage() for r in caplog.records) == 1
+
+
+@needs_ffmpeg
+def test_full_range_jpeg_video_is_i420_with_a_note(tmp_path: Path, caplog) -> None:
+    video = _ffmpeg_video(tmp_path / "mjpeg.avi", "yuvj420p", codec="mjpeg")
+    with caplog.at_level(logging.WARNING):
+        frames = _read_all(FfmpegSource(_settings(str(video))))
+    assert [fmt for _, fmt in frames] == ["i420"] * 5
+    assert any("full-range" in r.getMessage() for r in caplog.records)
+
+
+def test_the_capture_thread_hands_out_i420_frames_in_order_then_finishes(tmp_path: Path) -> None:
+    video = _opencv_video(tmp_path / "v.mp4", frames=10)
+    settings = _settings(str(video), realtime=False)
+    capture = Capture(settings, FfmpegSource(settings)).start()
+    seen = []
+    try:
+        while not (capture.finished and not capture.alive and not capture.pending):
+            frame = capture.get(timeout=0.2)
+            if frame is not None:
+                seen.append((frame.index, frame.fmt, frame.image.shape))
+    finally:
+        capture.stop()
+    assert seen == [(i, "i420", (96, 96)) for i in range(10)]
+    assert capture.dropped == 0 and capture.invalid == 0 and capture.state == "down"
+
+
+def test_a_looping_file_starts_again(tmp_path: Path) -> None:
+    video = _opencv_video(tmp_path / "v.mp4", frames=4)
+    settings = _settings(str(video), loop=True)
+    capture = Capture(settings, FfmpegSource(settings)).start()
+    try:
+        eventually(lambda: capture.frames > 10)
+        assert capture.state == "live" and not capture.finished
+    finally:
+        capture.stop()
+
+
+def test_a_missing_or_broken_file_is_a_down_stream_with_the_reason(tmp_path: Path) -> None:
+    bogus = tmp_path / "notes.mp4"
+    bogus.write_bytes(b"this is not a video at all" * 100)
+    for url, why in ((str(tmp_path / "nope.mp4"), "no such video file"), (str(bogus), "not a")):
+        settings = _settings(url)
+        capture = Capture(settings, FfmpegSource(settings)).start()
+        try:
+            eventually(lambda c=capture: c.reconnects >= 1)
+            assert why in (capture.last_error or "") and capture.frames == 0 and capture.alive
+        finally:
+            capture.stop()
+
+
+def test_a_dead_rtsp_peer_is_a_down_stream_not_a_hang() -> None:
+    # nothing listens on this port: open must fail fast and the thread keep trying
+    settings = _settings("rtsp://127.0.0.1:9/live", open_timeout_s=1.0)
+    source = FfmpegSource(settings)
+    capture = Capture(settings, source).start()
+    try:
+        eventually(lambda: capture.reconnects >= 1)
+        assert "cannot be opened" in (capture.last_error or "") and capture.alive
+    finally:
+        capture.stop()
+
+
+def test_yuv_frames_are_checked_for_shape() -> None:
+    frame = np.zeros((72, 64), np.uint8)
+    assert valid_frame(frame, "i420") is frame and valid_frame(frame, "nv12") is frame
+    assert valid_frame(np.zeros((71, 64), np.uint8), "i420") is None  # not H*3/2
+    assert valid_frame(np.zeros((72, 63), np.uint8), "nv12") is None  # odd width
+    assert valid_frame(np.zeros((72, 64, 3), np.uint8), "i420") is None
+    assert valid_frame(np.zeros((6, 4), np.uint8), "i420") is None  # too small
+    assert valid_frame(np.zeros((72, 128), np.uint8)[:, ::2], "i420") is None  # not rows
+    assert valid_frame(frame, "yuyv") is None
+
+
+def test_the_decoder_setting_picks_the_source() -> None:
+    file = _settings("/data/clip.mp4")
+    assert pick_decoder(file, pyav=True) == "ffmpeg"
+    assert pick_decoder(file, pyav=False) == "opencv"
+    assert pick_decoder(_settings("/data/clip.mp4", decoder="opencv"), pyav=True) == "opencv"
+    own = _settings("videotestsrc ! appsink", decoder="gstreamer")
+    assert pick_decoder(own, pyav=True) == "opencv"  # the user's own pipeline: OpenCV runs it
+    assert isinstance(make_source(file), FfmpegSource)  # PyAV is installed here
+    assert isinstance(make_source(_settings("/x.mp4", decoder="opencv")), OpenCvSource)
+    jetson = make_source(_settings("rtsp://cam/live", decoder="gstreamer"))
+    assert isinstance(jetson, GstreamerSource) and jetson.pixel_format == "nv12"
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "want"),
+    [
+        (
+            "rtsp://u:p@cam/live",
+            "rtsp",
+            'rtspsrc location="rtsp://u:p@cam/live" latency=200 protocols=tcp ! parsebin ! '
+            "nvv4l2decoder ! nvvidconv ! video/x-raw,format=NV12 ! "
+            "appsink drop=true max-buffers=1 sync=false",
+        ),
+        (
+            '/data/a "b".mp4',
+            "file",
+            'filesrc location="/data/a \\"b\\".mp4" ! parsebin ! nvv4l2decoder ! nvvidconv ! '
+            "video/x-raw,format=NV12 ! appsink drop=true max-buffers=1 sync=false",
+        ),
+        (
+            "1",
+            "v4l2",
+            'v4l2src device="/dev/video1" ! nvvidconv ! video/x-raw,format=NV12 ! '
+            "appsink drop=true max-buffers=1 sync=false",
+        ),
+        ("udp://0.0.0.0:5000", "udp", 'urisourcebin uri="udp://0.0.0.0:5000" ! parsebin'),
+    ],
+)
+def test_the_jetson_pipeline_decodes_on_nvdec_into_nv12(url: str, kind: str, want: str) -> None:
+    assert jetson_pipeline(url, kind).startswith(want)
+    assert jetson_pipeline(url, kind).endswith("video/x-raw,format=NV12 ! " + _SINK_TAIL)
+
+
+_SINK_TAIL = "appsink drop=true max-buffers=1 sync=false"
+
+
+def test_the_gstreamer_decoder_without_gstreamer_says_why() -> None:
+    if has_gstreamer():
+        pytest.skip("this OpenCV has GStreamer")
+    source = GstreamerSource(_settings("rtsp://admin:hunter2@cam/live", decoder="gstreamer"))
+    with pytest.raises(Exception) as err:
+        source.open()
+    assert "no GStreamer support" in str(err.value) and "hunter2" not in source.describe()
+
+
+@pytest.mark.jetson
+@pytest.mark.gstreamer
+def test_a_file_decoded_on_the_jetson_comes_out_as_nv12(tmp_path: Path) -> None:
+    video = _opencv_video(tmp_path / "a.mp4", frames=5, w=320, h=240)  # MPEG-4: NVDEC reads it
+    frames = _read_all(GstreamerSource(_settings(str(video), decoder="gstreamer")))
+    assert frames and all(f.shape == (360, 320) and fmt == "nv12" for f, fmt in frames)
+
+
+def test_yuv_crops_convert_only_their_pixels() -> None:
+    bgr = np.zeros((64, 96, 3), np.uint8)
+    bgr[10:30, 20:50] = (20, 120, 220)
+    yuv = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420)
+    crop = bgr_crop(yuv, "i420", (21, 11, 49, 29))  # odd corners: the window is 2-aligned
+    assert crop.shape == (18, 28, 3)
+    assert np.abs(crop.astype(int) - (20, 120, 220)).max() <= 4
+    whole = bgr_crop(yuv, "i420")
+    assert whole.shape == (64, 96, 3)
+
+
+def test_no_stage_converts_a_whole_frame_from_the_ffmpeg_source_to_the_model(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # given a text video read by the FFmpeg source, the real OCR model, escalation in
+    # tracks mode, and spies on every colour conversion there is on the way
+    frames = 6
+    video = tmp_path / "text.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10, (320, 160))
+    for i in range(frames):
+        img = np.full((160, 320, 3), 230, np.uint8)
+        cv2.putText(img, f"LOT {40 + i}", (20, 90), cv2.FONT_HERSHEY_DUPLEX, 1.6, (20, 20, 20), 3)
+        writer.write(img)
+    writer.release()
+    settings = SourceSettings(id="text", url=str(video), realtime=False)
+    capture = Capture(settings, make_source(settings))
+    conversions: list[tuple[str, tuple[int, ...]]] = []
+
+    def spy(name, real):
+        def wrapped(src, *a, **k):
+            shape = src.shape if isinstance(src, np.ndarray) else (src.height, src.width)
+            conversions.append((name, shape))
+            return real(src, *a, **k)
+
+        return wrapped
+
+    monkeypatch.setattr(cv2, "cvtColor", spy("cvtColor", cv2.cvtColor))
+    monkeypatch.setattr(kernels, "to_rgb", spy("to_rgb", kernels.to_rgb))
+    import av.video.frame
+
+    for method in ("to_ndarray", "reformat"):
+        real = getattr(av.video.frame.VideoFrame, method)
+        monkeypatch.setattr(av.video.frame.VideoFrame, method, spy(method, real), raising=False)
+    sunk: list[list[Detection]] = []
+    frame_cases: list[Escalation] = []
+
+    def sink(work: Work, escalations: list[Escalation]) -> None:
+        sunk.append(work.detections)
+        frame_cases.extend(e for e in escalations if e.track_id is None)
+
+    model = load_model("ppocr6-tiny")
+    pipeline = Pipeline(
+        [capture],
+        ModelSlot(model),
+        EscalationPolicy(PolicySettings(sample_share=1.0, attach="frame", seed=1)),
+        sink,
+        WindowStats(),
+        PipelineSettings(),
+    ).start()
+    capture.start()
+    try:
+        # when every frame has gone through capture, the model and the policy
+        eventually(lambda: capture.finished and pipeline.idle, timeout_s=120)
+    finally:
+        capture.stop()
+        pipeline.stop()
+        model.close()
+    # then the model read the text off the I420 frames, and the only whole-frame
+    # conversions are the JPEGs of the frames escalated (every frame is sampled; the
+    # de-duplication and the rate limit let only some through): none per frame
+    assert len(sunk) == frames
+    assert sum(any("LOT" in d.text for d in lines) for lines in sunk) >= frames // 2
+    whole = [c for c in conversions if c[1] in ((240, 320), (160, 320, 3))]
+    assert frame_cases and len(frame_cases) < frames
+    assert whole == [("cvtColor", (240, 320))] * len(frame_cases)
+    assert not [c for c in conversions if c[0] in ("to_ndarray", "reformat")]  # no swscale
