@@ -15,11 +15,9 @@ from __future__ import annotations
 import re
 
 import cv2
-import numpy as np
 
 from edgefleet.edge.settings import SourceSettings
-from edgefleet.edge.sources.base import VideoSource
-from edgefleet.edge.sources.opencv import guess_kind, has_gstreamer, open_params, safe_url
+from edgefleet.edge.sources.opencv import OpenCvSource, has_gstreamer, open_params, safe_url
 from edgefleet.shared.errors import ConfigError, SourceDisconnected
 
 # appsink: the newest buffer only (the capture thread keeps the newest frame anyway), and
@@ -52,25 +50,15 @@ def jetson_pipeline(url: str, kind: str, latency_ms: int = 200) -> str:
     return f"{source} ! {decode} ! {_SINK}"
 
 
-class GstreamerSource(VideoSource):
-    """A cv2.VideoCapture on `jetson_pipeline(url)`; frames are NV12 (H*3/2, W)."""
+class GstreamerSource(OpenCvSource):
+    """OpenCV's capture on `jetson_pipeline(url)`; frames are NV12 (H*3/2, W). Reading,
+    closing and the frame rate are the OpenCV source's; only opening differs."""
 
     pixel_format = "nv12"
 
     def __init__(self, settings: SourceSettings):
-        self.settings = settings
-        self.kind = guess_kind(settings.url) if settings.kind == "auto" else settings.kind
+        super().__init__(settings)
         self.pipeline = jetson_pipeline(settings.url, self.kind)
-        self._cap: cv2.VideoCapture | None = None
-        self._fps: float | None = None
-
-    @property
-    def is_file(self) -> bool:
-        return self.kind == "file"
-
-    @property
-    def native_fps(self) -> float | None:
-        return self._fps
 
     def describe(self) -> str:
         return f"{self.kind} {safe_url(self.settings.url)} (gstreamer nvv4l2decoder)"
@@ -95,18 +83,3 @@ class GstreamerSource(VideoSource):
         fps = cap.get(cv2.CAP_PROP_FPS)
         self._fps = fps if 0 < fps < 1000 else None
         self._cap = cap
-
-    def read(self) -> np.ndarray | None:
-        if self._cap is None:
-            raise SourceDisconnected(f"{self.describe()}: not open")
-        ok, frame = self._cap.read()
-        if not ok:
-            if self.kind == "file":
-                return None
-            raise SourceDisconnected(f"{self.describe()}: no frame (stream ended or timed out)")
-        return frame
-
-    def close(self) -> None:
-        if self._cap is not None:
-            self._cap.release()
-            self._cap = None
