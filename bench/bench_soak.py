@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
+import psutil
 import typer
 
 from edgefleet.bench.bench_fleet_load import (
@@ -172,6 +174,7 @@ def soak(
         broker = MosquittoBroker(tmp / "mosquitto").start()
         cloud: list[Replica] = []
         agent = None
+        pool: ProcessPoolExecutor | None = None
         try:
             enrolled = _enroll(db_url, devices)
             cloud = _start_replicas(1, tmp, broker.port, db_url)
@@ -187,29 +190,34 @@ def soak(
                 seconds=minutes * 60,
             )
             pids = {"cloud": cloud[0].process.pid, "broker": broker.pid, "agent": agent.pid}
-            with ProcessPoolExecutor(1, mp_context=ctx) as pool:
-                job = pool.submit(run_devices, plan, "rate")
-                started = time.monotonic()
-                while not job.done():
-                    if agent.poll() is not None:
-                        raise RuntimeError(f"the agent exited; see {tmp}/agent.log")
-                    if not samples or time.monotonic() - started >= sample_s * len(samples):
-                        row: dict[str, Any] = {
-                            "minute": round((time.monotonic() - started) / 60, 2),
-                            **{f"{k}_mb": round(tree_rss_mb(p), 1) for k, p in pids.items()},
-                            "gauges": bounded_gauges(cloud[0]),
-                        }
-                        samples.append(row)
-                        line = json.dumps(row)
-                        print(line, flush=True)
-                        if log is not None:
-                            with log.open("a") as out:
-                                out.write(line + "\n")
-                    time.sleep(0.5)
-                result = job.result()
+            pool = ProcessPoolExecutor(1, mp_context=ctx)
+            job = pool.submit(run_devices, plan, "rate")
+            started = time.monotonic()
+            while not job.done():
+                if agent.poll() is not None:
+                    raise RuntimeError(f"the agent exited; see {tmp}/agent.log")
+                if not samples or time.monotonic() - started >= sample_s * len(samples):
+                    row: dict[str, Any] = {
+                        "minute": round((time.monotonic() - started) / 60, 2),
+                        **{f"{k}_mb": round(tree_rss_mb(p), 1) for k, p in pids.items()},
+                        "gauges": bounded_gauges(cloud[0]),
+                    }
+                    samples.append(row)
+                    line = json.dumps(row)
+                    print(line, flush=True)
+                    if log is not None:
+                        with log.open("a") as out:
+                            out.write(line + "\n")
+                time.sleep(0.5)
+            result = job.result()
             record = agent_record(db_url)
             counts = _store_counts(db_url, result["cases"])
         finally:
+            if pool is not None:  # an interrupted soak: its publisher must not outlive it
+                for child in psutil.Process().children():
+                    if "spawn_main" in " ".join(child.cmdline()):  # the pool's worker
+                        child.terminate()
+                pool.shutdown(wait=False, cancel_futures=True)
             if agent is not None:
                 agent.terminate()
                 try:
@@ -248,6 +256,8 @@ def main(
     from edgefleet.shared.logs import configure_logging
 
     configure_logging("WARNING")
+    # `kill` (SIGTERM) ends the soak like Ctrl-C: its processes are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     row = soak(
         minutes=minutes,
         devices=devices,
