@@ -234,6 +234,9 @@ def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
+        # Ctrl-C as a terminal delivers it, whatever this run inherited (a background
+        # job of a non-interactive shell starts with SIGINT ignored, and so would the CLI)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     output = bytearray()
     reader = threading.Thread(
