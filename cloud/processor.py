@@ -2,6 +2,11 @@
 takes (admit: decode + claim in the store → cascade → verdict stored → verdict published),
 whether it came by MQTT or REST.
 
+Cases whose route needs no model (rules, busy) take microseconds each, so the store's
+commits would bound them: a worker answers such cases queued together as one batch, their
+claims in one transaction and their verdicts in another. A model's cases run one per
+worker, batched by the model's scheduler.
+
 `admit` is the one place a case's image is decoded and its case_id checked against the
 store (the claim is the idempotency check: there is no look-up before it). A REST case is
 admitted on the request's thread, so its client hears 400/409 at once; an MQTT case is
@@ -28,6 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TypeVar
 
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
@@ -56,6 +62,12 @@ SWEPT = Counter(
     "Stale cases the sweep found: requeued, or skipped as already queued or held",
     ["outcome"],
 )
+BATCH_SIZE = Histogram(
+    "ef_cloud_case_batch_size",
+    "Cases that need no model answered together (one transaction for their claims, one "
+    "for their verdicts)",
+    buckets=(2, 4, 8, 16, 32, 64, 128),
+)
 CASE_SECONDS = Histogram(
     "ef_cloud_case_seconds",
     "From enqueue to verdict stored",
@@ -65,6 +77,7 @@ CASE_SECONDS = Histogram(
 Publisher = Callable[[CloudVerdict], None]
 StatusPublisher = Callable[[CloudStatus], None]
 Decoder = Callable[[bytes], np.ndarray]
+_T = TypeVar("_T")
 
 
 @dataclass(order=True)
@@ -99,6 +112,7 @@ class CaseProcessor:
         *,
         replica: str,
         workers: int = 4,
+        batch_max: int = 32,
         max_pending: int = 256,
         max_pending_per_device: int = 32,
         retry_after_s: float = 1.0,
@@ -112,6 +126,7 @@ class CaseProcessor:
         self.cascade = cascade
         self.decode = decode
         self.replica = replica
+        self.batch_max = batch_max
         self.max_pending = max_pending
         self.max_pending_per_device = max_pending_per_device
         self.retry_after_s = retry_after_s
@@ -381,29 +396,113 @@ class CaseProcessor:
                 job = self._queue.get(timeout=0.5)
             except queue.Empty:
                 continue
+            batch, after = self._take(job)
             QUEUE_DEPTH.set(self._queue.qsize())
+            if len(batch) > 1:
+                self._run_batch(batch)
+            else:
+                self._run(job)
+            if after is not None:
+                self._run(after)
+
+    def _take(self, first: Job) -> tuple[list[Job], Job | None]:
+        """The job taken and, when it needs no model, the jobs queued behind it that need
+        none either (up to `batch_max`): those are answered together. A job that needs a
+        model, met on the way, is returned to run on its own after them (a model's cases
+        are batched by its scheduler, across workers)."""
+        self._taken(first)
+        batch = [first]
+        if self._needs_pixels(first.route):
+            return batch, None
+        while len(batch) < self.batch_max:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
             self._taken(job)
+            if self._needs_pixels(job.route):
+                return batch, job
+            batch.append(job)
+        return batch, None
+
+    def _run(self, job: Job) -> None:
+        """Process one job and resolve its future, whatever happens."""
+        token = trace_id_var.set(job.case.trace_id)
+        try:
+            self._resolve(job, self._retrying(lambda: self.process(job)))
+        except EdgefleetError as exc:  # a typed refusal (e.g. an image that will not decode)
+            log.warning("case %s refused: %s", job.case.case_id, exc)
+            CASES.labels(job.source, exc.code).inc()
+            job.future.set_exception(exc)
+        except BaseException as exc:  # every failure reaches the caller's future
+            log.exception("case %s failed", job.case.case_id)
+            CASES.labels(job.source, "failed").inc()
+            job.future.set_exception(exc)
+        finally:
+            trace_id_var.reset(token)
+            self._settled(job)
+
+    def _run_batch(self, jobs: list[Job]) -> None:
+        """Cases that need no model, answered together: their claims (and run counts) in
+        one transaction, their verdicts in another, instead of two transactions per case.
+        A store outage is waited out; any other failure runs the cases not yet answered
+        one by one (a claim already committed is not taken again: the case is run)."""
+        BATCH_SIZE.observe(len(jobs))
+        unanswered = list(jobs)
+        try:
+            claims = self._retrying(lambda: self._admit_batch(jobs))
+            for job, claim in zip(jobs, claims, strict=True):
+                # committed: if this batch fails, its cases are run alone, not claimed again
+                job.claimed = job.claimed or claim.state is ClaimState.CLAIMED
+            ran: list[tuple[Job, CloudVerdict]] = []
+            for job, claim in zip(jobs, claims, strict=True):
+                if claim.state is ClaimState.CLAIMED:
+                    ran.append((job, self._verdict(job)))
+                    continue
+                unanswered.remove(job)
+                token = trace_id_var.set(job.case.trace_id)
+                try:
+                    self._resolve(job, self._duplicate(job, claim))
+                finally:
+                    trace_id_var.reset(token)
+                    self._settled(job)
+            self._retrying(lambda: self._save_batch([verdict for _, verdict in ran]))
+        except Exception:
+            log.exception("a batch of %d cases failed: running them one by one", len(jobs))
+            for job in unanswered:
+                self._run(job)
+            return
+        for job, verdict in ran:
             token = trace_id_var.set(job.case.trace_id)
             try:
-                verdict = self._process_with_retry(job)
-                if verdict is not _LATER:
-                    job.future.set_result(verdict)
-            except EdgefleetError as exc:  # a typed refusal (e.g. an image that will not decode)
-                log.warning("case %s refused: %s", job.case.case_id, exc)
-                CASES.labels(job.source, exc.code).inc()
-                job.future.set_exception(exc)
-            except BaseException as exc:  # every failure reaches the caller's future
-                log.exception("case %s failed", job.case.case_id)
-                CASES.labels(job.source, "failed").inc()
-                job.future.set_exception(exc)
+                self._answered(job, verdict)
+                job.future.set_result(verdict)
             finally:
                 trace_id_var.reset(token)
-                if job.claimed:  # answered or failed: a sweep may take it up again
-                    with self._fair_lock:
-                        self._held.discard(job.case.case_id)
+                self._settled(job)
 
-    def _process_with_retry(self, job: Job) -> CloudVerdict | object | None:
-        """A store outage is waited out (at-least-once); anything else fails the job."""
+    def _admit_batch(self, jobs: list[Job]) -> list[Claim]:
+        with self.store.batch():
+            return [self._admit_run(job) for job in jobs]
+
+    def _save_batch(self, verdicts: list[CloudVerdict]) -> None:
+        with self.store.batch():
+            for verdict in verdicts:
+                self.store.save_verdict(verdict, replica=self.replica)
+
+    @staticmethod
+    def _resolve(job: Job, result: CloudVerdict | object | None) -> None:
+        if result is not _LATER:
+            job.future.set_result(result)
+
+    def _settled(self, job: Job) -> None:
+        """Answered or failed: a sweep may take the case up again."""
+        if job.claimed:
+            with self._fair_lock:
+                self._held.discard(job.case.case_id)
+
+    def _retrying(self, step: Callable[[], _T]) -> _T:
+        """A store outage is waited out (at-least-once); anything else fails the step."""
         for attempt in Retrying(
             retry=retry_if_exception_type(StoreUnavailable),
             wait=wait_exponential(multiplier=0.2, max=5),
@@ -411,30 +510,48 @@ class CaseProcessor:
             reraise=True,
         ):
             with attempt:
-                return self.process(job)
-        return None
+                return step()
+        raise AssertionError("unreachable: tenacity re-raises the last failure")
+
+    def _admit_run(self, job: Job) -> Claim:
+        """Claim the case and count the run it wins; a case claimed before (when it was
+        accepted by REST, or by a batch that failed later) only has its run counted."""
+        if job.claimed:
+            self.store.mark_attempt(job.case.case_id)
+            return Claim(ClaimState.CLAIMED)
+        return self.admit(job, attempt=True)
 
     def process(self, job: Job) -> CloudVerdict | object | None:
+        claim = self._admit_run(job)
+        if claim.state is not ClaimState.CLAIMED:
+            return self._duplicate(job, claim)
+        job.claimed = True  # a retry after a store outage runs it without claiming again
+        verdict = self._verdict(job)
+        self.store.save_verdict(verdict, replica=self.replica)
+        self._answered(job, verdict)
+        return verdict
+
+    def _duplicate(self, job: Job, claim: Claim) -> CloudVerdict | object | None:
+        """A case already received: answered from its stored verdict, or held until its
+        owner answers (MQTT), or left to its owner."""
+        if claim.state is ClaimState.DONE:
+            CASES.labels(job.source, "duplicate_answered").inc()
+            self._publish(claim.verdict)
+            return claim.verdict
+        CASES.labels(job.source, "duplicate_in_progress").inc()
+        if job.hold and not self._stopping.is_set() and self._hold(job):
+            return _LATER  # not acked: checked again until its owner answers
+        return None  # its owner stores and publishes the verdict (or the sweep)
+
+    def _verdict(self, job: Job) -> CloudVerdict:
+        """Run the cascade for a claimed case (not stored yet)."""
         case = job.case
-        if job.claimed:  # admitted when it was accepted: its run is counted now
-            self.store.mark_attempt(case.case_id)
-        else:
-            claim = self.admit(job, attempt=True)
-            if claim.state is ClaimState.DONE:
-                CASES.labels(job.source, "duplicate_answered").inc()
-                self._publish(claim.verdict)
-                return claim.verdict
-            if claim.state is ClaimState.IN_PROGRESS:
-                CASES.labels(job.source, "duplicate_in_progress").inc()
-                if job.hold and not self._stopping.is_set() and self._hold(job):
-                    return _LATER  # not acked: checked again until its owner answers
-                return None  # its owner stores and publishes the verdict (or the sweep)
         started = time.monotonic()
         outcome = self.cascade.run(job.route, case, job.rgb, job.image_sha256)
         self._observe_service(time.monotonic() - started)
         elapsed = time.monotonic() - job.enqueued
         v1 = case.schema_id == "ef.escalation/1"  # an old device: answer in its version
-        verdict = CloudVerdict(
+        return CloudVerdict(
             schema_id="ef.verdict/1" if v1 else "ef.verdict/2",
             device_id=case.device_id,
             trace_id=case.trace_id,
@@ -449,21 +566,22 @@ class CaseProcessor:
             queue_depth=None if v1 else self.depth,
             expected_wait_s=None if v1 else round(self.expected_wait_s(), 3),
         )
-        self.store.save_verdict(verdict, replica=self.replica)
-        CASE_SECONDS.observe(elapsed)
+
+    def _answered(self, job: Job, verdict: CloudVerdict) -> None:
+        """The verdict is stored: count it, log it, send it."""
+        CASE_SECONDS.observe(time.monotonic() - job.enqueued)
         CASES.labels(job.source, "processed").inc()
         log.info(
             "case answered",
             extra={
-                "case_id": case.case_id,
-                "device_id": case.device_id,
-                "route": job.route.name,
-                "model": outcome.model,
-                "fallback_level": outcome.fallback_level,
+                "case_id": verdict.case_id,
+                "device_id": verdict.device_id,
+                "route": verdict.route,
+                "model": verdict.model,
+                "fallback_level": verdict.fallback_level,
             },
         )
         self._publish(verdict)
-        return verdict
 
     def _hold(self, job: Job) -> bool:
         """Hold a redelivery until its recheck is due (its decoded pixels are dropped: the

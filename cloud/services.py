@@ -141,6 +141,7 @@ class CloudServices:
             decode,
             replica=replica,
             workers=settings.queue.workers,
+            batch_max=settings.queue.batch_max,
             max_pending=settings.queue.max_pending,
             max_pending_per_device=settings.queue.max_pending_per_device,
             retry_after_s=settings.queue.retry_after_s,

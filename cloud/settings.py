@@ -129,6 +129,13 @@ class QueueSettings(Closed):
         "(its quota: one device's flood never fills the queue for the others)",
     )
     workers: int = Field(4, ge=1, le=64, description="threads processing cases")
+    batch_max: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="cases that need no model (rules, busy routes) a worker answers together: "
+        "one transaction for their claims, one for their verdicts",
+    )
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent when full")
 
 

@@ -19,6 +19,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -185,6 +186,11 @@ class FeedbackStore:
         return path
 
     # --- cases and verdicts ---------------------------------------------------------
+
+    def batch(self) -> AbstractContextManager[object]:
+        """Claims and verdicts stored inside the block commit together (one transaction):
+        the case workers answer cases that need no model in groups."""
+        return self.db.transaction()
 
     def record_delivery(self, case_id: CaseId, *, source: str, replica: str) -> None:
         """Note one arrival of a case that is refused, not claimed (a claim notes its own)."""
