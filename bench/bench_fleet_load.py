@@ -294,8 +294,9 @@ def _store_counts(db_url: str, case_ids: list[str]) -> dict[str, int]:
 
     db = Database.connect(db_url)
     try:
-        rows = db.query("SELECT case_id, attempts FROM ef_cases")
-        cases = {r["case_id"]: r["attempts"] for r in rows}
+        # runs that reached a stored verdict: a run cut short and retried is not a duplicate
+        rows = db.query("SELECT case_id, completed_runs FROM ef_cases")
+        cases = {r["case_id"]: r["completed_runs"] for r in rows}
         verdicts = {r["case_id"] for r in db.query("SELECT case_id FROM ef_verdicts")}
     finally:
         db.close()

@@ -459,10 +459,10 @@ class CaseProcessor:
                 if claim.state is ClaimState.CLAIMED:
                     ran.append((job, self._verdict(job)))
                     continue
-                unanswered.remove(job)
                 token = trace_id_var.set(job.case.trace_id)
                 try:
                     self._resolve(job, self._duplicate(job, claim))
+                    unanswered.remove(job)
                 finally:
                     trace_id_var.reset(token)
                     self._settled(job)
@@ -482,8 +482,14 @@ class CaseProcessor:
                 self._settled(job)
 
     def _admit_batch(self, jobs: list[Job]) -> list[Claim]:
-        with self.store.batch():
-            return [self._admit_run(job) for job in jobs]
+        delivered = [job.delivered for job in jobs]
+        try:
+            with self.store.batch():
+                return [self._admit_run(job) for job in jobs]
+        except BaseException:  # the deliveries noted went with the transaction: note them again
+            for job, before in zip(jobs, delivered, strict=True):
+                job.delivered = before
+            raise
 
     def _save_batch(self, verdicts: list[CloudVerdict]) -> None:
         with self.store.batch():

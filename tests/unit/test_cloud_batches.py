@@ -148,6 +148,40 @@ def test_a_store_outage_while_a_batch_saves_its_verdicts_is_waited_out(tmp_path:
         svc.close()
 
 
+def test_a_store_outage_while_a_batch_claims_its_cases_is_waited_out(tmp_path: Path) -> None:
+    svc = rules_only_services(tmp_path)
+    gate = Gate()
+    svc.processor.publish = gate
+    claim = svc.store.claim
+    calls = []
+
+    def unavailable_on_the_third(case, **kwargs):
+        calls.append(case.case_id)
+        if len(calls) == 4:  # the third case of the batch (the first call is the head's)
+            raise StoreUnavailable("database is locked")
+        return claim(case, **kwargs)
+
+    svc.store.claim = unavailable_on_the_third  # type: ignore[method-assign]
+    try:
+        head = svc.processor.submit(escalation_case("cam-a"), PNG, source="mqtt")
+        assert gate.held.wait(30)
+        cases = [escalation_case("cam-d", frame_index=i) for i in range(5)]
+        futures = [svc.processor.submit(case, PNG, source="mqtt") for case in cases]
+        gate.open()
+        verdicts = [future.result(timeout=60) for future in [head, *futures]]
+        assert all(isinstance(v, CloudVerdict) for v in verdicts)
+        # the outage rolled the batch's claims back, their deliveries with them; the
+        # retry noted each arrival again: one delivery, one run, one verdict per case
+        accounts = _accounts(svc)
+        assert len(calls) == 1 + 2 + 1 + 5
+        assert {accounts[c.case_id]["deliveries"] for c in cases} == {1}
+        assert {accounts[c.case_id]["attempts"] for c in cases} == {1}
+        assert {accounts[c.case_id]["completed_runs"] for c in cases} == {1}
+    finally:
+        gate.open()
+        svc.close()
+
+
 def test_a_case_that_needs_a_model_is_never_batched(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path)
     read = Route(name="read", model="ppocr", timeout_s=5, priority=0, fallback=True)
