@@ -35,6 +35,23 @@ def _accounts(svc) -> dict[str, dict]:
     return {row["case_id"]: row for row in svc.store.accounts()}
 
 
+def _behind_a_busy_worker(svc, cases, *, source: str = "rest", while_held=None) -> list:
+    """Hold the only worker on a first case, queue `cases` behind it (they are taken as
+    one batch), then let it go: the verdicts of the first case and of `cases`."""
+    gate = Gate()
+    svc.processor.publish = gate
+    try:
+        head = svc.processor.submit(escalation_case("cam-a"), PNG, source=source)
+        assert gate.held.wait(30)
+        if while_held is not None:
+            while_held()
+        futures = [svc.processor.submit(case, PNG, source=source) for case in cases]
+        gate.open()
+        return [future.result(timeout=60) for future in [head, *futures]]
+    finally:
+        gate.open()
+
+
 def test_cases_queued_together_are_answered_in_one_batch_each_once(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path, batch_max=32)
     svc.processor.recheck_s = 0.05
@@ -82,8 +99,6 @@ def test_a_batch_that_fails_is_run_case_by_case_and_no_case_is_answered_twice(
     tmp_path: Path,
 ) -> None:
     svc = rules_only_services(tmp_path)
-    gate = Gate()
-    svc.processor.publish = gate
     cases = [escalation_case("cam-b", frame_index=i) for i in range(6)]
     run = svc.cascade.run
     failed = threading.Event()
@@ -96,13 +111,9 @@ def test_a_batch_that_fails_is_run_case_by_case_and_no_case_is_answered_twice(
 
     svc.cascade.run = fails_once_on_the_fourth  # type: ignore[method-assign]
     try:
-        # given the worker busy and six cases queued behind it
-        head = svc.processor.submit(escalation_case("cam-a"), PNG, source="rest")
-        assert gate.held.wait(30)
-        futures = [svc.processor.submit(case, PNG, source="rest") for case in cases]
-        # when the batch fails midway (its claims committed, no verdict stored yet)
-        gate.open()
-        verdicts = [future.result(timeout=30) for future in [head, *futures]]
+        # given six cases queued behind a busy worker, when their batch fails midway (its
+        # claims committed, no verdict stored yet)
+        verdicts = _behind_a_busy_worker(svc, cases)
         assert failed.is_set()
         # then every case is still answered, each by one stored verdict
         assert all(isinstance(v, CloudVerdict) for v in verdicts), verdicts
@@ -112,14 +123,11 @@ def test_a_batch_that_fails_is_run_case_by_case_and_no_case_is_answered_twice(
         assert {accounts[c.case_id]["attempts"] for c in cases} == {2}
         assert {accounts[c.case_id]["deliveries"] for c in cases} == {1}
     finally:
-        gate.open()
         svc.close()
 
 
 def test_a_store_outage_while_a_batch_saves_its_verdicts_is_waited_out(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path)
-    gate = Gate()
-    svc.processor.publish = gate
     save = svc.store.save_verdict
     outages = []
 
@@ -129,14 +137,12 @@ def test_a_store_outage_while_a_batch_saves_its_verdicts_is_waited_out(tmp_path:
             raise StoreUnavailable("database is locked")
         return save(verdict, replica=replica)
 
-    try:
-        head = svc.processor.submit(escalation_case("cam-a"), PNG, source="rest")
-        assert gate.held.wait(30)
+    def break_the_store() -> None:
         svc.store.save_verdict = unavailable_twice  # type: ignore[method-assign]
-        cases = [escalation_case("cam-c", frame_index=i) for i in range(5)]
-        futures = [svc.processor.submit(case, PNG, source="rest") for case in cases]
-        gate.open()
-        verdicts = [future.result(timeout=60) for future in [head, *futures]]
+
+    cases = [escalation_case("cam-c", frame_index=i) for i in range(5)]
+    try:
+        verdicts = _behind_a_busy_worker(svc, cases, while_held=break_the_store)
         assert len(outages) == 2
         assert all(isinstance(v, CloudVerdict) for v in verdicts)
         accounts = _accounts(svc)
@@ -144,14 +150,11 @@ def test_a_store_outage_while_a_batch_saves_its_verdicts_is_waited_out(tmp_path:
         assert {accounts[c.case_id]["completed_runs"] for c in cases} == {1}
         assert {accounts[c.case_id]["attempts"] for c in cases} == {1}
     finally:
-        gate.open()
         svc.close()
 
 
 def test_a_store_outage_while_a_batch_claims_its_cases_is_waited_out(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path)
-    gate = Gate()
-    svc.processor.publish = gate
     claim = svc.store.claim
     calls = []
 
@@ -162,13 +165,9 @@ def test_a_store_outage_while_a_batch_claims_its_cases_is_waited_out(tmp_path: P
         return claim(case, **kwargs)
 
     svc.store.claim = unavailable_on_the_third  # type: ignore[method-assign]
+    cases = [escalation_case("cam-d", frame_index=i) for i in range(5)]
     try:
-        head = svc.processor.submit(escalation_case("cam-a"), PNG, source="mqtt")
-        assert gate.held.wait(30)
-        cases = [escalation_case("cam-d", frame_index=i) for i in range(5)]
-        futures = [svc.processor.submit(case, PNG, source="mqtt") for case in cases]
-        gate.open()
-        verdicts = [future.result(timeout=60) for future in [head, *futures]]
+        verdicts = _behind_a_busy_worker(svc, cases, source="mqtt")
         assert all(isinstance(v, CloudVerdict) for v in verdicts)
         # the outage rolled the batch's claims back, their deliveries with them; the
         # retry noted each arrival again: one delivery, one run, one verdict per case
@@ -178,7 +177,6 @@ def test_a_store_outage_while_a_batch_claims_its_cases_is_waited_out(tmp_path: P
         assert {accounts[c.case_id]["attempts"] for c in cases} == {1}
         assert {accounts[c.case_id]["completed_runs"] for c in cases} == {1}
     finally:
-        gate.open()
         svc.close()
 
 
