@@ -2,7 +2,8 @@
 
 Every replica subscribes to `$share/<group>/ef/v1/+/{escalations,telemetry,status,reported}`,
 so the broker hands each message to exactly one replica of the group. Messages are
-acknowledged by hand (paho manual ack) only after they are stored, and the CONNECT
+acknowledged by hand (paho manual ack) only after they are stored (a case: after its
+verdict is stored and the broker has taken the verdict for the device), and the CONNECT
 property Receive Maximum caps how many the broker may have unacknowledged with us:
 when we fall behind, the broker holds the rest (flow control instead of memory growth).
 
@@ -204,13 +205,13 @@ class Ingest:
 
     # --- outgoing -------------------------------------------------------------------
 
-    def publish_verdict(self, verdict: CloudVerdict) -> None:
+    def publish_verdict(self, verdict: CloudVerdict) -> mqtt.MQTTMessageInfo | None:
         """Sign with the device's key and send on its results topic (QoS 1)."""
         key = self.directory.device_key(verdict.device_id)
         if key is None:
             log.warning("no key for %s: verdict stored, not published", verdict.device_id)
-            return
-        publish(self.client, encode(verdict, key, self.topics.results(verdict.device_id)))
+            return None
+        return publish(self.client, encode(verdict, key, self.topics.results(verdict.device_id)))
 
     def publish_status(self, status: CloudStatus) -> None:
         """The cloud's lag, retained on the device's results topic."""

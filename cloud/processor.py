@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
@@ -74,10 +74,20 @@ CASE_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
-Publisher = Callable[[CloudVerdict], None]
+
+class Sent(Protocol):
+    """A verdict handed to the transport (paho's MQTTMessageInfo)."""
+
+    def wait_for_publish(self, timeout: float | None = None) -> None: ...
+
+
+Publisher = Callable[[CloudVerdict], Sent | None]
 StatusPublisher = Callable[[CloudStatus], None]
 Decoder = Callable[[bytes], np.ndarray]
 _T = TypeVar("_T")
+# how long an MQTT case's ack waits for the broker to take its verdict (a broker that
+# takes longer is down: the case is redelivered and answered from the store)
+PUBLISH_WAIT_S = 10.0
 
 
 @dataclass(order=True)
@@ -97,6 +107,7 @@ class Job:
     # (or a crashed replica) holds is checked again later instead of being answered None
     hold: bool = field(compare=False, default=False)
     future: Future = field(compare=False, default_factory=Future)
+    sent: Sent | None = field(compare=False, default=None)  # its verdict, as published
 
 
 _LATER = object()  # process() result: the job was put back to be checked again
@@ -472,13 +483,16 @@ class CaseProcessor:
             for job in unanswered:
                 self._run(job)
             return
-        for job, verdict in ran:
+        for job, verdict in ran:  # every verdict out first: their publishes overlap
             token = trace_id_var.set(job.case.trace_id)
             try:
                 self._answered(job, verdict)
-                job.future.set_result(verdict)
             finally:
                 trace_id_var.reset(token)
+        for job, verdict in ran:
+            try:
+                self._resolve(job, verdict)
+            finally:
                 self._settled(job)
 
     def _admit_batch(self, jobs: list[Job]) -> list[Claim]:
@@ -496,10 +510,19 @@ class CaseProcessor:
             for verdict in verdicts:
                 self.store.save_verdict(verdict, replica=self.replica)
 
-    @staticmethod
-    def _resolve(job: Job, result: CloudVerdict | object | None) -> None:
-        if result is not _LATER:
-            job.future.set_result(result)
+    def _resolve(self, job: Job, result: CloudVerdict | object | None) -> None:
+        """Hand the caller its answer. An MQTT case is acked when its future resolves, so
+        it first waits until the broker has the verdict: paho sends a QoS 1 publish only
+        while its in-flight window has room and queues the rest, but sends an ack at once,
+        so an ack could overtake its verdict, and a crash between the two lose the answer."""
+        if result is _LATER:
+            return
+        if job.hold and job.sent is not None:
+            try:
+                job.sent.wait_for_publish(PUBLISH_WAIT_S)
+            except (RuntimeError, ValueError) as exc:  # not sent: the ack will not be either
+                log.warning("the verdict of %s was not published: %s", job.case.case_id, exc)
+        job.future.set_result(result)
 
     def _settled(self, job: Job) -> None:
         """Answered or failed: a sweep may take the case up again."""
@@ -542,7 +565,7 @@ class CaseProcessor:
         owner answers (MQTT), or left to its owner."""
         if claim.state is ClaimState.DONE:
             CASES.labels(job.source, "duplicate_answered").inc()
-            self._publish(claim.verdict)
+            job.sent = self._publish(claim.verdict)
             return claim.verdict
         CASES.labels(job.source, "duplicate_in_progress").inc()
         if job.hold and not self._stopping.is_set() and self._hold(job):
@@ -587,7 +610,7 @@ class CaseProcessor:
                 "fallback_level": verdict.fallback_level,
             },
         )
-        self._publish(verdict)
+        job.sent = self._publish(verdict)
 
     def _hold(self, job: Job) -> bool:
         """Hold a redelivery until its recheck is due (its decoded pixels are dropped: the
@@ -609,15 +632,17 @@ class CaseProcessor:
         """Pixels are only needed when a model level may run."""
         return any(level < 2 for level, _ in self.cascade.levels(route))
 
-    def _publish(self, verdict: CloudVerdict | None) -> None:
+    def _publish(self, verdict: CloudVerdict | None) -> Sent | None:
         if verdict is None or self.publish is None:
-            return
+            return None
+        sent = None
         try:
-            self.publish(verdict)
+            sent = self.publish(verdict)
         except Exception:  # the verdict is stored; a publish failure is logged, not fatal
             log.exception("publishing the verdict of %s failed", verdict.case_id)
         if verdict.schema_id != "ef.verdict/1":  # only devices that speak /2 get a status
             self._publish_status(verdict.device_id)
+        return sent
 
     def _publish_status(self, device_id: str) -> None:
         """Refresh the device's retained lag status, at most every `status_every_s`."""
