@@ -514,7 +514,7 @@ class CaseProcessor:
         """Hand the caller its answer. An MQTT case is acked when its future resolves, so
         it first waits until the broker has the verdict: paho sends a QoS 1 publish only
         while its in-flight window has room and queues the rest, but sends an ack at once,
-        so an ack could overtake its verdict, and a crash between the two lose the answer."""
+        so an ack could overtake its verdict and a crash between the two would lose the answer."""
         if result is _LATER:
             return
         if job.hold and job.sent is not None:
