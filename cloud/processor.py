@@ -484,16 +484,27 @@ class CaseProcessor:
                 self._run(job)
             return
         for job, verdict in ran:  # every verdict out first: their publishes overlap
-            token = trace_id_var.set(job.case.trace_id)
-            try:
-                self._answered(job, verdict)
-            finally:
-                trace_id_var.reset(token)
+            self._guarded(job, self._answered, verdict)
         for job, verdict in ran:
-            try:
-                self._resolve(job, verdict)
-            finally:
-                self._settled(job)
+            self._guarded(job, self._resolve, verdict)
+            self._settled(job)
+
+    def _guarded(
+        self, job: Job, step: Callable[[Job, CloudVerdict], None], verdict: CloudVerdict
+    ) -> None:
+        """One case's step after its batch is stored: a failure fails that case's future,
+        not the worker or the other cases."""
+        if job.future.done():
+            return
+        token = trace_id_var.set(job.case.trace_id)
+        try:
+            step(job, verdict)
+        except Exception as exc:
+            log.exception("case %s failed", job.case.case_id)
+            CASES.labels(job.source, "failed").inc()
+            job.future.set_exception(exc)
+        finally:
+            trace_id_var.reset(token)
 
     def _admit_batch(self, jobs: list[Job]) -> list[Claim]:
         delivered = [job.delivered for job in jobs]
