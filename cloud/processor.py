@@ -485,8 +485,9 @@ class CaseProcessor:
             return
         for job, verdict in ran:  # every verdict out first: their publishes overlap
             self._guarded(job, self._answered, verdict)
+        deadline = time.monotonic() + PUBLISH_WAIT_S  # one wait for the batch, not one each
         for job, verdict in ran:
-            self._guarded(job, self._resolve, verdict)
+            self._guarded(job, lambda j, v: self._resolve(j, v, deadline), verdict)
             self._settled(job)
 
     def _guarded(
@@ -521,7 +522,9 @@ class CaseProcessor:
             for verdict in verdicts:
                 self.store.save_verdict(verdict, replica=self.replica)
 
-    def _resolve(self, job: Job, result: CloudVerdict | object | None) -> None:
+    def _resolve(
+        self, job: Job, result: CloudVerdict | object | None, deadline: float | None = None
+    ) -> None:
         """Hand the caller its answer. An MQTT case is acked when its future resolves, so
         it first waits until the broker has the verdict: paho sends a QoS 1 publish only
         while its in-flight window has room and queues the rest, but sends an ack at once,
@@ -529,8 +532,9 @@ class CaseProcessor:
         if result is _LATER:
             return
         if job.hold and job.sent is not None:
+            wait = PUBLISH_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                job.sent.wait_for_publish(PUBLISH_WAIT_S)
+                job.sent.wait_for_publish(wait)
             except (RuntimeError, ValueError) as exc:  # not sent: the ack will not be either
                 log.warning("the verdict of %s was not published: %s", job.case.case_id, exc)
         job.future.set_result(result)
