@@ -124,7 +124,7 @@ def measure(name: str, make: Callable[[], tuple[Read, Callable[[], None]]], imag
     return result
 
 
-STAGES = ("det_pre", "det_infer", "db_boxes", "crops", "rec_pre", "rec_infer", "ctc")
+STAGES = ("det_pre", "det_infer", "db_boxes", "zoom", "crops", "rec_pre", "rec_infer", "ctc")
 
 
 def stage_seconds(model: str) -> dict[str, float]:

@@ -27,20 +27,22 @@ from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
+from edgefleet.shared.kernels.crops import crop_windows, sub_frame
 from edgefleet.shared.messages import Detection
 from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
 from edgefleet.shared.models.frames import FrameIn
-from edgefleet.shared.models.preprocess import det_plan, kernel_batch, stack_canvases
+from edgefleet.shared.models.preprocess import det_plan, kernel_batch, round_to, stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
 from edgefleet.shared.models.session import Session, open_session
 
 KEYS_FILE = Path(__file__).with_name("ppocr_keys_v4.txt")
 OCR_STAGE = Histogram(
     "ef_ocr_stage_seconds",
-    "Time per OCR stage and batch: det_pre, det_infer, db_boxes, crops, rec_pre, rec_infer, ctc",
+    "Time per OCR stage and batch: det_pre, det_infer, db_boxes, zoom, crops, rec_pre, "
+    "rec_infer, ctc",
     ["model", "stage"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
 )
@@ -50,6 +52,7 @@ DET_PAD = 114  # the detector's canvas outside the image: mid-grey, no edges
 # put corners on pixel corners). Chosen on seed 5000's hard scenes (never the held-out 3000
 # and 7000): +0.003 character accuracy over 200 images, the easy ones unchanged.
 READ_SHIFT = -0.5
+ZOOM_MAX = 8  # regions zoomed per frame, largest first: a frame of noise costs 8 calls at most
 
 
 @dataclass
@@ -57,30 +60,86 @@ class _DetBatch:
     frames: list[FrameIn]
     plans: list[LetterboxTransform]
     tensor: np.ndarray
-    more: list[tuple[list[LetterboxTransform], np.ndarray]]  # det_more_sides' inputs
 
 
-def fuse_text_maps(
-    into: np.ndarray,
-    plan: LetterboxTransform,
-    other: np.ndarray,
-    other_plan: LetterboxTransform,
-    thresh: float,
-) -> None:
-    """Add to `into` (a text map) the text that `other` (the same image's map on another
-    canvas) finds and `into` does not, in place: small text one scale misses is kept. Within
-    4 px of what `into` already sees it is left as is, so the lines it found keep their boxes
-    (a coarser map, scaled up, would widen them)."""
-    region = into[
-        plan.pad_top : plan.pad_top + plan.new_h, plan.pad_left : plan.pad_left + plan.new_w
-    ]
-    src = other[
-        other_plan.pad_top : other_plan.pad_top + other_plan.new_h,
-        other_plan.pad_left : other_plan.pad_left + other_plan.new_w,
-    ]
-    resized = cv2.resize(src, (plan.new_w, plan.new_h), interpolation=cv2.INTER_LINEAR)
-    found = cv2.dilate((region > thresh).astype(np.uint8), np.ones((9, 9), np.uint8))
-    np.copyto(region, np.maximum(region, resized), where=found == 0)
+def zoom_regions(prob: np.ndarray, plan: LetterboxTransform, thresh: float) -> np.ndarray:
+    """Source-pixel boxes (N, 4) xyxy, largest first, around every place the text map stirs
+    (above `thresh`, far below the binarisation threshold: a line the detector half sees),
+    each grown by its own height plus 8 px (12 px along the line) so the zoomed pass sees
+    the line whole with some ground around it; boxes that touch are merged."""
+    h, w = plan.new_h, plan.new_w
+    region = prob[plan.pad_top : plan.pad_top + h, plan.pad_left : plan.pad_left + w]
+    _, _, stats, _ = cv2.connectedComponentsWithStats(
+        (region > thresh).astype(np.uint8), connectivity=8
+    )
+    stats = stats[1:][stats[1:, cv2.CC_STAT_AREA] >= 3]
+    if not len(stats):
+        return np.zeros((0, 4), np.float32)
+    x, y = stats[:, 0] + plan.pad_left, stats[:, 1] + plan.pad_top
+    corners = np.stack([np.stack([x, y], 1), np.stack([x + stats[:, 2], y + stats[:, 3]], 1)], 1)
+    src = plan.points_to_source(corners.astype(np.float32)).reshape(-1, 4)
+    margin = (src[:, 3] - src[:, 1]) + 8
+    grown = src + np.stack([-margin - 4, -margin, margin + 4, margin], 1)
+    return merge_boxes(grown, (plan.src_h, plan.src_w))
+
+
+def merge_boxes(boxes: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """Boxes (N, 4) xyxy (ends exclusive) inside an (h, w) image, those that touch replaced
+    by the box around them all, largest first: painted on a mask, so any number merge in
+    linear time."""
+    mask = np.zeros(hw, np.uint8)
+    while True:
+        lo = np.floor(boxes[:, :2]).astype(np.int64)
+        hi = np.ceil(boxes[:, 2:]).astype(np.int64) - 1  # the last pixel each box covers
+        for (x0, y0), (x1, y1) in zip(lo.tolist(), hi.tolist(), strict=True):
+            cv2.rectangle(mask, (x0, y0), (x1, y1), 1, thickness=-1)
+        count, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+        merged = stats[1:, :4].astype(np.float32)
+        merged[:, 2:] += merged[:, :2]
+        if count - 1 == len(boxes):  # nothing merged this round: no box touches another
+            order = np.argsort(-stats[1:, cv2.CC_STAT_AREA], kind="stable")
+            return merged[order]
+        boxes = merged
+
+
+def readable(quads: list[np.ndarray], plan: LetterboxTransform) -> np.ndarray:
+    """Source quads (N, 4, 2), ordered tl, tr, br, bl and kept inside the image, of the
+    lines big enough to read."""
+    kept = []
+    for quad in quads:
+        src = order_quad(quad)
+        src[:, 0] = np.clip(src[:, 0], 0, plan.src_w - 1)
+        src[:, 1] = np.clip(src[:, 1], 0, plan.src_h - 1)
+        if np.linalg.norm(src[0] - src[1]) > 3 and np.linalg.norm(src[0] - src[3]) > 3:
+            kept.append(src)
+    out = np.array(kept, np.float32).reshape(-1, 4, 2)
+    return out[kernels.line_sizes(out)[1]]
+
+
+Read = tuple[str, float, float]  # text, vote score, surest read's confidence
+
+
+def surer(
+    quads: np.ndarray, reads: list[Read], zoomed: np.ndarray, rezoomed: list[Read]
+) -> tuple[np.ndarray, list[Read]]:
+    """The first pass's lines and the zoomed pass's, one read per place: a zoomed line
+    replaces the first-pass lines it overlaps when it is read more surely than each of
+    them (a line the first pass split in two comes back whole), else it is dropped."""
+    lo, hi = quads.min(axis=1), quads.max(axis=1)
+    dropped: set[int] = set()
+    added = []
+    for quad, read in zip(zoomed, rezoomed, strict=True):
+        over = np.flatnonzero(np.all((lo <= quad.max(axis=0)) & (quad.min(axis=0) <= hi), axis=1))
+        if len(over) and read[1] <= max(reads[k][1] for k in over):
+            continue
+        dropped.update(over.tolist())
+        added.append((quad, read))
+    keep = [k for k in range(len(quads)) if k not in dropped]
+    merged = [quads[k] for k in keep] + [quad for quad, _ in added]
+    return (
+        np.array(merged, np.float32).reshape(-1, 4, 2),
+        [reads[k] for k in keep] + [read for _, read in added],
+    )
 
 
 @dataclass(frozen=True)
@@ -235,13 +294,9 @@ class OcrModel(Model):
             return self._det_batch(frames)
 
     def _det_batch(self, frames: list[FrameIn]) -> _DetBatch:
-        sides = [self.opts.det_max_side, *self.opts.det_more_sides]
         stretch = self.opts.det_fit == "stretch"
-        inputs = []
-        for side in sides:
-            plans = [det_plan(f.hw, side, stretch=stretch) for f in frames]
-            inputs.append((plans, self._det_tensor(frames, plans)))
-        return _DetBatch(frames, inputs[0][0], inputs[0][1], inputs[1:])
+        plans = [det_plan(f.hw, self.opts.det_max_side, stretch=stretch) for f in frames]
+        return _DetBatch(frames, plans, self._det_tensor(frames, plans))
 
     def _det_tensor(self, frames: list[FrameIn], plans: list[LetterboxTransform]) -> np.ndarray:
         mean, std, scale, bgr = self._det_norm
@@ -255,35 +310,48 @@ class OcrModel(Model):
 
     def forward(self, prepared: _DetBatch) -> np.ndarray:
         with self._stage("det_infer"):
-            raw = self.det.run(prepared.tensor)[0]
-            more = [(plans, self.det.run(tensor)[0]) for plans, tensor in prepared.more]
-        with self._stage("db_boxes"):
-            for plans, other in more:
-                for i, (plan, other_plan) in enumerate(zip(prepared.plans, plans, strict=True)):
-                    fuse_text_maps(raw[i, 0], plan, other[i, 0], other_plan, self._db.thresh)
-        return raw
+            return self.det.run(prepared.tensor)[0]
 
     def post_process(self, raw: np.ndarray, prepared: _DetBatch) -> list[list[Detection]]:
-        quads_per_image: list[np.ndarray] = []
+        frames, found, probs = prepared.frames, [], []
+        for i, plan in enumerate(prepared.plans):
+            probs.append(raw[i, 0, : plan.dst_h, : plan.dst_w])
+            with self._stage("db_boxes"):
+                quads, _ = db_boxes(probs[-1], self._db)
+            found.append(readable([plan.points_to_source(q) for q in quads], plan))
+        reads = self.read_lines(frames, found)
+        if self.opts.det_zoom:
+            with self._stage("zoom"):
+                zoomed = [
+                    self._zoom(frame, plan, prob, quads, lines, self.opts.det_zoom)
+                    for frame, plan, prob, quads, lines in zip(
+                        frames, prepared.plans, probs, found, reads, strict=True
+                    )
+                ]
+            rezoomed = self.read_lines(frames, zoomed)
+            for i in range(len(frames)):
+                found[i], reads[i] = surer(found[i], reads[i], zoomed[i], rezoomed[i])
+        results: list[list[Detection]] = []
+        for quads, lines in zip(found, reads, strict=True):
+            kept = [
+                _line(quad, text.strip(), score)
+                for quad, (text, score, surest) in zip(quads, lines, strict=True)
+                if text.strip() and surest >= self.opts.text_score
+            ]
+            kept.sort(key=_reading_order)
+            results.append(kept)
+        return results
+
+    def read_lines(
+        self, frames: list[FrameIn], quads: list[np.ndarray]
+    ) -> list[list[tuple[str, float, float]]]:
+        """(text, vote score, surest read's confidence) of every quad of every frame: each
+        line read by every recogniser, from every crop the options ask for."""
         views: list[LineView] = []
         owners: list[tuple[int, int]] = []
-        for i, (frame, plan) in enumerate(zip(prepared.frames, prepared.plans, strict=True)):
-            prob = raw[i, 0, : plan.dst_h, : plan.dst_w]
-            with self._stage("db_boxes"):
-                quads, _ = db_boxes(prob, self._db)
-            kept = []
-            for quad in quads:
-                src = order_quad(plan.points_to_source(quad))
-                src[:, 0] = np.clip(src[:, 0], 0, plan.src_w - 1)
-                src[:, 1] = np.clip(src[:, 1], 0, plan.src_h - 1)
-                if np.linalg.norm(src[0] - src[1]) <= 3 or np.linalg.norm(src[0] - src[3]) <= 3:
-                    continue
-                kept.append(src.astype(np.float32))
-            started = time.perf_counter()
-            readable = kernels.line_sizes(np.array(kept, np.float32).reshape(-1, 4, 2))[1]
-            kept = [quad for quad, ok in zip(kept, readable.tolist(), strict=True) if ok]
-            quads_per_image.append(np.array(kept, np.float32).reshape(-1, 4, 2))
-            for j, quad in enumerate(kept):
+        started = time.perf_counter()
+        for i, (frame, frame_quads) in enumerate(zip(frames, quads, strict=True)):
+            for j, quad in enumerate(frame_quads):
                 read = quad + np.float32(READ_SHIFT)
                 line = [LineView(frame, read)]
                 if self.opts.tta:
@@ -294,26 +362,58 @@ class OcrModel(Model):
                     line.append(enhanced(line[-1]))
                 views += line
                 owners += [(i, j)] * len(line)
-            OCR_STAGE.labels(self.spec.name, "crops").observe(time.perf_counter() - started)
+        OCR_STAGE.labels(self.spec.name, "crops").observe(time.perf_counter() - started)
         if views and self.cls is not None:
             views = self.classify_angles(views)
         ballots: dict[tuple[int, int], list[tuple[str, float]]] = defaultdict(list)
         for session, charset in self.readers if views else []:
-            reads = self.recognise(views, session, charset)
-            for owner, read in zip(owners, reads, strict=True):
+            for owner, read in zip(owners, self.recognise(views, session, charset), strict=True):
                 ballots[owner].append(read)
-        best = {owner: (*vote(reads), max(r[1] for r in reads)) for owner, reads in ballots.items()}
-        results: list[list[Detection]] = []
-        for i, quads in enumerate(quads_per_image):
-            lines = []
-            for j, quad in enumerate(quads):
-                text, score, surest = best.get((i, j), ("", 0.0, 0.0))
-                if not text.strip() or surest < self.opts.text_score:
-                    continue
-                lines.append(_line(quad, text.strip(), score))
-            lines.sort(key=_reading_order)
-            results.append(lines)
-        return results
+        return [
+            [(*vote(ballots[(i, j)]), max(r[1] for r in ballots[(i, j)])) for j in range(len(q))]
+            for i, q in enumerate(quads)
+        ]
+
+    def _zoom(
+        self,
+        frame: FrameIn,
+        plan: LetterboxTransform,
+        prob: np.ndarray,
+        quads: np.ndarray,
+        reads: list[tuple[str, float, float]],
+        zoom: float,
+    ) -> np.ndarray:
+        """Lines detected again `zoom` times finer than the first pass, in every
+        `zoom_regions` region but those whose lines the first pass read surely (each at
+        least `zoom_sure`). Each region is cut from the frame in its own format (no
+        conversion) and detected alone: the detector's global pooling would mix regions
+        packed on one canvas."""
+        boxes = zoom_regions(prob, plan, self.opts.zoom_thresh)
+        centres = quads.mean(axis=1)
+        sure = np.array([score >= self.opts.zoom_sure for _, score, _ in reads], bool)
+        scale = min(zoom * max(plan.scale_x, plan.scale_y), 4.0)
+        cap = ceil32(self.opts.det_max_side * zoom)
+        out: list[np.ndarray] = []
+        zoomed = 0
+        for win in crop_windows(boxes, frame.hw, frame.fmt) if len(boxes) else []:
+            x0, y0, x1, y1 = win
+            within = (
+                (x0 <= centres[:, 0]) & (centres[:, 0] <= x1)
+                & (y0 <= centres[:, 1]) & (centres[:, 1] <= y1)
+            )  # fmt: skip
+            if within.any() and sure[within].all():
+                continue
+            if zoomed == ZOOM_MAX:
+                break
+            zoomed += 1
+            part = FrameIn(sub_frame(frame.pixels, frame.fmt, frame.hw, win), frame.fmt)
+            h, w = part.hw
+            fit = min(scale, cap / max(h, w))
+            roi = LetterboxTransform.stretch((h, w), (round_to(h * fit, 32), round_to(w * fit, 32)))
+            zmap = self.det.run(self._det_tensor([part], [roi]))[0][0, 0]
+            found, _ = db_boxes(zmap[: roi.dst_h, : roi.dst_w], self._db)
+            out += [roi.points_to_source(q) + np.float32([x0, y0]) for q in found]
+        return readable(out, plan)
 
     # --- stages ------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import yaml
 from pydantic import Field, ValidationError
@@ -70,10 +70,22 @@ class OcrOptions(Closed):
         description="detector input: letterbox (aspect kept, padded) or stretch (PP-OCR's rule: "
         "each side rounded to /32 and filled, no pad)",
     )
-    det_more_sides: list[Annotated[int, Field(ge=64, le=4096)]] = Field(
-        default_factory=list,
-        description="more detector input sizes (longest side); text their maps find away from "
-        "what the first size's map found is added to it (so small text any scale sees is kept)",
+    det_zoom: float | None = Field(
+        None,
+        gt=1,
+        le=4,
+        description="detect again, this many times finer than the first pass, in each region "
+        "where the first map stirs (above zoom_thresh): faint and small text the first pass "
+        "misses or splits; the zoomed lines replace the first pass's there; none = off",
+    )
+    zoom_thresh: float = Field(
+        0.005, gt=0, lt=1, description="first-map value that marks a region for the zoom"
+    )
+    zoom_sure: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="a region whose every line the first pass reads this surely is not zoomed",
     )
     det_thresh: float = Field(0.3, gt=0, lt=1, description="DB binarisation threshold")
     box_thresh: float = Field(0.5, gt=0, lt=1, description="minimum mean score of a text box")

@@ -16,7 +16,7 @@ from edgefleet.shared.models import load_model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
-from edgefleet.shared.models.ocr import crop_quad, fuse_text_maps, pad_quad
+from edgefleet.shared.models.ocr import crop_quad, pad_quad
 from edgefleet.shared.models.preprocess import det_plan
 
 CHARSET = ppocr_charset(list("ABC"))  # ["", "A", "B", "C", " "]
@@ -63,28 +63,6 @@ def test_det_plan_stretches_to_the_nearest_step_or_letterboxes():
     # the letterbox rounds the canvas up and pads the rest
     boxed = det_plan((360, 640), 640)
     assert (boxed.dst_h, boxed.new_h, boxed.pad_top) == (384, 360, 12)
-
-
-def test_fused_text_maps_keep_a_line_only_the_other_scale_found():
-    # given the text map of one image at 640x352 (one line) and at 512x288 (another line)
-    plan = LetterboxTransform(360, 640, 352, 640, 352, 640, 0, 0)
-    small = LetterboxTransform(360, 640, 288, 512, 288, 512, 0, 0)
-    big_map = np.zeros((352, 640), np.float32)
-    big_map[40:50, 100:300] = 0.9
-    small_map = np.zeros((288, 512), np.float32)
-    small_map[200:208, 80:240] = 0.9  # at 640x352: rows ~244-254, columns 100-300
-    small_map[31:41, 78:242] = 0.9  # the first line again, 2-3 px wider at 640x352
-    params = DBParams(thresh=0.2, box_thresh=0.4, unclip_ratio=1.4)
-    before = db_boxes(big_map, params)[0]
-    assert len(before) == 1
-    # when the smaller scale's map is fused into the larger one
-    fuse_text_maps(big_map, plan, small_map, small, params.thresh)
-    # then both lines are found, each where its scale saw it
-    quads = db_boxes(big_map, params)[0]
-    tops = sorted(float(q[:, 1].min()) for q in quads)
-    assert len(quads) == 2 and tops[0] < 40 and 230 < tops[1] < 244  # both grown by unclip
-    # and the line the larger scale found keeps its box (the coarse map does not widen it)
-    assert any(np.array_equal(q, before[0]) for q in quads)
 
 
 def test_angle_flips_only_when_sure():
