@@ -412,7 +412,8 @@ class OcrModel(Model):
             roi = LetterboxTransform.stretch((h, w), (round_to(h * fit, 32), round_to(w * fit, 32)))
             zmap = self.det.run(self._det_tensor([part], [roi]))[0][0, 0]
             found, _ = db_boxes(zmap[: roi.dst_h, : roi.dst_w], self._db)
-            out += [roi.points_to_source(q) + np.float32([x0, y0]) for q in found]
+            offset = np.array([x0, y0], np.float32)
+            out += [roi.points_to_source(q) + offset for q in found]
         return readable(out, plan)
 
     # --- stages ------------------------------------------------------------------------
@@ -543,7 +544,7 @@ def vote(reads: list[tuple[str, float]]) -> tuple[str, float]:
     return spelling[key][0], pools[key] / len(reads)
 
 
-def ceil32(value: int) -> int:
+def ceil32(value: float) -> int:
     return int(math.ceil(value / 32) * 32)
 
 
