@@ -83,23 +83,26 @@ def zoom_regions(prob: np.ndarray, plan: LetterboxTransform, thresh: float) -> n
     return merge_boxes(grown, (plan.src_h, plan.src_w))
 
 
-def merge_boxes(boxes: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+def merge_boxes(boxes: np.ndarray, hw: tuple[int, int], cell: int = 4) -> np.ndarray:
     """Boxes (N, 4) xyxy (ends exclusive) inside an (h, w) image, those that touch replaced
-    by the box around them all, largest first: painted on a mask, so any number merge in
-    linear time."""
-    mask = np.zeros(hw, np.uint8)
+    by the box around them all, largest first, on a grid of `cell` px: painted on a mask, so
+    any number merge in linear time (a 1080p frame's mask is 480x270)."""
+    h, w = -(-hw[0] // cell), -(-hw[1] // cell)
+    mask = np.zeros((h, w), np.uint8)
+    cells = boxes.astype(np.float32) / cell
     while True:
-        lo = np.floor(boxes[:, :2]).astype(np.int64)
-        hi = np.ceil(boxes[:, 2:]).astype(np.int64) - 1  # the last pixel each box covers
+        lo = np.floor(cells[:, :2]).astype(np.int64)
+        hi = np.ceil(cells[:, 2:]).astype(np.int64) - 1  # the last cell each box covers
         for (x0, y0), (x1, y1) in zip(lo.tolist(), hi.tolist(), strict=True):
             cv2.rectangle(mask, (x0, y0), (x1, y1), 1, thickness=-1)
         count, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
         merged = stats[1:, :4].astype(np.float32)
         merged[:, 2:] += merged[:, :2]
-        if count - 1 == len(boxes):  # nothing merged this round: no box touches another
+        if count - 1 == len(cells):  # nothing merged this round: no box touches another
             order = np.argsort(-stats[1:, cv2.CC_STAT_AREA], kind="stable")
-            return merged[order]
-        boxes = merged
+            out = merged[order] * cell
+            return np.minimum(out, np.float32([hw[1], hw[0], hw[1], hw[0]]))
+        cells = merged
 
 
 def readable(quads: list[np.ndarray], plan: LetterboxTransform) -> np.ndarray:
