@@ -11,7 +11,9 @@ Contenders, each given the same JPEG bytes (decoding is part of every figure):
 
 Images (bench/ocr_scenes.py, all from `--seed`): easy 1080p stills and hard 640x360
 frames (small, faint, blurred, glare, heavy JPEG). Per contender and set: ms per image
-(p50, p95; each image read `--rounds` times, one image at a time, after a warm-up) and
+(p50, p95; each image read `--rounds` times, one image at a time, after a warm-up; the
+contenders take turns image by image, so the host's load falls on all alike, with a pause
+between two so that one's spinning threads do not slow the next) and
 character accuracy / exact lines per true line (the best read overlapping it, case and
 spaces ignored). The last table gives the edge model's time and accuracy over the
 faster-paddle model of the same size (tiny): the issue's bar is accuracy >= and p50 <= 0.8x.
@@ -102,26 +104,45 @@ def rapidocr_reader(threads: int) -> tuple[Read, Callable[[], None]]:
     return read, lambda: None
 
 
-def measure(name: str, make: Callable[[], tuple[Read, Callable[[], None]]], images, rounds):
-    result = Result(name)
+Maker = Callable[[], tuple[Read, Callable[[], None]]]
+PAUSE_S = 0.05  # between two contenders' reads: ONNX Runtime and rayon spin a while when idle
+
+
+def measure(makers: dict[str, Maker], images: list[Scene], rounds: int) -> list[Result]:
+    """Every contender reads every image, interleaved: image by image, each contender in
+    turn (the order turning from image to image), so that a change in the host's load
+    falls on all of them alike and the ratios hold on a shared machine."""
+    results = {name: Result(name) for name in makers}
+    readers: dict[str, Read] = {}
+    closers: list[Callable[[], None]] = []
     try:
-        read, close = make()
-    except ImportError as exc:
-        result.skipped = f"not installed ({exc.name}): pip install 'edgefleet[bench]'"
-        return result
-    try:
-        read(images[0].jpeg)  # warm-up
-        for scene in images:
-            best = []
-            for _ in range(rounds):
-                started = time.perf_counter()
-                reads = read(scene.jpeg)
-                best.append(time.perf_counter() - started)
-            result.times.setdefault(scene.level, []).append(min(best))
-            result.tallies.setdefault(scene.level, Tally()).add(frame_scores(reads, scene.truth))
+        for name, make in makers.items():
+            try:
+                readers[name], close = make()
+            except ImportError as exc:
+                why = f"not installed ({exc.name}): pip install 'edgefleet[bench]'"
+                results[name].skipped = why
+                continue
+            closers.append(close)
+            readers[name](images[0].jpeg)  # warm-up
+        names = list(readers)
+        for index, scene in enumerate(images):
+            turn = index % len(names) if names else 0
+            for name in names[turn:] + names[:turn]:
+                time.sleep(PAUSE_S)  # the last contender's idle threads stop spinning
+                best, reads = [], []
+                for _ in range(rounds):
+                    started = time.perf_counter()
+                    reads = readers[name](scene.jpeg)
+                    best.append(time.perf_counter() - started)
+                result = results[name]
+                result.times.setdefault(scene.level, []).append(min(best))
+                tally = result.tallies.setdefault(scene.level, Tally())
+                tally.add(frame_scores(reads, scene.truth))
     finally:
-        close()
-    return result
+        for close in closers:
+            close()
+    return list(results.values())
 
 
 STAGES = ("det_pre", "det_infer", "db_boxes", "zoom", "crops", "rec_pre", "rec_infer", "ctc")
@@ -195,7 +216,7 @@ def main(
         f"{len(images)} images (seed {seed}), {threads} threads each, {rounds} round(s); "
         f"load average {load:.1f} on {os.cpu_count()} cores"
     )
-    makers: dict[str, Callable[[], tuple[Read, Callable[[], None]]]] = {
+    makers: dict[str, Maker] = {
         f"edgefleet {model}": lambda: edgefleet_reader(model, threads),
         "faster-paddle-tiny": lambda: faster_paddle_reader("tiny", threads),
         "faster-paddle-small": lambda: faster_paddle_reader("small", threads),
@@ -203,9 +224,8 @@ def main(
     }
     chosen = [f"edgefleet {model}", *[p.strip() for p in peers.split(",") if p.strip()]]
     before = stage_seconds(model)
-    results = [measure(chosen[0], makers[chosen[0]], images, rounds)]
+    results = measure({name: makers[name] for name in chosen}, images, rounds)
     spent = {k: v - before[k] for k, v in stage_seconds(model).items()}
-    results += [measure(name, makers[name], images, rounds) for name in chosen[1:]]
     typer.echo("")
     table(results, levels)
     reads = (len(images) * rounds + 1) / 1000  # the warm-up read counts too
