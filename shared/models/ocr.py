@@ -89,7 +89,8 @@ def merge_boxes(boxes: np.ndarray, hw: tuple[int, int], cell: int = 4) -> np.nda
     any number merge in linear time (a 1080p frame's mask is 480x270)."""
     h, w = -(-hw[0] // cell), -(-hw[1] // cell)
     mask = np.zeros((h, w), np.uint8)
-    cells = boxes.astype(np.float32) / cell
+    cells: np.ndarray = boxes.astype(np.float32) / cell
+    limit = np.array([hw[1], hw[0], hw[1], hw[0]], np.float32)
     while True:
         lo = np.floor(cells[:, :2]).astype(np.int64)
         hi = np.ceil(cells[:, 2:]).astype(np.int64) - 1  # the last cell each box covers
@@ -101,7 +102,7 @@ def merge_boxes(boxes: np.ndarray, hw: tuple[int, int], cell: int = 4) -> np.nda
         if count - 1 == len(cells):  # nothing merged this round: no box touches another
             order = np.argsort(-stats[1:, cv2.CC_STAT_AREA], kind="stable")
             out = merged[order] * cell
-            return np.minimum(out, np.float32([hw[1], hw[0], hw[1], hw[0]]))
+            return np.minimum(out, limit)
         cells = merged
 
 
