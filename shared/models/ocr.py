@@ -346,9 +346,7 @@ class OcrModel(Model):
             results.append(kept)
         return results
 
-    def read_lines(
-        self, frames: list[FrameIn], quads: list[np.ndarray]
-    ) -> list[list[tuple[str, float, float]]]:
+    def read_lines(self, frames: list[FrameIn], quads: list[np.ndarray]) -> list[list[Read]]:
         """(text, vote score, surest read's confidence) of every quad of every frame: each
         line read by every recogniser, from every crop the options ask for."""
         views: list[LineView] = []
@@ -384,7 +382,7 @@ class OcrModel(Model):
         plan: LetterboxTransform,
         prob: np.ndarray,
         quads: np.ndarray,
-        reads: list[tuple[str, float, float]],
+        reads: list[Read],
         zoom: float,
     ) -> np.ndarray:
         """Lines detected again `zoom` times finer than the first pass, in every
@@ -396,7 +394,7 @@ class OcrModel(Model):
         centres = quads.mean(axis=1)
         sure = np.array([score >= self.opts.zoom_sure for _, score, _ in reads], bool)
         scale = min(zoom * max(plan.scale_x, plan.scale_y), 4.0)
-        cap = ceil32(self.opts.det_max_side * zoom)
+        cap = ceil32(self.opts.det_max_side)  # no canvas above the first pass's (memory, TRT)
         out: list[np.ndarray] = []
         zoomed = 0
         for win in crop_windows(boxes, frame.hw, frame.fmt) if len(boxes) else []:
