@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from edgefleet.bench.hard_scenes import frame_scores, render_clip
+from edgefleet.shared import kernels
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.models import load_model
 from edgefleet.shared.models.ocr import ZOOM_MAX, merge_boxes, readable, surer, zoom_regions
+from tests.unit.test_ocr_frames import as_format
 
 PLAN = LetterboxTransform.stretch((360, 640), (352, 640))  # a 640x360 frame's first pass
 
@@ -113,6 +115,31 @@ def test_the_zoom_reads_faint_lines_the_first_pass_loses(tiny, monkeypatch, seed
     # then the zoom reads the line exactly, where the first pass read half of it at most
     assert zoomed == (1.0, True)
     assert first[0] <= 0.5
+
+
+@pytest.mark.parametrize("fmt", ["nv12", "i420"])
+def test_the_zoom_cuts_yuv_frames_in_their_own_format(tiny, monkeypatch, fmt):
+    # given the hard frame whose container code the first pass reads in pieces, as a
+    # camera's YUV frame
+    clip = render_clip(1001, frames=6)
+    bgr = cv2.imdecode(np.frombuffer(clip.jpegs[5], np.uint8), cv2.IMREAD_COLOR)
+    frame = as_format(np.ascontiguousarray(bgr[..., ::-1]), fmt)
+    handed: list[np.ndarray] = []
+    real = kernels.frame_to_tensor
+
+    def to_tensor(pixels, f, *args, **kwargs):
+        assert f == fmt  # never converted on the way
+        handed.append(pixels)
+        return real(pixels, f, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "frame_to_tensor", to_tensor)
+    # when it is read
+    lines = tiny.predict_many([frame], fmt=fmt)[0]
+    # then the zoomed regions were cut from it as small frames of the same format, and
+    # the code is read whole
+    assert handed[0] is frame and len(handed) >= 2
+    assert all(h.size <= frame.size // 4 for h in handed[1:])
+    assert "EGLU7436450" in [d.text for d in lines]
 
 
 def test_a_frame_of_noise_costs_a_bounded_number_of_zoomed_calls(tiny, monkeypatch):
