@@ -59,7 +59,14 @@ ZOOM_MAX = 8  # regions zoomed per frame, largest first: a frame of noise costs 
 class _DetBatch:
     frames: list[FrameIn]
     plans: list[LetterboxTransform]
-    tensor: np.ndarray
+    groups: list[tuple[list[int], np.ndarray]]  # the frames of one canvas size, their tensor
+
+    @property
+    def tensor(self) -> np.ndarray:
+        """The batch's one tensor, where all its frames share a canvas size."""
+        if len(self.groups) != 1:
+            raise ValueError(f"{len(self.groups)} canvas sizes in this batch, not one")
+        return self.groups[0][1]
 
 
 def zoom_regions(prob: np.ndarray, plan: LetterboxTransform, thresh: float) -> np.ndarray:
@@ -298,9 +305,19 @@ class OcrModel(Model):
             return self._det_batch(frames)
 
     def _det_batch(self, frames: list[FrameIn]) -> _DetBatch:
+        """Frames of one canvas size share a tensor; frames of another size get their own:
+        padding a smaller canvas to the batch's would shift the detector's global pooling,
+        and a frame's text would depend on the frames batched with it."""
         stretch = self.opts.det_fit == "stretch"
         plans = [det_plan(f.hw, self.opts.det_max_side, stretch=stretch) for f in frames]
-        return _DetBatch(frames, plans, self._det_tensor(frames, plans))
+        sizes: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, plan in enumerate(plans):
+            sizes[(plan.dst_h, plan.dst_w)].append(i)
+        groups = [
+            (idx, self._det_tensor([frames[i] for i in idx], [plans[i] for i in idx]))
+            for idx in sizes.values()
+        ]
+        return _DetBatch(frames, plans, groups)
 
     def _det_tensor(self, frames: list[FrameIn], plans: list[LetterboxTransform]) -> np.ndarray:
         mean, std, scale, bgr = self._det_norm
@@ -312,14 +329,20 @@ class OcrModel(Model):
         channels = "bgr" if bgr else "rgb"
         return kernel_batch(frames, plans, mean, std, DET_PAD, channels)
 
-    def forward(self, prepared: _DetBatch) -> np.ndarray:
+    def forward(self, prepared: _DetBatch) -> list[np.ndarray]:
+        """Each frame's text map."""
+        maps: list[np.ndarray] = [np.empty(0, np.float32)] * len(prepared.frames)
         with self._stage("det_infer"):
-            return self.det.run(prepared.tensor)[0]
+            for idx, tensor in prepared.groups:
+                out = self.det.run(tensor)[0]
+                for k, i in enumerate(idx):
+                    maps[i] = out[k, 0]
+        return maps
 
-    def post_process(self, raw: np.ndarray, prepared: _DetBatch) -> list[list[Detection]]:
+    def post_process(self, raw: list[np.ndarray], prepared: _DetBatch) -> list[list[Detection]]:
         frames, found, probs = prepared.frames, [], []
         for i, plan in enumerate(prepared.plans):
-            probs.append(raw[i, 0, : plan.dst_h, : plan.dst_w])
+            probs.append(raw[i][: plan.dst_h, : plan.dst_w])
             with self._stage("db_boxes"):
                 quads, _ = db_boxes(probs[-1], self._db)
             found.append(readable([plan.points_to_source(q) for q in quads], plan))

@@ -157,3 +157,18 @@ def test_a_frame_of_noise_costs_a_bounded_number_of_zoomed_calls(tiny, monkeypat
     tiny.predict_many([frame], fmt="bgr")
     # then the zoom ran at most ZOOM_MAX times after the first pass
     assert 1 <= len(calls) <= 1 + ZOOM_MAX
+
+
+def test_a_frame_reads_the_same_whatever_it_is_batched_with(tiny):
+    # given frames of three sizes (the tiles of a track differ by a few pixels)
+    clip = render_clip(1001, frames=6)
+    frame = cv2.imdecode(np.frombuffer(clip.jpegs[5], np.uint8), cv2.IMREAD_COLOR)
+    frames = [frame, np.ascontiguousarray(frame[:, :600]), np.ascontiguousarray(frame[20:, 30:])]
+    # when they are read in one batch and one by one
+    together = tiny.predict_many(frames, fmt="bgr")
+    alone = [tiny.predict_many([f], fmt="bgr")[0] for f in frames]
+    # then every frame reads the same (no frame is padded to another's canvas)
+    assert [[(d.text, d.box) for d in r] for r in together] == [
+        [(d.text, d.box) for d in r] for r in alone
+    ]
+    assert "EGLU7436450" in [d.text for d in together[0]]
