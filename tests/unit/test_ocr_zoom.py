@@ -10,8 +10,8 @@ from edgefleet.bench.hard_scenes import frame_scores, render_clip
 from edgefleet.shared import kernels
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
-from edgefleet.shared.models import load_model
-from edgefleet.shared.models.ocr import ZOOM_MAX, merge_boxes, readable, surer, zoom_regions
+from edgefleet.shared.models import load_model, ocr
+from edgefleet.shared.models.ocr import merge_boxes, readable, surer, zoom_regions
 from tests.unit.test_ocr_frames import as_format
 
 PLAN = LetterboxTransform.stretch((360, 640), (352, 640))  # a 640x360 frame's first pass
@@ -142,9 +142,14 @@ def test_the_zoom_cuts_yuv_frames_in_their_own_format(tiny, monkeypatch, fmt):
     assert "EGLU7436450" in [d.text for d in lines]
 
 
-def test_a_frame_of_noise_costs_a_bounded_number_of_zoomed_calls(tiny, monkeypatch):
-    # given a frame of noise, whose text map stirs almost everywhere
-    frame = np.random.default_rng(3).integers(0, 256, (360, 640, 3), np.uint8)
+def test_the_zoomed_calls_per_frame_are_capped(tiny, monkeypatch):
+    # given a frame of many faint, blurred words (each a region the zoom would look at)
+    frame = np.full((360, 640, 3), 128, np.uint8)
+    for row in range(6):
+        for col in range(4):
+            at = (20 + col * 160, 40 + row * 58)
+            cv2.putText(frame, f"K{row}{col}", at, cv2.FONT_HERSHEY_SIMPLEX, 0.5, (150,) * 3, 1)
+    frame = cv2.GaussianBlur(frame, (0, 0), 1.5)
     calls: list[tuple[int, ...]] = []
     real = tiny.det.run
 
@@ -153,10 +158,16 @@ def test_a_frame_of_noise_costs_a_bounded_number_of_zoomed_calls(tiny, monkeypat
         return real(tensor)
 
     monkeypatch.setattr(tiny.det, "run", counted)
-    # when it is read
     tiny.predict_many([frame], fmt="bgr")
-    # then the zoom ran at most ZOOM_MAX times after the first pass
-    assert 1 <= len(calls) <= 1 + ZOOM_MAX
+    uncapped = len(calls) - 1
+    assert uncapped > 2  # the zoom looks at several regions of it
+    # when the cap is lower than that
+    monkeypatch.setattr(ocr, "ZOOM_MAX", 2)
+    calls.clear()
+    tiny.predict_many([frame], fmt="bgr")
+    # then the first pass and 2 zoomed calls run, no more: whatever a frame holds, it
+    # costs at most ZOOM_MAX (8) detector calls more than the first pass
+    assert len(calls) == 1 + 2
 
 
 def test_a_frame_reads_the_same_whatever_it_is_batched_with(tiny):
