@@ -115,11 +115,11 @@ def test_no_full_frame_conversion_or_copy_between_capture_and_tensor(ocr, fmt, m
     # when the model reads it
     lines = ocr.predict(frame, fmt=fmt)
     # then the kernels got the camera's own buffer (the detector's tensor, then the lines:
-    # one call for both lines of the frame), and nothing was converted on the way
+    # one call per recogniser width), and nothing was converted on the way
     assert [d.text for d in lines] == ["GATE 12", "MSCU1234565"]
     # (the zoom, where it runs, is handed small regions cut in the frame's own format)
     assert handed[0] is frame and all(h.size <= frame.size // 4 for h in handed[1:])
-    assert len(lines_from) == 1 and lines_from[0] is frame
+    assert 1 <= len(lines_from) <= 2 and all(p is frame for p in lines_from)
     assert converted == [] and regions == []
 
 

@@ -133,13 +133,20 @@ def test_the_zoom_cuts_yuv_frames_in_their_own_format(tiny, monkeypatch, fmt):
         return real(pixels, f, *args, **kwargs)
 
     monkeypatch.setattr(kernels, "frame_to_tensor", to_tensor)
-    # when it is read
-    lines = tiny.predict_many([frame], fmt=fmt)[0]
+    truth = [line for line in clip.truth[5] if line.text == "EGLU7436450"]
+
+    def score() -> float:
+        lines = tiny.predict_many([frame], fmt=fmt)[0]
+        return frame_scores([(d.text or "", d.box) for d in lines], truth)[0][0]
+
+    # when it is read, with the zoom and without it
+    zoomed, regions = score(), handed[1:]
+    monkeypatch.setattr(tiny, "opts", tiny.opts.model_copy(update={"det_zoom": None}))
+    first = score()
     # then the zoomed regions were cut from it as small frames of the same format, and
-    # the code is read whole
-    assert handed[0] is frame and len(handed) >= 2
-    assert all(h.size <= frame.size // 4 for h in handed[1:])
-    assert "EGLU7436450" in [d.text for d in lines]
+    # the zoom reads the code nearly whole where the first pass read it in pieces
+    assert handed[0] is frame and regions and all(r.size <= frame.size // 4 for r in regions)
+    assert zoomed >= 0.9 and first <= 0.5, (zoomed, first)
 
 
 def test_the_zoomed_calls_per_frame_are_capped(tiny, monkeypatch):
@@ -175,11 +182,27 @@ def test_a_frame_reads_the_same_whatever_it_is_batched_with(tiny):
     clip = render_clip(1001, frames=6)
     frame = cv2.imdecode(np.frombuffer(clip.jpegs[5], np.uint8), cv2.IMREAD_COLOR)
     frames = [frame, np.ascontiguousarray(frame[:, :600]), np.ascontiguousarray(frame[20:, 30:])]
+    # and a frame of one long line (a recogniser batch as wide as the longest line in it
+    # would pad every short line to its width)
+    long = np.full((360, 640, 3), 230, np.uint8)
+    cv2.putText(
+        long,
+        "SLOW DOWN - TRUCKS TURNING 200 M",
+        (12, 180),
+        cv2.FONT_HERSHEY_SIMPLEX,
+        0.9,
+        (20, 20, 20),
+        2,
+    )
+    frames.append(long)
     # when they are read in one batch and one by one
     together = tiny.predict_many(frames, fmt="bgr")
     alone = [tiny.predict_many([f], fmt="bgr")[0] for f in frames]
-    # then every frame reads the same (no frame is padded to another's canvas)
-    assert [[(d.text, d.box) for d in r] for r in together] == [
-        [(d.text, d.box) for d in r] for r in alone
-    ]
+
+    def reads(frame_lines):
+        return [[(d.text, d.box, round(d.score, 4)) for d in lines] for lines in frame_lines]
+
+    # then every frame reads the same, to the score (no frame is padded to another's
+    # canvas, no line to another's width)
+    assert reads(together) == reads(alone)
     assert "EGLU7436450" in [d.text for d in together[0]]
