@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import cv2
@@ -52,7 +53,11 @@ DET_PAD = 114  # the detector's canvas outside the image: mid-grey, no edges
 # put corners on pixel corners). Chosen on seed 5000's hard scenes (never the held-out 3000
 # and 7000): +0.003 character accuracy over 200 images, the easy ones unchanged.
 READ_SHIFT = -0.5
-REC_WIDTH_STEP = 32  # recogniser widths come in steps of this (batches of one width)
+# Recogniser input widths: rec_min_width, then each 1.5x the last (in steps of 32) up to
+# rec_max_width; a line is padded to the first that holds it. Chosen on seed 5000 (hard
+# 0.7948 character accuracy against 0.7932 for steps of 32 and 0.7950 padding to the
+# widest line of a batch, easy level) with 10 % fewer recogniser calls than steps of 32.
+REC_WIDTH_GROWTH = 1.5
 ZOOM_MAX = 8  # regions zoomed per frame, largest first: a frame of noise costs 8 calls at most
 
 
@@ -474,7 +479,7 @@ class OcrModel(Model):
         """(text, confidence) per line; lines of the same padded width are batched together,
         each batch sampled from the frames by the kernels (one call per frame).
 
-        A line's padded width is its own (rounded up to `REC_WIDTH_STEP`), never its
+        A line's padded width depends on its own length only (`rec_widths`), never on its
         batch-mates': the recogniser mixes the whole width, so padding a line to a longer
         neighbour's width changes its read, and a line would read differently with the
         lines it happens to be batched with."""
@@ -492,9 +497,11 @@ class OcrModel(Model):
         return out
 
     def rec_widths(self, ratios: np.ndarray) -> np.ndarray:
-        """The recogniser's input width for lines of these length/thickness ratios."""
-        natural = np.ceil(self.opts.rec_height * ratios / REC_WIDTH_STEP) * REC_WIDTH_STEP
-        return np.clip(natural, self.opts.rec_min_width, self.opts.rec_max_width).astype(int)
+        """The recogniser's input width for lines of these length/thickness ratios: the
+        first of the width ladder that holds the line at the recogniser's height."""
+        ladder = np.array(width_ladder(self.opts.rec_min_width, self.opts.rec_max_width))
+        at = np.searchsorted(ladder, self.opts.rec_height * ratios)
+        return ladder[np.minimum(at, len(ladder) - 1)]
 
     def _recognise_batch(
         self,
@@ -515,6 +522,15 @@ class OcrModel(Model):
             decoded = ctc_greedy(probs, charset)
         for ci, read in zip(idx, decoded, strict=True):
             out[int(ci)] = read
+
+
+@cache
+def width_ladder(lo: int, hi: int) -> tuple[int, ...]:
+    """lo, then each REC_WIDTH_GROWTH times the last (in steps of 32), up to hi."""
+    widths = [lo]
+    while widths[-1] < hi:
+        widths.append(min(hi, math.ceil(widths[-1] * REC_WIDTH_GROWTH / 32) * 32))
+    return tuple(widths)
 
 
 def _ratios(views: list[LineView]) -> np.ndarray:

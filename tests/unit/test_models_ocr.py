@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 
 import cv2
@@ -16,7 +17,7 @@ from edgefleet.shared.models import load_model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
-from edgefleet.shared.models.ocr import crop_quad, pad_quad
+from edgefleet.shared.models.ocr import crop_quad, pad_quad, width_ladder
 from edgefleet.shared.models.preprocess import det_plan
 
 CHARSET = ppocr_charset(list("ABC"))  # ["", "A", "B", "C", " "]
@@ -161,3 +162,14 @@ def test_bad_inputs_are_typed_errors(ppocr, bad, why):
 def test_tiny_and_extreme_aspect_images_do_not_crash(ppocr):
     assert ppocr.predict(np.full((1, 1, 3), 128, np.uint8)) == []
     assert ppocr.predict(np.full((8, 2000, 3), 255, np.uint8)) == []
+
+
+@pytest.mark.parametrize("lo,hi", [(160, 1600), (320, 1600), (480, 1600), (320, 320)])
+def test_recogniser_widths_climb_from_the_minimum_to_the_maximum(lo, hi):
+    # a line is padded to the first width that holds it: few widths (few batches), none
+    # more than 1.5x (and a step of 32) above the last
+    ladder = width_ladder(lo, hi)
+    assert ladder[0] == lo and ladder[-1] == hi
+    steps = list(itertools.pairwise(ladder))
+    assert all(a < b <= a * 1.5 + 32 for a, b in steps)
+    assert all(b % 32 == 0 for _, b in steps[:-1])
