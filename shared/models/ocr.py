@@ -491,9 +491,10 @@ class OcrModel(Model):
         for width in np.unique(widths):
             same = order[widths[order] == width]
             for start in range(0, len(same), step):
-                self._recognise_batch(
-                    views, same[start : start + step], ratios, int(width), session, charset, out
-                )
+                idx = same[start : start + step]
+                reads = self._recognise_batch(views, idx, ratios, int(width), session, charset)
+                for ci, read in zip(idx, reads, strict=True):
+                    out[int(ci)] = read
         return out
 
     def rec_widths(self, ratios: np.ndarray) -> np.ndarray:
@@ -511,17 +512,15 @@ class OcrModel(Model):
         width: int,
         session: Session,
         charset: list[str],
-        out: list[tuple[str, float]],
-    ) -> None:
+    ) -> list[tuple[str, float]]:
+        """(text, confidence) of views[idx], read in one batch of this width."""
         started = time.perf_counter()
         batch = _line_batch(views, idx, ratios, (self.opts.rec_height, width), session.spec)
         OCR_STAGE.labels(self.spec.name, "rec_pre").observe(time.perf_counter() - started)
         with self._stage("rec_infer"):
             probs = session.run(batch)[0]
         with self._stage("ctc"):
-            decoded = ctc_greedy(probs, charset)
-        for ci, read in zip(idx, decoded, strict=True):
-            out[int(ci)] = read
+            return ctc_greedy(probs, charset)
 
 
 @cache
