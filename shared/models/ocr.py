@@ -528,7 +528,7 @@ def width_ladder(lo: int, hi: int) -> tuple[int, ...]:
     """lo, then each REC_WIDTH_GROWTH times the last (in steps of 32), up to hi."""
     widths = [lo]
     while widths[-1] < hi:
-        widths.append(min(hi, math.ceil(widths[-1] * REC_WIDTH_GROWTH / 32) * 32))
+        widths.append(min(hi, ceil32(widths[-1] * REC_WIDTH_GROWTH)))
     return tuple(widths)
 
 
