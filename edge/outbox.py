@@ -53,6 +53,10 @@ RESENT_UNANSWERED = Counter(
     "ef_edge_outbox_unanswered_resent_total", "Acknowledged escalations sent again, unanswered"
 )
 
+# How long an answered case is remembered: a copy of it sent again just before the verdict
+# may still be acknowledged after it (and must not wait for a second verdict).
+ANSWERED_KEEP_S = 24 * 3600
+
 # Errors opening the file that say nothing about its content (permissions, locks, disk).
 _NOT_CORRUPT = frozenset(
     {
@@ -113,6 +117,7 @@ CREATE TABLE IF NOT EXISTS awaiting (
     acked REAL NOT NULL,
     resends INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS answered (case_id TEXT PRIMARY KEY, at REAL NOT NULL);
 """
 
 
@@ -400,6 +405,8 @@ class Outbox:
             case_id = str(json.loads(row[3])["case_id"])
         except (ValueError, KeyError, TypeError):
             return  # not a case we can match to a verdict: PUBACK is all we can wait for
+        if self._db.execute("SELECT 1 FROM answered WHERE case_id = ?", (case_id,)).fetchone():
+            return  # a copy sent again before the verdict came: nothing left to wait for
         self._db.execute(
             "INSERT INTO awaiting (case_id, schema, body, image, content_type, qos, size, "
             "created, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -411,6 +418,9 @@ class Outbox:
         """The cloud's verdict for the case arrived: the copy kept for it goes."""
         with self._lock:
             cur = self._db.execute("DELETE FROM awaiting WHERE case_id = ?", (case_id,))
+            self._db.execute(
+                "INSERT OR REPLACE INTO answered VALUES (?, ?)", (case_id, time.time())
+            )
             self._publish_gauges()
         return cur.rowcount > 0
 
@@ -422,6 +432,8 @@ class Outbox:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                # a copy's PUBACK comes within a resend interval of its verdict, or never
+                self._db.execute("DELETE FROM answered WHERE at < ?", (now - ANSWERED_KEEP_S,))
                 rows = self._db.execute(
                     "SELECT case_id, schema, body, image, content_type, qos, size, created, "
                     "resends FROM awaiting WHERE acked < ? ORDER BY acked",

@@ -242,3 +242,18 @@ def test_an_acknowledged_case_is_kept_until_answered_and_sent_again_if_not(
     assert box.dropped["escalation_unanswered"] == 1
     box.close()
     assert Outbox(tmp_path / "o.db").dropped["escalation_unanswered"] == 1
+
+
+def test_a_copy_acknowledged_after_its_verdict_does_not_wait_again(tmp_path: Path) -> None:
+    # given a case acknowledged, unanswered for a while, and sent again
+    box = Outbox(tmp_path / "o.db")
+    box.ack([box.put(_message("escalation", b'{"case_id": "c-1"}'))])
+    assert box.resend_unanswered(older_than_s=0, max_resends=3) == 1
+    (copy,) = box.read(0)
+    # when the verdict arrives while the copy is still in line, then the copy's PUBACK
+    assert box.answered("c-1") is True
+    box.ack([copy.id])
+    # then nothing waits for a second verdict, and nothing is sent a third time
+    assert box.awaiting() == 0 and box.depth() == 0
+    assert box.resend_unanswered(older_than_s=0, max_resends=3) == 0
+    box.close()
