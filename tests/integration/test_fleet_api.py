@@ -235,9 +235,15 @@ def test_model_download_supports_range_and_capabilities(tmp_path, server) -> Non
 
 def test_events_stream_batches_device_changes(server) -> None:
     # given a client on the live stream
-    events, thread = listen_to_events(
-        server, until=lambda e, d: e == "devices" and any(x["online"] for x in d)
-    )
+    seen: set[str] = set()
+
+    def done(event: str, data: Any) -> bool:
+        # a tick sends devices before deployments: stop once both have come
+        if event == "deployments" or (event == "devices" and any(x["online"] for x in data)):
+            seen.add(event)
+        return seen == {"devices", "deployments"}
+
+    events, thread = listen_to_events(server, until=done)
     eventually(lambda: any(e == "hello" for e, _ in events), timeout_s=30)
     # when a device sends its status
     server.registry.record_status(
@@ -249,10 +255,10 @@ def test_events_stream_batches_device_changes(server) -> None:
     def online_batch() -> list[dict]:
         return next((d for e, d in events if e == "devices" and any(x["online"] for x in d)), [])
 
-    eventually(lambda: online_batch(), timeout_s=30)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), f"stream ended without both batches: {events}"
     assert [d["device_id"] for d in online_batch() if d["online"]] == ["cam-2"]
     assert any(e == "deployments" for e, _ in events)
-    thread.join(timeout=10)
 
 
 def test_a_hash_that_does_not_match_the_stored_model_is_refused(tmp_path, server) -> None:
