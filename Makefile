@@ -45,7 +45,6 @@ demo: install
 
 test: install-dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m tests.support.types
 	$(PY) -m pytest --cov --cov-report=term $(PYTEST_ARGS)
 
 # The layer contracts and the types (mypy) of pyproject.toml, checked on the parts under

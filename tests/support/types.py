@@ -4,8 +4,8 @@ mypy cannot follow setup.py's `package_dir` mapping of the editable install, so,
 layer contracts (tests/support/layers.py), the sources are laid out as they are installed
 and `mypy -p edgefleet` runs there with the repository's pyproject.toml (`[tool.mypy]`).
 
-    python -m tests.support.types      (what `make lint`, `make test` and
-                                        tests/unit/test_types.py run)
+    python -m tests.support.types      (what `make lint` and tests/unit/test_types.py
+                                        run; `make test` runs it once, in pytest)
 """
 
 from __future__ import annotations
