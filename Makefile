@@ -14,17 +14,22 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # renders its videos with OpenCV's own codecs (the wheel bundles them): no ffmpeg.
 DEMO_APT_PACKAGES := mosquitto gcc libc6-dev python3-dev python3-venv
 DEMO_APT_PROBES   := mosquitto gcc
-# The tests: mosquitto_pub, ffmpeg (a live UDP stream), the NEON kernels under qemu,
-# the dashboard in a headless browser, PostgreSQL's binaries (a disposable server where
-# none runs).
+# The tests: mosquitto_pub, ffmpeg (a live UDP stream), an RTSP camera (GStreamer's RTSP
+# server, H.264, run by Debian's python3), the NEON kernels under qemu, the dashboard in a
+# headless browser, PostgreSQL's binaries (a disposable server where none runs).
 TEST_APT_PACKAGES := mosquitto-clients ffmpeg g++ gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-                     qemu-user chromium postgresql
+                     qemu-user chromium postgresql gir1.2-gst-rtsp-server-1.0 python3-gst-1.0 \
+                     gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly
 TEST_APT_PROBES   := mosquitto_pub ffmpeg g++ aarch64-linux-gnu-gcc qemu-aarch64 chromium \
                      pg_ctlcluster
 # python3-venv and python3-dev ship no binary to probe: ask the interpreter for ensurepip and
 # Python.h (Debian's python3 has neither until they are installed).
 PY_PROBE := import ensurepip, os, sysconfig; \
             assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+# The RTSP camera's libraries ship no binary either: ask Debian's python3 for them.
+RTSP_PROBE := import gi; gi.require_version("GstRtspServer", "1.0"); \
+              from gi.repository import Gst; Gst.init(None); \
+              assert Gst.ElementFactory.find("x264enc") and Gst.ElementFactory.find("rtph264pay")
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
@@ -67,7 +72,7 @@ system-deps:
 	$(call apt_install,$(DEMO_APT_PROBES),$(DEMO_APT_PACKAGES),$(PYTHON) -c '$(PY_PROBE)' >/dev/null 2>&1 || missing="$$missing python3-venv/python3-dev";)
 
 test-system-deps:
-	$(call apt_install,$(TEST_APT_PROBES),$(TEST_APT_PACKAGES),)
+	$(call apt_install,$(TEST_APT_PROBES),$(TEST_APT_PACKAGES),/usr/bin/python3 -I -c '$(RTSP_PROBE)' >/dev/null 2>&1 || missing="$$missing gst-rtsp-server";)
 
 # The demo runs the edge and the cloud: the package with both extras (the edge's: PyAV).
 $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard shared/kernels/src/*.c shared/kernels/src/*.h)
