@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.edge.agent import Agent
-from edgefleet.shared.messages import StreamTelemetry
 from tests.support.broker import MosquittoBroker, free_port
-from tests.support.edge import Collector, build_settings, edge_settings
+from tests.support.edge import Collector, live_stream_agent
 from tests.support.waiting import eventually
 
 SERVER = Path(__file__).resolve().parents[1] / "support" / "rtsp_server.py"
@@ -53,31 +51,10 @@ def test_rtsp_camera_frozen_then_killed_is_reconnected_each_time(
     port = free_port()
     server = _serve(port)
     collector = Collector(broker, f"cloud-rtsp-{decoder}")
-    data = edge_settings(
-        tmp_path,
-        broker,
-        "unused",
-        device_id="cam-01",
-        streams=[
-            {
-                "id": "rtsp-cam",
-                "url": f"rtsp://127.0.0.1:{port}/live",
-                "decoder": decoder,
-                "stall_timeout_s": 2,
-                "open_timeout_s": 3,
-                "reconnect_min_s": 0.2,
-                "reconnect_max_s": 1,
-            }
-        ],
-        policy={"sample_share": 0.0},
-        telemetry_interval_s=0.5,
-    )
-    agent = Agent(build_settings(data))
+    stream = {"id": "rtsp-cam", "url": f"rtsp://127.0.0.1:{port}/live", "decoder": decoder}
+    agent = live_stream_agent(tmp_path, broker, stream)
     agent.start()
-
-    def latest() -> StreamTelemetry | None:
-        with collector.lock:
-            return collector.telemetry[-1].streams[0] if collector.telemetry else None
+    latest = collector.last_stream
 
     def live(reconnects: int) -> bool:
         t = latest()

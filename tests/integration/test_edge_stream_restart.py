@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.edge.agent import Agent
-from edgefleet.shared.messages import StreamTelemetry
 from tests.support.broker import MosquittoBroker
-from tests.support.edge import Collector, build_settings, edge_settings
+from tests.support.edge import Collector, live_stream_agent
 from tests.support.waiting import eventually
 
 
@@ -49,30 +47,9 @@ def test_udp_stream_killed_and_restarted_is_reconnected(
     port = _udp_port()
     server = _serve(port)
     collector = Collector(broker, "cloud-stream-restart")
-    data = edge_settings(
-        tmp_path,
-        broker,
-        "unused",
-        device_id="cam-01",
-        streams=[
-            {
-                "id": "udp-cam",
-                "url": f"udp://127.0.0.1:{port}",
-                "stall_timeout_s": 2,
-                "open_timeout_s": 3,
-                "reconnect_min_s": 0.2,
-                "reconnect_max_s": 1,
-            }
-        ],
-        policy={"sample_share": 0.0},
-        telemetry_interval_s=0.5,
-    )
-    agent = Agent(build_settings(data))
+    agent = live_stream_agent(tmp_path, broker, {"id": "udp-cam", "url": f"udp://127.0.0.1:{port}"})
     agent.start()
-
-    def latest() -> StreamTelemetry | None:
-        with collector.lock:
-            return collector.telemetry[-1].streams[0] if collector.telemetry else None
+    latest = collector.last_stream
 
     try:
         # given a live stream with frames flowing

@@ -13,6 +13,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edgefleet.edge.agent import Agent
 from edgefleet.edge.settings import EdgeSettings
 from edgefleet.shared.messages import (
     DeviceStatus,
@@ -20,6 +21,7 @@ from edgefleet.shared.messages import (
     EscalationCase,
     Message,
     ReportedState,
+    StreamTelemetry,
 )
 from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
 from edgefleet.shared.topics import Channel, Topics
@@ -95,6 +97,27 @@ def build_settings(data: dict) -> EdgeSettings:
     return EdgeSettings(**data)
 
 
+def live_stream_agent(tmp_path: Path, broker: MosquittoBroker, stream: dict[str, Any]) -> Agent:
+    """An agent (not started) on one live stream that gives up and reconnects fast (stall
+    2 s, open 3 s, backoff 0.2-1 s), telemetry every 0.5 s, no sampled cases."""
+    quick = {
+        "stall_timeout_s": 2,
+        "open_timeout_s": 3,
+        "reconnect_min_s": 0.2,
+        "reconnect_max_s": 1,
+    }
+    data = edge_settings(
+        tmp_path,
+        broker,
+        "unused",
+        device_id=DEVICE,
+        streams=[{**quick, **stream}],
+        policy={"sample_share": 0.0},
+        telemetry_interval_s=0.5,
+    )
+    return Agent(build_settings(data))
+
+
 class Collector:
     """A cloud-side subscriber: verifies every message like the cloud does, keeps them."""
 
@@ -115,6 +138,11 @@ class Collector:
         self.connected = threading.Event()
         connect(self.client, settings, clean_start=False)
         eventually(self.connected.is_set, 30, "collector connection")
+
+    def last_stream(self) -> StreamTelemetry | None:
+        """The first stream of the latest telemetry message, if one has come."""
+        with self.lock:
+            return self.telemetry[-1].streams[0] if self.telemetry else None
 
     def _on_connect(self, client, userdata, flags, rc, props) -> None:
         # what the device sends (not `results`/`desired`: those flow the other way, and a
