@@ -24,7 +24,7 @@ def _has_rtsp_server() -> bool:
     probe = "import gi; gi.require_version('GstRtspServer', '1.0')"
     if not os.path.exists(SYSTEM_PYTHON):
         return False
-    return subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True).returncode == 0
+    return subprocess.run([SYSTEM_PYTHON, "-I", "-c", probe], capture_output=True).returncode == 0
 
 
 def _serve(port: int) -> subprocess.Popen[str]:
