@@ -34,6 +34,7 @@ from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
+from edgefleet.shared.models.decoders.twins import settle_twins
 from edgefleet.shared.models.frames import FrameIn
 from edgefleet.shared.models.preprocess import det_plan, kernel_batch, round_to, stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
@@ -520,7 +521,8 @@ class OcrModel(Model):
         with self._stage("rec_infer"):
             probs = session.run(batch)[0]
         with self._stage("ctc"):
-            return ctc_greedy(probs, charset)
+            reads = ctc_greedy(probs, charset)
+            return [(settle_twins(t), s) for t, s in reads] if self.opts.twins else reads
 
 
 @cache

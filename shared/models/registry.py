@@ -103,6 +103,11 @@ class OcrOptions(Closed):
     enhance: bool = Field(
         False, description="also read each line contrast-stretched and sharpened (faint, blurred)"
     )
+    twins: bool = Field(
+        True,
+        description="O and 0 settled by their word: O between letters, 0 between digits "
+        "(fonts draw them alike; the recogniser guesses)",
+    )
     voters: list[str] = Field(
         default_factory=list,
         description="more text recognition models; every read of a line (each recogniser, "
