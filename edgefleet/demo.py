@@ -462,22 +462,24 @@ def _cloud_only(
 
     Asked once the agents have stopped and their cases are answered, so that it never
     delays a verdict; a rendered scene keeps its score in the cache, so only a demo on new
-    scenes (or a new model file) asks at all. Ctrl-C: the scores there are.
+    scenes (or a new reader: model files, options, version) asks at all. Ctrl-C: the
+    scores there are.
     """
     from edgefleet.cloud.settings import ModelsSettings
-    from edgefleet.demo_cloud_only import cache_file, score_cloud_only
+    from edgefleet.demo_cloud_only import cache_file, reader_key, score_cloud_only
 
     primary = ModelsSettings().primary  # the demo's cloud.yaml keeps the default
     sha256 = {m.get("name"): m.get("sha256") for m in models}.get(primary)
     if not sha256:
         return {}
+    key = reader_key(primary, sha256)
     by_video: dict[Path, float | None] = {}
     with console.status(f"cloud-only column: {primary} on sampled frames of each scene…"):
         for device in devices:
             if device.truth is None or device.video in by_video or skip.is_set():
                 continue
-            keep = cache_file(device.video, primary, sha256) if cached else None
-            score = score_cloud_only(http, primary, sha256, device.video, device.truth, skip, keep)
+            keep = cache_file(device.video, primary, key) if cached else None
+            score = score_cloud_only(http, primary, key, device.video, device.truth, skip, keep)
             by_video[device.video] = None if score is None else score.accuracy
     return {
         d.device_id: accuracy for d in devices if (accuracy := by_video.get(d.video)) is not None

@@ -2,18 +2,22 @@
 
 What would the fleet read if every frame went to the cloud? The demo asks the running
 cloud (`POST /v1/infer/{model}`) to read a fixed, evenly spread sample of each scene's
-frames and scores the answers against the ground truth. The answer depends only on the
-scene and the model file, so for a cached scene it is kept beside it, keyed by the
-model's name and sha256, and the next demo does not ask again.
+frames and scores the answers against the ground truth. The answer depends on the scene
+and on the reader: the model file, and for a pipeline its other files and options (an
+option such as the O/0 rule changes reads with the same weights) and edgefleet's version.
+For a cached scene it is kept beside it, keyed by all of these (`reader_key`), and the
+next demo does not ask again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 from pathlib import Path
 from typing import Any
 
+from edgefleet import __version__
 from edgefleet.bench.scoring import best_match_accuracy
 from edgefleet.demo_video import GroundTruth
 from edgefleet.shared.config import Closed
@@ -25,7 +29,7 @@ class CloudOnlyScore(Closed):
     """The primary model's accuracy over the sampled frames of one scene."""
 
     model: str
-    sha256: str
+    key: str  # reader_key: what read the frames
     frames: list[int]
     accuracy: float
 
@@ -36,15 +40,38 @@ def sample_indexes(frame_count: int, samples: int = SAMPLES) -> list[int]:
     return sorted({int((i + 0.5) * frame_count / count) for i in range(count)})
 
 
-def cache_file(video: Path, model: str, sha256: str) -> Path:
-    """Where a cached scene keeps the cloud-only score of one model file."""
-    return video.parent / f"cloud-only-{model}-{sha256[:16]}.json"
+def reader_key(model: str, sha256: str) -> str:
+    """What reads with `model` (its main file's `sha256`, as the cloud lists it): that file,
+    the manifest's entries of the model and of every model it runs, and edgefleet's
+    version; a change to any of them is another reader. A model the built-in manifest
+    does not hold (the cloud's own manifest) is keyed by its file and the version."""
+    from edgefleet.shared.errors import ModelNotFound
+    from edgefleet.shared.models.registry import ModelRegistry
+
+    registry = ModelRegistry.default()
+    digest = hashlib.sha256(f"{sha256} {__version__}".encode())
+    try:
+        spec = registry.get(model)
+        parts = [spec]
+        if spec.ocr is not None:
+            names = [spec.ocr.det, spec.ocr.rec, spec.ocr.cls, *spec.ocr.voters]
+            parts += [registry.get(name) for name in names if name]
+    except ModelNotFound:
+        parts = []
+    for part in parts:
+        digest.update(part.model_dump_json().encode())
+    return digest.hexdigest()
+
+
+def cache_file(video: Path, model: str, key: str) -> Path:
+    """Where a cached scene keeps the cloud-only score of one reader (`reader_key`)."""
+    return video.parent / f"cloud-only-{model}-{key[:16]}.json"
 
 
 def score_cloud_only(
     http: Any,
     model: str,
-    sha256: str,
+    key: str,
     video: Path,
     truth: GroundTruth,
     stop: threading.Event,
@@ -52,13 +79,14 @@ def score_cloud_only(
     samples: int = SAMPLES,
 ) -> CloudOnlyScore | None:
     """Read the sampled frames with the cloud's `model` and score them; None if the cloud
-    did not answer every frame (or `stop` was set). `cached`: the file to reuse or fill."""
+    did not answer every frame (or `stop` was set). `cached`: the file to reuse or fill,
+    reused only when it was filled by the same reader (`key`)."""
     if cached is not None:
         try:
             found = CloudOnlyScore.model_validate_json(cached.read_text())
         except (OSError, ValueError):
             found = None
-        if found is not None and found.model == model and found.sha256 == sha256:
+        if found is not None and found.model == model and found.key == key:
             return found
     import httpx
 
@@ -84,7 +112,7 @@ def score_cloud_only(
         total += best_match_accuracy(texts, truth.texts(index))
     score = CloudOnlyScore(
         model=model,
-        sha256=sha256,
+        key=key,
         frames=[index for index, _ in frames],
         accuracy=total / len(frames),
     )

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.demo_cloud_only import CloudOnlyScore, cache_file, sample_indexes, score_cloud_only
+from edgefleet import demo_cloud_only
+from edgefleet.demo_cloud_only import (
+    CloudOnlyScore,
+    cache_file,
+    reader_key,
+    sample_indexes,
+    score_cloud_only,
+)
 from edgefleet.demo_report import (
     DeviceScore,
     agent_pace,
@@ -21,6 +28,7 @@ from edgefleet.demo_report import (
 )
 from edgefleet.demo_stack import Device
 from edgefleet.demo_video import VideoSpec, render_video
+from edgefleet.shared.models.registry import ModelRegistry
 
 SMALL = VideoSpec(width=320, height=180, fps=5, duration_s=2, seed=3)
 T0 = 1_700_000_000.0
@@ -166,21 +174,47 @@ def test_sampled_frames_spread_over_the_clip() -> None:
     assert sample_indexes(3, 10) == [0, 1, 2]
 
 
-def test_a_cached_cloud_only_score_is_reused_only_for_the_same_model_file(tmp_path: Path) -> None:
-    # given a rendered scene with a cloud-only score kept beside it for model file "aaa..."
+def test_a_cached_cloud_only_score_is_reused_only_for_the_same_reader(tmp_path: Path) -> None:
+    # given a rendered scene with a cloud-only score kept beside it for reader "aaa..."
     video = tmp_path / "scene.mp4"
     truth = render_video(video, SMALL)
-    kept = CloudOnlyScore(model="ppocr-heavy", sha256="a" * 64, frames=[1, 5], accuracy=0.97)
+    kept = CloudOnlyScore(model="ppocr-heavy", key="a" * 64, frames=[1, 5], accuracy=0.97)
     cache_file(video, "ppocr-heavy", "a" * 64).write_text(kept.model_dump_json())
     stop = threading.Event()
-    # when asked for the same model file, then it is read back without asking the cloud
+    # when asked for the same reader, then it is read back without asking the cloud
     cached = cache_file(video, "ppocr-heavy", "a" * 64)
     assert score_cloud_only(None, "ppocr-heavy", "a" * 64, video, truth, stop, cached) == kept
-    # and another file of that model is not answered from it (stopped before any request)
+    # and another reader of that model is not answered from it (stopped before any request)
     stop.set()
     other = cache_file(video, "ppocr-heavy", "b" * 64)
     assert other != cached
     assert score_cloud_only(None, "ppocr-heavy", "b" * 64, video, truth, stop, other) is None
+
+
+def test_a_reader_is_its_files_its_options_and_the_version(monkeypatch) -> None:
+    # given the cloud's primary pipeline, keyed by its detector file
+    key = reader_key("ppocr6-cloud", "a" * 64)
+    assert key == reader_key("ppocr6-cloud", "a" * 64)
+    # then another file, another model or another edgefleet is another reader
+    assert key != reader_key("ppocr6-cloud", "b" * 64)
+    assert key != reader_key("ppocr6-small", "a" * 64)
+    monkeypatch.setattr(demo_cloud_only, "__version__", "0.0.0-other")
+    assert key != reader_key("ppocr6-cloud", "a" * 64)
+    monkeypatch.undo()
+    # and so is the same file read with another option (the O/0 rule off) or another
+    # recogniser file under the pipeline
+    registry = ModelRegistry.default()
+    cloud = registry.get("ppocr6-cloud")
+    assert cloud.ocr is not None
+    plain = cloud.model_copy(update={"ocr": cloud.ocr.model_copy(update={"twins": False})})
+    rec = registry.get(cloud.ocr.rec)
+    other_rec = rec.model_copy(update={"sha256": "0" * 64})
+    for changed in (plain, other_rec):
+        edited = registry.merge(ModelRegistry([changed]))
+        monkeypatch.setattr(ModelRegistry, "default", classmethod(lambda cls, r=edited: r))
+        assert reader_key("ppocr6-cloud", "a" * 64) != key
+    # a model the built-in manifest does not know is keyed by its file and the version
+    assert reader_key("their-own-ocr", "a" * 64) != reader_key("their-own-ocr", "b" * 64)
 
 
 def test_with_tracks_edge_plus_cloud_is_what_the_device_reported(tmp_path: Path) -> None:
