@@ -16,8 +16,9 @@ contenders take turns image by image, so the host's load falls on all alike, wit
 between two so that one's spinning threads do not slow the next) and
 character accuracy / exact lines per true line (the best read overlapping it, case and
 spaces ignored); the last column scores the same reads with O and 0 settled by their
-word as edgefleet's reader settles them (`settle_twins`): what that rule alone is worth to
-each peer. The last table gives the edge model's time and accuracy over the
+word as edgefleet's reader settles them (`settle_kinds`; the rest of its rule needs the
+recogniser's probabilities, which a peer does not give): what that alone is worth to each
+peer. The last table gives the edge model's time and accuracy over the
 faster-paddle model of the same size (tiny): the issue's bar is accuracy >= and p50 <= 0.8x.
 """
 
@@ -34,7 +35,7 @@ import typer
 
 from edgefleet.bench.hard_scenes import Tally, frame_scores
 from edgefleet.bench.ocr_scenes import Scene, scenes
-from edgefleet.shared.models.decoders.twins import settle_twins
+from edgefleet.shared.models.decoders.kinds import settle_kinds
 
 app = typer.Typer(add_completion=False)
 
@@ -143,7 +144,7 @@ def measure(makers: dict[str, Maker], images: list[Scene], rounds: int) -> list[
                 result.times.setdefault(scene.level, []).append(min(best))
                 tally = result.tallies.setdefault(scene.level, Tally())
                 tally.add(frame_scores(reads, scene.truth))
-                settled = [(settle_twins(text), box) for text, box in reads]
+                settled = [(settle_kinds(text), box) for text, box in reads]
                 result.settled.setdefault(scene.level, Tally()).add(
                     frame_scores(settled, scene.truth)
                 )

@@ -34,7 +34,7 @@ from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
-from edgefleet.shared.models.decoders.twins import settle_twins
+from edgefleet.shared.models.decoders.kinds import Kinds
 from edgefleet.shared.models.frames import FrameIn
 from edgefleet.shared.models.preprocess import det_plan, kernel_batch, round_to, stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
@@ -229,6 +229,20 @@ def load_charset(session: Session, registry: ModelRegistry) -> list[str]:
     return ppocr_charset(lines)
 
 
+@dataclass(frozen=True)
+class Reader:
+    """A recogniser, its dictionary, and which of the dictionary's classes are letters and
+    which digits (for `word_kinds`)."""
+
+    session: Session
+    charset: list[str]
+    kinds: Kinds
+
+    @classmethod
+    def of(cls, session: Session, charset: list[str]) -> Reader:
+        return cls(session, charset, Kinds.of(charset))
+
+
 class OcrModel(Model):
     """Text lines (text, score, box, polygon) of each image."""
 
@@ -293,7 +307,7 @@ class OcrModel(Model):
                 s.close()
             raise
         self.det, self.rec, self.cls = det, rec, cls
-        self.readers = [(s, load_charset(s, registry)) for s in (rec, *voters)]
+        self.readers = [Reader.of(s, load_charset(s, registry)) for s in (rec, *voters)]
         ds = det.spec
         self._det_norm = (ds.mean, ds.std, ds.input.scale, ds.input.color == "BGR")
         self._det_fill = np.zeros(3, np.float32)  # normalised 0: mid-grey, no edges
@@ -398,8 +412,8 @@ class OcrModel(Model):
         if views and self.cls is not None:
             views = self.classify_angles(views)
         ballots: dict[tuple[int, int], list[tuple[str, float]]] = defaultdict(list)
-        for session, charset in self.readers if views else []:
-            for owner, read in zip(owners, self.recognise(views, session, charset), strict=True):
+        for reader in self.readers if views else []:
+            for owner, read in zip(owners, self.recognise(views, reader), strict=True):
                 ballots[owner].append(read)
         return [
             [(*vote(ballots[(i, j)]), max(r[1] for r in ballots[(i, j)])) for j in range(len(q))]
@@ -474,9 +488,7 @@ class OcrModel(Model):
                     out[k] = views[k].flipped()
         return out
 
-    def recognise(
-        self, views: list[LineView], session: Session, charset: list[str]
-    ) -> list[tuple[str, float]]:
+    def recognise(self, views: list[LineView], reader: Reader) -> list[tuple[str, float]]:
         """(text, confidence) per line; lines of the same padded width are batched together,
         each batch sampled from the frames by the kernels (one call per frame).
 
@@ -493,7 +505,7 @@ class OcrModel(Model):
             same = order[widths[order] == width]
             for start in range(0, len(same), step):
                 idx = same[start : start + step]
-                reads = self._recognise_batch(views, idx, ratios, int(width), session, charset)
+                reads = self._recognise_batch(views, idx, ratios, int(width), reader)
                 for ci, read in zip(idx, reads, strict=True):
                     out[int(ci)] = read
         return out
@@ -511,18 +523,18 @@ class OcrModel(Model):
         idx: np.ndarray,
         ratios: np.ndarray,
         width: int,
-        session: Session,
-        charset: list[str],
+        reader: Reader,
     ) -> list[tuple[str, float]]:
         """(text, confidence) of views[idx], read in one batch of this width."""
         started = time.perf_counter()
-        batch = _line_batch(views, idx, ratios, (self.opts.rec_height, width), session.spec)
+        batch = _line_batch(views, idx, ratios, (self.opts.rec_height, width), reader.session.spec)
         OCR_STAGE.labels(self.spec.name, "rec_pre").observe(time.perf_counter() - started)
         with self._stage("rec_infer"):
-            probs = session.run(batch)[0]
+            probs = reader.session.run(batch)[0]
         with self._stage("ctc"):
-            reads = ctc_greedy(probs, charset)
-            return [(settle_twins(t), s) for t, s in reads] if self.opts.twins else reads
+            if self.opts.word_kinds is None:
+                return ctc_greedy(probs, reader.charset)
+            return ctc_greedy(probs, reader.charset, reader.kinds, self.opts.word_kinds)
 
 
 @cache

@@ -103,10 +103,14 @@ class OcrOptions(Closed):
     enhance: bool = Field(
         False, description="also read each line contrast-stretched and sharpened (faint, blurred)"
     )
-    twins: bool = Field(
-        True,
-        description="O and 0 settled by their word: O between letters, 0 between digits "
-        "(fonts draw them alike; the recogniser guesses)",
+    word_kinds: float | None = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="a letter among digits or a digit among letters (the nearest characters "
+        "of its word on both sides) is read as the likeliest character of their kind where "
+        "the recogniser gives that one at least this; O and 0 (drawn alike) whatever it "
+        "gives; none = off",
     )
     voters: list[str] = Field(
         default_factory=list,

@@ -206,7 +206,7 @@ def test_a_reader_is_its_files_its_options_and_the_version(monkeypatch) -> None:
     registry = ModelRegistry.default()
     cloud = registry.get("ppocr6-cloud")
     assert cloud.ocr is not None
-    plain = cloud.model_copy(update={"ocr": cloud.ocr.model_copy(update={"twins": False})})
+    plain = cloud.model_copy(update={"ocr": cloud.ocr.model_copy(update={"word_kinds": None})})
     rec = registry.get(cloud.ocr.rec)
     other_rec = rec.model_copy(update={"sha256": "0" * 64})
     for changed in (plain, other_rec):

@@ -1,0 +1,71 @@
+"""Word kinds: a letter among digits, or a digit among letters, read again by its word.
+
+The recogniser reads each character by its shape, and where two shapes are alike it
+guesses, sometimes surely (`OOLU` read `00LU` at 0.99, the J of `JM` read 5 at 0.77 with
+J at 0.18). A reader settles these by the word: a character of the other kind than the
+nearest characters of its word on both sides (or on the one side it has) becomes the
+likeliest character of their kind, where the recogniser gives that one at least a floor.
+O and 0, which fonts draw nearly alike, are settled by the word whatever the recogniser
+gives. Where the two sides disagree, the recogniser's read stands. Measured on held-out
+scenes: BENCHMARKS.md "Word kinds"."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+TWINS = {"O": "0", "0": "O"}
+
+# (position, whether a letter is wanted) -> the character to read there, or None
+Alternative = Callable[[int, bool], "str | None"]
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """Which classes of a recogniser's charset are letters and which are digits."""
+
+    letters: np.ndarray  # (C,) bool
+    digits: np.ndarray  # (C,) bool
+
+    @classmethod
+    def of(cls, charset: list[str]) -> Kinds:
+        return cls(
+            letters=np.array([len(c) == 1 and c.isalpha() for c in charset], bool),
+            digits=np.array([len(c) == 1 and c.isdigit() for c in charset], bool),
+        )
+
+    def likeliest(self, probs: np.ndarray, letter: bool) -> tuple[int, float]:
+        """The class of the wanted kind that `probs` (C,) rates highest, and its probability."""
+        scores = np.where(self.letters if letter else self.digits, probs, -1.0)
+        k = int(scores.argmax())
+        return k, float(probs[k])
+
+
+def settle_kinds(text: str, alternative: Alternative | None = None) -> str:
+    """`text` with each character of the other kind than its word settled: first every
+    character but O and 0, to `alternative(i, letter)` where it gives one, then O and 0,
+    to their twin. Words end at spaces and marks (`-`, `.`); neighbours skip O and 0."""
+    chars = list(text)
+    for twins in (False, True):
+        for i, char in enumerate(chars):
+            if (char in TWINS) != twins or not (char.isalpha() or char.isdigit()):
+                continue
+            kinds = {_neighbour(chars, i, -1), _neighbour(chars, i, 1)} - {None}
+            if len(kinds) != 1 or (letter := kinds.pop()) == char.isalpha():
+                continue
+            other = TWINS[char] if twins else alternative(i, letter) if alternative else None
+            chars[i] = other or char
+    return "".join(chars)
+
+
+def _neighbour(chars: list[str], i: int, step: int) -> bool | None:
+    """Whether the nearest character from i towards `step` in the same word, O and 0
+    skipped, is a letter (True) or a digit (False); None where the word ends first."""
+    j = i + step
+    while 0 <= j < len(chars) and chars[j] in TWINS:
+        j += step
+    if 0 <= j < len(chars) and (chars[j].isalpha() or chars[j].isdigit()):
+        return chars[j].isalpha()
+    return None
