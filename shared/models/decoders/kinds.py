@@ -52,8 +52,9 @@ def settle_kinds(text: str, alternative: Alternative | None = None) -> str:
         for i, char in enumerate(chars):
             if (char in TWINS) != twins or not (char.isalpha() or char.isdigit()):
                 continue
-            kinds = {_neighbour(chars, i, -1), _neighbour(chars, i, 1)} - {None}
-            if len(kinds) != 1 or (letter := kinds.pop()) == char.isalpha():
+            left, right = _neighbour(chars, i, -1), _neighbour(chars, i, 1)
+            letter = right if left is None else left if right in (None, left) else None
+            if letter is None or letter == char.isalpha():
                 continue
             other = TWINS[char] if twins else alternative(i, letter) if alternative else None
             chars[i] = other or char
