@@ -45,6 +45,9 @@ def test_o_and_0_take_the_kind_of_their_word_whatever_the_recogniser_says(read, 
         "PLATFORM 4",
         "2010",
         "RS 788 5M",  # another character settles only where the recogniser offers one
+        "第0号",  # other scripts end a word: a digit among Chinese characters stays
+        "3号门",
+        "ΟΟLU",  # Greek capital omicrons are not Latin letters
     ],
 )
 def test_a_read_without_a_clear_word_or_an_offer_stands(read):
@@ -68,6 +71,13 @@ def test_other_characters_take_what_the_recogniser_offers_of_their_words_kind():
     # no offer: the read stands; O and 0 are settled after the others, by the settled word
     assert settle_kinds("5O8", lambda i, letter: None) == "508"
     assert settle_kinds("S0M", lambda i, letter: None) == "SOM"
+
+
+def test_only_latin_letters_and_digits_0_to_9_have_a_kind():
+    charset = ppocr_charset(list("Aé号Ω٣0²Z"))  # with the blank and the space
+    kinds = Kinds.of(charset)
+    assert [c for c, k in zip(charset, kinds.letters, strict=True) if k] == ["A", "é", "Z"]
+    assert [c for c, k in zip(charset, kinds.digits, strict=True) if k] == ["0"]
 
 
 CHARSET = ppocr_charset(list("J5MO0"))  # ["", "J", "5", "M", "O", "0", " "]

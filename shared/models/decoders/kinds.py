@@ -6,11 +6,14 @@ J at 0.18). A reader settles these by the word: a character of the other kind th
 nearest characters of its word on both sides (or on the one side it has) becomes the
 likeliest character of their kind, where the recogniser gives that one at least a floor.
 O and 0, which fonts draw nearly alike, are settled by the word whatever the recogniser
-gives. Where the two sides disagree, the recogniser's read stands. Measured on held-out
+gives. Where the two sides disagree, the recogniser's read stands. Letters are Latin
+letters and digits 0-9: other scripts end a word (`第0号` stays as read: a Chinese word's
+characters are letters to Python, and digits belong among them). Measured on held-out
 scenes: BENCHMARKS.md "Word kinds"."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +22,16 @@ import numpy as np
 TWINS = {"O": "0", "0": "O"}
 
 # (position, whether a letter is wanted) -> the character to read there, or None
-Alternative = Callable[[int, bool], "str | None"]
+Alternative = Callable[[int, bool], str | None]
+
+
+def kind(char: str) -> bool | None:
+    """True for a Latin letter, False for a digit 0-9, None for anything else."""
+    if char.isascii() and char.isdigit():
+        return False
+    if char.isalpha() and unicodedata.name(char, "").startswith("LATIN "):
+        return True
+    return None
 
 
 @dataclass(frozen=True)
@@ -31,9 +43,10 @@ class Kinds:
 
     @classmethod
     def of(cls, charset: list[str]) -> Kinds:
+        kinds = [kind(c) if len(c) == 1 else None for c in charset]
         return cls(
-            letters=np.array([len(c) == 1 and c.isalpha() for c in charset], bool),
-            digits=np.array([len(c) == 1 and c.isdigit() for c in charset], bool),
+            letters=np.array([k is True for k in kinds], bool),
+            digits=np.array([k is False for k in kinds], bool),
         )
 
     def likeliest(self, probs: np.ndarray, letter: bool) -> tuple[int, float]:
@@ -50,11 +63,12 @@ def settle_kinds(text: str, alternative: Alternative | None = None) -> str:
     chars = list(text)
     for twins in (False, True):
         for i, char in enumerate(chars):
-            if (char in TWINS) != twins or not (char.isalpha() or char.isdigit()):
+            own = kind(char)
+            if (char in TWINS) != twins or own is None:
                 continue
             left, right = _neighbour(chars, i, -1), _neighbour(chars, i, 1)
             letter = right if left is None else left if right in (None, left) else None
-            if letter is None or letter == char.isalpha():
+            if letter is None or letter == own:
                 continue
             other = TWINS[char] if twins else alternative(i, letter) if alternative else None
             chars[i] = other or char
@@ -67,6 +81,4 @@ def _neighbour(chars: list[str], i: int, step: int) -> bool | None:
     j = i + step
     while 0 <= j < len(chars) and chars[j] in TWINS:
         j += step
-    if 0 <= j < len(chars) and (chars[j].isalpha() or chars[j].isdigit()):
-        return chars[j].isalpha()
-    return None
+    return kind(chars[j]) if 0 <= j < len(chars) else None
