@@ -118,7 +118,7 @@ class VerdictBook:
         return matched
 
     def _apply_to_track(self, verdict: CloudVerdict) -> tuple[str | None, bool | None]:
-        """The track's result becomes the cloud's answer: (its result, whether known)."""
+        """The cloud's answer lands on its track: (the track's result, whether known)."""
         if self.budget is not None and verdict.expected_wait_s is not None:
             self.budget.cloud_wait(verdict.expected_wait_s)
         if verdict.track_id is None or self.tracker is None:

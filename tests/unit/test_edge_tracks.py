@@ -9,7 +9,7 @@ import numpy as np
 from edgefleet.edge.budget import EscalationBudget
 from edgefleet.edge.policy import EscalationPolicy
 from edgefleet.edge.settings import BudgetSettings, PolicySettings, TrackSettings
-from edgefleet.edge.tracks import Tracker, similarity
+from edgefleet.edge.tracks import Tracker, report, similarity
 from edgefleet.edge.verdicts import VerdictBook
 from edgefleet.shared.messages import CloudVerdict, Detection
 
@@ -31,12 +31,14 @@ def _det(text: str, score: float, x: float, y: float = 50.0, w: float = 80.0) ->
     return Detection(text=text, score=score, box=(x, y, x + w, y + 20.0))
 
 
-def _verdict(case_id: str, track_id: str | None, text: str, **kw) -> CloudVerdict:
+def _verdict(
+    case_id: str, track_id: str | None, text: str, score: float = 0.97, **kw
+) -> CloudVerdict:
     return CloudVerdict(
         device_id="cam-01",
         trace_id="0" * 32,
         case_id=case_id,
-        result=[Detection(text=text, score=0.97)],
+        result=[Detection(text=text, score=score)] if text else [],
         model="ppocr6-small@6.0",
         route="default",
         fallback_level=0,
@@ -196,6 +198,28 @@ def test_verdicts_act_on_open_ended_and_unknown_tracks() -> None:
     unknown = book.receive(_verdict("case-unkn-01", "s-999", "EXIT"))
     assert unknown.track_known is False and book.unknown_tracks == 1
     assert list(book.recent)[-1] is unknown
+
+
+def test_an_answer_less_sure_than_the_tracks_own_vote_does_not_overturn_it() -> None:
+    # given a track twenty frames read alike, surely (its vote 0.9)
+    tracker = Tracker(TrackSettings())
+    book = VerdictBook(tracker=tracker)
+    for i in range(20):
+        track = tracker.update("s", i, _frame(), [_det("PD 008 HN", 0.9, 10 + i)])[0]
+    assert track.reading() == ("PD 008 HN", 0.9)
+    # when the cloud reads a blurred crop of it less surely, and differently
+    unsure = book.receive(_verdict("case-blur-01", track.track_id, "PO 008 HN", 0.33))
+    # then the track keeps its vote, reported as the edge's, with the answer kept beside
+    assert unsure.track_known and unsure.track_result == "PD 008 HN"
+    assert track.result() == ("PD 008 HN", 0.9) and not track.answered()
+    assert track.cloud is not None and track.cloud.text == "PO 008 HN"
+    assert report(track).source == "edge"
+    # and an empty answer (the cloud found no text) does not blank it either
+    book.receive(_verdict("case-none-01", track.track_id, ""))
+    assert track.result() == ("PD 008 HN", 0.9)
+    # but an answer at least as sure as the vote stands
+    sure = book.receive(_verdict("case-sure-01", track.track_id, "PB 008 HN", 0.9))
+    assert sure.track_result == "PB 008 HN" and report(track).source == "cloud"
 
 
 def test_a_cases_per_minute_budget_holds_on_the_clock() -> None:
