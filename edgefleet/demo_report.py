@@ -281,10 +281,10 @@ def story(total: DeviceScore, devices: int) -> list[str]:
         f"{_number(total.bytes_per_frame, '{:,.0f}')} bytes uplinked per frame[/]"
     ]
     if total.tracked_accuracy is not None and total.combined_accuracy is not None:
-        moved = total.combined_accuracy - total.tracked_accuracy
-        lines.append(
+        moved = round(100 * (total.combined_accuracy - total.tracked_accuracy), 1) + 0.0
+        lines.append(  # + 0.0: a move that rounds to nothing reads +0.0, not -0.0
             f"the edge's text tracks alone read {pct(total.tracked_accuracy)}; the cloud's "
-            f"answers moved that by {100 * moved:+.1f} points"
+            f"answers moved that by {moved:+.1f} points"
         )
     if total.jpeg_bytes_per_frame and total.bytes_per_frame:
         lines.append(

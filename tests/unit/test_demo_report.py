@@ -247,3 +247,7 @@ def test_with_tracks_edge_plus_cloud_is_what_the_device_reported(tmp_path: Path)
     # and the story says how far the cloud's answers moved the tracked reading
     told = " ".join(story(total_score([score]), devices=1))
     assert "the cloud's answers moved that by +" in told
+    # a move that rounds to nothing reads +0.0, never -0.0
+    flat = total_score([score])
+    flat.combined_accuracy = flat.tracked_accuracy - 0.0004
+    assert "moved that by +0.0 points" in " ".join(story(flat, devices=1))
