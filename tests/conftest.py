@@ -1,10 +1,12 @@
-"""Shared fixtures: a real Mosquitto broker, and hardware markers that skip with a reason."""
+"""Shared fixtures: a real Mosquitto broker, PostgreSQL, the edge's OCR model, and hardware
+markers that skip with a reason."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +90,17 @@ def pg_url(pg_server: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[Any]:
+    """The edge's OCR model (`ppocr6-tiny`) as shipped: one thread, no batcher. One per
+    module, so that a test module's changes to its options stay in that module."""
+    from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
+    from edgefleet.shared.models import load_model
+
+    settings = ExecutionSettings(
+        backends=["onnxruntime-cpu"], intra_op_threads=1, batching=BatcherSettings(enabled=False)
+    )
+    with load_model("ppocr6-tiny", settings=settings) as model:
+        yield model

@@ -9,8 +9,6 @@ import pytest
 
 from edgefleet.bench.hard_scenes import frame_scores
 from edgefleet.bench.ocr_scenes import easy_scene
-from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
-from edgefleet.shared.models import load_model
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.kinds import Kinds, settle_kinds
 
@@ -107,16 +105,6 @@ def test_ctc_settles_a_word_with_the_recogniser_s_offer_above_the_floor(offer, r
     assert ctc_greedy(probs, CHARSET) == [("5M", score)]  # without kinds: as read
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    settings = ExecutionSettings(
-        backends=["onnxruntime-cpu"], intra_op_threads=1, batching=BatcherSettings(enabled=False)
-    )
-    with load_model("ppocr6-tiny", settings=settings) as model:
-        assert model.opts.word_kinds == 0.1  # on by default
-        yield model
-
-
 @pytest.mark.parametrize(
     "seed,text",
     [
@@ -138,7 +126,8 @@ def test_the_edge_model_reads_these_words_right_only_with_the_rule(tiny, monkeyp
         lines = tiny.predict_many([frame], fmt="bgr")[0]
         return frame_scores([(d.text or "", d.box) for d in lines], truth)[0]
 
-    # when it is read with the rule and without it
+    # when it is read with the rule (on by default) and without it
+    assert tiny.opts.word_kinds == 0.1
     settled = score()
     monkeypatch.setattr(tiny, "opts", tiny.opts.model_copy(update={"word_kinds": None}))
     raw = score()

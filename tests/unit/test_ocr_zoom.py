@@ -8,9 +8,8 @@ import pytest
 
 from edgefleet.bench.hard_scenes import frame_scores, render_clip
 from edgefleet.shared import kernels
-from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
-from edgefleet.shared.models import load_model, ocr
+from edgefleet.shared.models import ocr
 from edgefleet.shared.models.ocr import merge_boxes, readable, surer, zoom_regions
 from tests.unit.test_ocr_frames import as_format
 
@@ -83,16 +82,6 @@ def test_readable_keeps_lines_inside_the_image_and_big_enough():
     assert kept.shape == (1, 4, 2) and kept[:, :, 0].min() == 0  # clipped; the sliver dropped
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    settings = ExecutionSettings(
-        backends=["onnxruntime-cpu"], intra_op_threads=1, batching=BatcherSettings(enabled=False)
-    )
-    with load_model("ppocr6-tiny", settings=settings) as model:
-        assert model.opts.det_zoom == 2.0  # the edge default
-        yield model
-
-
 @pytest.mark.parametrize(
     "seed,index,text",
     [(1006, 15, "STOP"), (1001, 5, "EGLU7436450")],
@@ -111,7 +100,8 @@ def test_the_zoom_reads_faint_lines_the_first_pass_loses(tiny, monkeypatch, seed
         reads = [(d.text or "", d.box) for d in model.predict_many([frame], fmt="bgr")[0]]
         return frame_scores(reads, truth)[0]
 
-    # when it is read with the zoom and without it
+    # when it is read with the zoom (on by default at the edge) and without it
+    assert tiny.opts.det_zoom == 2.0
     zoomed = score(tiny)
     monkeypatch.setattr(tiny, "opts", tiny.opts.model_copy(update={"det_zoom": None}))
     first = score(tiny)
