@@ -87,17 +87,20 @@ class Track:
         """The edge's vote over this track's frames: (text, vote share x confidence)."""
         return vote(self.reads)
 
-    def answered(self) -> bool:
-        """Whether the device reports the cloud's answer: it came, and the edge's vote over
-        the track's frames is not surer than it. A blurred crop the cloud reads `PO 008 HN`
-        at 0.33 does not overturn twenty frames agreeing on `PD 008 HN` at 0.9."""
-        return self.cloud is not None and self.cloud.score >= self.reading()[1]
+    def outcome(self) -> tuple[str, float, bool]:
+        """What the device reports, (text, score, whether it is the cloud's answer): the
+        cloud's answer once it came, unless the edge's vote over the track's frames is surer
+        than it (a blurred crop the cloud reads `PO 008 HN` at 0.33 does not overturn twenty
+        frames agreeing on `PD 008 HN` at 0.9); else the edge's vote."""
+        text, score = self.reading()
+        if self.cloud is not None and self.cloud.score >= score:
+            return self.cloud.text or "", self.cloud.score, True
+        return text, score, False
 
     def result(self) -> tuple[str, float]:
-        """What the device reports: the cloud's answer where `answered`, else the edge's vote."""
-        if self.cloud is not None and self.answered():
-            return self.cloud.text or "", self.cloud.score
-        return self.reading()
+        """What the device reports (`outcome`): (text, score)."""
+        text, score, _ = self.outcome()
+        return text, score
 
     def agreement(self) -> float:
         """Share of this track's reads that agree with its winning reading."""
@@ -115,13 +118,13 @@ class TrackReport:
     text: str
     score: float
     box: Box
-    source: str  # "cloud" where its answer stands (`Track.answered`), else "edge" (the vote)
+    source: str  # "cloud" where its answer stands (`Track.outcome`), else "edge" (the vote)
     edge_text: str  # the edge's own vote over the track's frames, whatever the cloud said
 
 
 def report(track: Track) -> TrackReport:
-    text, score = track.result()
-    source = "cloud" if track.answered() else "edge"
+    text, score, answered = track.outcome()
+    source = "cloud" if answered else "edge"
     return TrackReport(track.track_id, text, score, track.box, source, track.reading()[0])
 
 
@@ -247,7 +250,7 @@ class Tracker:
 
     def apply_verdict(self, track_id: str, result: list[Detection]) -> Track | None:
         """The cloud's answer lands on the track (open or ended), and becomes its result
-        unless the edge's vote is surer (`Track.answered`); None if the track is unknown."""
+        unless the edge's vote is surer (`Track.outcome`); None if the track is unknown."""
         with self._lock:
             track = self._by_id.get(track_id)
             if track is None:

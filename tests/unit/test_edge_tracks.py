@@ -211,7 +211,7 @@ def test_an_answer_less_sure_than_the_tracks_own_vote_does_not_overturn_it() -> 
     unsure = book.receive(_verdict("case-blur-01", track.track_id, "PO 008 HN", 0.33))
     # then the track keeps its vote, reported as the edge's, with the answer kept beside
     assert unsure.track_known and unsure.track_result == "PD 008 HN"
-    assert track.result() == ("PD 008 HN", 0.9) and not track.answered()
+    assert track.outcome() == ("PD 008 HN", 0.9, False)
     assert track.cloud is not None and track.cloud.text == "PO 008 HN"
     assert report(track).source == "edge"
     # and an empty answer (the cloud found no text) does not blank it either
