@@ -4,15 +4,19 @@ Run: `.venv/bin/python -m edgefleet.bench.bench_edge` (`--frames 90` by default)
 
 1. Video: a 1080p MP4 written here (text lines that change every frame), played by
    - the naive loop a user writes: `VideoCapture.read` → BGR→RGB (`cv2.cvtColor`) →
-     the model's pre-process → `session.run` → decode (`Model.predict_many([rgb])`, one
-     frame at a time, one thread);
+     the model's pre-process → `session.run` → decode (`Model.predict_many([rgb])`) →
+     the escalation policy → the outbox, one frame at a time, one thread (the policy and
+     the outbox are the agent's, so both do the same work per frame);
    - the agent pipeline (capture thread, pulling inference workers sharing the model
      through its dynamic batcher, post thread with the escalation policy and a real
      SQLite outbox), same model file, with each decoder: `ffmpeg` (PyAV; the decoder's
      I420 planes go to the model's kernel as they are, no full-frame colour conversion)
      and `opencv` (BGR: OpenCV's swscale converts every decoded frame first).
    Both report frames/s and frame latency (frame decoded → result) p50/p95. The naive
-   loop runs with the executor's defaults (what a user gets) and with one ORT thread.
+   loop runs with the executor's defaults (what a user gets) and with one ORT thread,
+   both reading the file as fast as they go (the bar's loop: no frame ever waits for
+   it), and once more on the file played as a camera (frames come at the file's rate
+   and wait in order: latency from the frame's moment, as on a camera).
    The agent runs with its defaults (`edgefleet.edge.model.edge_execution`) in real-time mode (the
    file paced at its frame rate, looping, newest frame only: how it runs on a camera), once
    more with as many single-threaded workers as cores (the default before), with as many
@@ -33,6 +37,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -70,6 +75,8 @@ from edgefleet.shared.wire import (
 )
 
 app = typer.Typer(add_completion=False)
+# the naive loop on a camera: the file paced at its frame rate (see `naive`)
+CAMERA = "naive loop, camera-paced, defaults"
 
 
 def write_video(path: Path, frames: int, fps: float = 30.0) -> Path:
@@ -103,23 +110,75 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else 0.0
 
 
-def naive(video: Path, name: str, execution: ExecutionSettings) -> tuple[float, list[float], int]:
-    """VideoCapture.read → pre-process → session.run → decode, one frame at a time."""
+def case_sink(
+    outbox: Outbox, info: ModelInfo
+) -> Callable[[int, list[Detection], list[Escalation]], None]:
+    """What both contenders do with a frame's cases: each one serialised into the outbox."""
+
+    def store(index: int, detections: list[Detection], escalations: list[Escalation]) -> None:
+        for escalation in escalations:
+            case = EscalationCase(
+                device_id="bench",
+                stream_id="bench",
+                frame_index=index,
+                reason=escalation.reason,
+                edge_result=list(escalation.edge_result or detections),
+                model=info,
+                content_type="image/jpeg",
+                track_id=escalation.track_id,
+                tiles=list(escalation.tiles),
+            )
+            outbox.put(serialise_case(case, escalation.jpeg)[1])
+
+    return store
+
+
+def bench_policy() -> EscalationPolicy:
+    return EscalationPolicy(PolicySettings(sample_share=0.05, seed=1))
+
+
+def naive(
+    video: Path,
+    name: str,
+    execution: ExecutionSettings,
+    workdir: Path,
+    camera_s: float | None = None,
+) -> tuple[float, list[float], int]:
+    """VideoCapture.read → BGR→RGB → model → policy → outbox, one frame at a time.
+
+    `camera_s`: the file plays as a camera would for that many seconds (looping): frame i
+    exists from `i / fps` on, and `read` hands out the oldest frame not read yet, as a
+    camera's buffer does; latency then runs from the frame's moment, not from its decoding.
+    None: the file read as fast as the loop goes (no frame is ever waiting), latency from
+    decoding.
+    """
     model = load_model(name, settings=execution)
+    outbox = Outbox(workdir / f"naive-{os.getpid()}-{time.monotonic_ns()}.db")
+    policy, store = bench_policy(), case_sink(outbox, model.info)
     cap = cv2.VideoCapture(str(video))
+    fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
     latencies, frames = [], 0
     start = time.perf_counter()
-    while True:
+    while camera_s is None or time.perf_counter() - start < camera_s:
         ok, frame = cap.read()
         if not ok:
-            break
+            if camera_s is None:
+                break
+            cap.release()
+            cap = cv2.VideoCapture(str(video))
+            continue
         decoded = time.perf_counter()
+        if camera_s is not None:  # the camera's moment for this frame; it is not there before
+            decoded = start + frames / fps
+            time.sleep(max(0.0, decoded - time.perf_counter()))
         rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
-        model.predict_many([rgb])
+        detections = model.predict_many([rgb])[0]
+        store(frames, detections, policy.decide_all("bench", frames, frame, detections))
         latencies.append((time.perf_counter() - decoded) * 1000)
         frames += 1
     elapsed = time.perf_counter() - start
     cap.release()
+    outbox.close()
     model.close()
     return frames / elapsed, latencies, frames
 
@@ -146,31 +205,18 @@ def agent_pipeline(
     )
     capture = Capture(settings, make_source(settings))
     outbox = Outbox(workdir / f"bench-{os.getpid()}-{time.monotonic_ns()}.db")
-    policy = EscalationPolicy(PolicySettings(sample_share=0.05, seed=1))
     latencies: list[float] = []
-    info = model.info
+    store = case_sink(outbox, model.info)
 
     def sink(work: Work, escalations: list[Escalation]) -> None:
         latencies.append((time.monotonic() - work.frame.captured) * 1000)
-        for escalation in escalations:
-            case = EscalationCase(
-                device_id="bench",
-                stream_id="bench",
-                frame_index=work.frame.index,
-                reason=escalation.reason,
-                edge_result=list(escalation.edge_result or work.detections),
-                model=work.model or info,
-                content_type="image/jpeg",
-                track_id=escalation.track_id,
-                tiles=list(escalation.tiles),
-            )
-            outbox.put(serialise_case(case, escalation.jpeg)[1])
+        store(work.frame.index, work.detections, escalations)
 
     slot = ModelSlot(model)
     pipeline = Pipeline(
         [capture],
         slot,
-        policy,
+        bench_policy(),
         sink,
         WindowStats(),
         PipelineSettings(infer_workers=workers),
@@ -425,11 +471,14 @@ def pipeline_figures(
     every = "agent, every frame, ffmpeg i420"
     for _ in range(rounds):
         cpu = time.process_time()
-        fps, lat, n = naive(video, model, ExecutionSettings())
+        fps, lat, n = naive(video, model, ExecutionSettings(), workdir)
         keep("naive loop, executor defaults", fps, lat, n, time.process_time() - cpu)
         cpu = time.process_time()
-        fps, lat, n = naive(video, model, ExecutionSettings(intra_op_threads=1))
+        fps, lat, n = naive(video, model, ExecutionSettings(intra_op_threads=1), workdir)
         keep("naive loop, 1 ORT thread", fps, lat, n, time.process_time() - cpu)
+        cpu = time.process_time()
+        fps, lat, n = naive(video, model, ExecutionSettings(), workdir, realtime_s)
+        keep(CAMERA, fps, lat, n, time.process_time() - cpu)
         for name, (decoder, execution, count) in realtime.items():
             cpu = time.process_time()
             fps, lat, n, dropped = agent_pipeline(
@@ -450,6 +499,12 @@ def pipeline_figures(
         )
     base = figures["naive loop, executor defaults"]
     one = figures["naive loop, 1 ORT thread"]
+    live = figures[CAMERA]
+    print(
+        f"  {CAMERA}: not the bar's loop; it reads every frame the camera made, oldest "
+        f"first, so each waits behind the ones before it: p95 {live[2] / 1000:.1f} s after "
+        f"{realtime_s:g} s, where the agent's frames are at most one frame old when taken"
+    )
     for name in (*realtime, every):
         fps, _, p95, _cpu = figures[name]
         bar = "met" if fps >= 1.5 * base[0] and p95 <= base[2] else "not met"
