@@ -25,6 +25,9 @@ Run: `.venv/bin/python -m edgefleet.bench.bench_edge` (`--frames 90` by default)
    "every frame" mode (throughput on the same frames; latency there includes queueing).
    CPU time per processed frame (process CPU, all threads; model loading included) is
    printed too: on a shared machine it is the figure that other processes disturb least.
+   A 1080p YUYV file (a USB webcam's raw format) to the model tensor: OpenCV's capture
+   (BGR), the FFmpeg source converting to BGR as it did before, and the FFmpeg source
+   repacking to I420 (CPU per frame).
 2. Outbox: messages/s into the outbox (20 KB escalations, fsync per commit with
    synchronous=FULL and NORMAL), and acknowledged out of it.
 3. Uplink: messages/s from the outbox to a real Mosquitto (PUBACK, deleted), and the
@@ -415,6 +418,80 @@ def decode_figures(video: Path, rounds: int) -> dict[str, float]:
     return best
 
 
+def webcam_video(path: Path, frames: int) -> Path:
+    """A 1080p YUYV 4:2:2 raw video (what a USB webcam sends over V4L2), text as in
+    `write_video`."""
+    import av
+
+    with av.open(str(path), "w", format="nut") as container:
+        stream = container.add_stream("rawvideo", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 1920, 1080, "yuyv422"
+        for i in range(frames):
+            img = np.full((1080, 1920, 3), 225, np.uint8)
+            cv2.putText(
+                img, f"DOCK {i:02d}", (200, 500), cv2.FONT_HERSHEY_DUPLEX, 4, (20, 20, 90), 8
+            )
+            frame = av.VideoFrame.from_ndarray(img, format="bgr24").reformat(format="yuyv422")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+def webcam_figures(workdir: Path, rounds: int, frames: int = 20) -> dict[str, float]:
+    """CPU ms per frame from a YUYV webcam file to a 960x960 model tensor: OpenCV's capture
+    (swscale to BGR), the FFmpeg source converting to BGR as it did before, and the FFmpeg
+    source now (repacked to I420 by swscale, no colour matrix). Best of `rounds`."""
+    import av
+
+    from edgefleet.shared import kernels
+
+    video = webcam_video(workdir / "webcam.nut", frames)
+
+    def opencv() -> int:
+        cap, n = cv2.VideoCapture(str(video)), 0
+        while True:
+            ok, frame = cap.read()
+            if not ok:
+                break
+            kernels.frame_to_tensor(frame, "bgr", (960, 960))
+            n += 1
+        cap.release()
+        return n
+
+    def ffmpeg_bgr() -> int:
+        n = 0
+        with av.open(str(video)) as container:
+            for frame in container.decode(video=0):
+                bgr = frame.reformat(format="bgr24", threads=1).to_ndarray()
+                kernels.frame_to_tensor(bgr, "bgr", (960, 960))
+                n += 1
+        return n
+
+    def ffmpeg() -> int:
+        source = make_source(SourceSettings(id="bench-webcam", url=str(video), decoder="ffmpeg"))
+        source.open()
+        n = 0
+        while (frame := source.read()) is not None:
+            assert source.pixel_format == "i420"
+            kernels.frame_to_tensor(frame, source.pixel_format, (960, 960))
+            n += 1
+        source.close()
+        return n
+
+    ways = {
+        "OpenCV capture, YUYV -> BGR -> kernel": opencv,
+        "FFmpeg source before, YUYV -> BGR -> kernel": ffmpeg_bgr,
+        "FFmpeg source, YUYV repacked to I420 -> kernel": ffmpeg,
+    }
+    best = dict.fromkeys(ways, float("inf"))
+    for _ in range(rounds):
+        for name, way in ways.items():
+            cpu = time.process_time()
+            count = way()
+            best[name] = min(best[name], (time.process_time() - cpu) * 1000 / max(1, count))
+    return best
+
+
 def pipeline_figures(
     workdir: Path,
     frames: int,
@@ -529,6 +606,7 @@ def main(
         30.0, help="the video's frame rate: real time is capped at it (a 60 fps camera: 60)"
     ),
     uplink: bool = typer.Option(True, help="also measure the outbox and the uplink"),
+    webcam: bool = typer.Option(True, help="a YUYV webcam's frames to the tensor, CPU per frame"),
     workers: int = typer.Option(0, help="agent inference workers (0: the edge's default)"),
 ) -> None:
     """Print the agent pipeline vs the naive loop (fps, latency) and outbox/uplink rates.
@@ -536,10 +614,17 @@ def main(
     A rendered 1080p video through both, then the SQLite outbox and a real Mosquitto.
 
     Example: edgefleet bench edge --frames 90 --rounds 3
-    Only the outbox, uplink and case figures: edgefleet bench edge --no-pipeline
+    Only the webcam, outbox, uplink and case figures: edgefleet bench edge --no-pipeline
     """
     workdir = Path(tempfile.mkdtemp(prefix="bench-edge-"))
     try:
+        if webcam:
+            print(
+                f"a 1080p YUYV webcam (V4L2's raw format) to a 960x960 tensor, CPU per frame "
+                f"(best of {rounds}):"
+            )
+            for name, cpu_ms in webcam_figures(workdir, rounds).items():
+                print(f"  {name + ':':54s}{cpu_ms:6.2f} ms")
         if pipeline:
             pipeline_figures(workdir, frames, realtime_s, rounds, model, fps, workers or None)
         way = bench_case_way_out(2000)

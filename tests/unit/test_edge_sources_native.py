@@ -139,18 +139,60 @@ def test_nv12_video_comes_out_as_nv12(tmp_path: Path) -> None:
     assert bgr.std() > 20  # testsrc's colour bars, not a blank buffer
 
 
+def _decoded(video: Path) -> list[np.ndarray]:
+    """The file's frames as the decoder gives them (PyAV's array of each, no conversion)."""
+    import av
+
+    with av.open(str(video)) as container:
+        return [frame.to_ndarray() for frame in container.decode(video=0)]
+
+
 @needs_ffmpeg
-def test_a_webcam_format_is_converted_and_counted(tmp_path: Path, caplog) -> None:
+def test_a_webcams_yuyv_is_repacked_to_i420_and_counted(tmp_path: Path, caplog) -> None:
     # given a YUYV 4:2:2 video (what most USB webcams send)
     video = _ffmpeg_video(tmp_path / "yuyv.nut", "yuyv422")
     before = CONVERTED.labels("n1", "yuyv422")._value.get()
     # when it is read
     with caplog.at_level(logging.WARNING):
         frames = _read_all(FfmpegSource(_settings(str(video))))
-    # then frames are BGR, each conversion counted, and the reason logged once
-    assert [fmt for _, fmt in frames] == ["bgr"] * 5 and frames[0][0].shape == (64, 96, 3)
+    # then frames are I420 (the kernels' own), each repack counted, the reason logged once
+    assert [fmt for _, fmt in frames] == ["i420"] * 5 and frames[0][0].shape == (96, 96)
     assert CONVERTED.labels("n1", "yuyv422")._value.get() - before == 5
-    assert sum("yuyv422 is converted" in r.getMessage() for r in caplog.records) == 1
+    assert sum("yuyv422 is repacked to I420" in r.getMessage() for r in caplog.records) == 1
+    # and the picture is the webcam's: luma as sent, each chroma sample the mean of the
+    # two rows 4:2:2 has where 4:2:0 has one (no colour conversion)
+    for (image, _), yuyv in zip(frames, _decoded(video), strict=True):
+        assert yuyv.shape == (64, 96, 2)
+        assert np.array_equal(image[:64], yuyv[:, :, 0])
+        for plane, chroma in enumerate((yuyv[:, 0::2, 1], yuyv[:, 1::2, 1])):  # U, then V
+            rows = chroma.astype(int)
+            mean = (rows[0::2] + rows[1::2] + 1) // 2
+            ours = image[64:].reshape(-1)[plane * 32 * 48 : (plane + 1) * 32 * 48]
+            assert np.array_equal(ours.reshape(32, 48), mean)
+
+
+@needs_ffmpeg
+def test_ten_bit_video_is_repacked_to_the_same_i420_as_eight_bit(tmp_path: Path) -> None:
+    deep = _read_all(
+        FfmpegSource(_settings(str(_ffmpeg_video(tmp_path / "10.nut", "yuv420p10le"))))
+    )
+    flat = _read_all(FfmpegSource(_settings(str(_ffmpeg_video(tmp_path / "8.nut", "yuv420p")))))
+    assert [fmt for _, fmt in deep] == ["i420"] * 5
+    for (a, _), (b, _) in zip(deep, flat, strict=True):
+        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+
+
+@needs_ffmpeg
+def test_an_rgb_video_is_converted_to_bgr_and_counted(tmp_path: Path, caplog) -> None:
+    video = _ffmpeg_video(tmp_path / "rgb.nut", "rgb24")
+    before = CONVERTED.labels("n1", "rgb24")._value.get()
+    with caplog.at_level(logging.WARNING):
+        frames = _read_all(FfmpegSource(_settings(str(video))))
+    assert [fmt for _, fmt in frames] == ["bgr"] * 5 and frames[0][0].shape == (64, 96, 3)
+    assert CONVERTED.labels("n1", "rgb24")._value.get() - before == 5
+    assert sum("rgb24 is converted to BGR" in r.getMessage() for r in caplog.records) == 1
+    for (image, _), rgb in zip(frames, _decoded(video), strict=True):
+        assert np.array_equal(image, rgb[:, :, ::-1])
 
 
 @needs_ffmpeg
