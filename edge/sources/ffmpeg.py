@@ -7,10 +7,10 @@ one copy of each plane (the decoder's rows carry line padding, and its buffers a
 for the next frame, so a frame that outlives `read` must own its pixels). No colour
 conversion, no resize. Other YUV layouts (a webcam's yuyv422, NV21, 10-bit video) are
 repacked to I420 by swscale: chroma resampled and bit depth reduced, no colour matrix,
-11-60x cheaper than converting them to BGR (`REPACKED`). Anything else (RGB, grey,
-MJPEG's yuvj422p, where swscale's BGR path is the cheaper) is converted to BGR. Both are
-counted in `ef_edge_frames_converted_total` with the format, so a camera that costs a
-pass per frame shows on the metrics.
+1.7-60x cheaper than converting them to BGR (28x for YUYV; `REPACKED`). Anything else
+(RGB, grey, MJPEG's yuvj422p, where swscale's BGR path is the cheaper) is converted to
+BGR. Both are counted in `ef_edge_frames_converted_total` with the format, so a camera
+that costs a pass per frame shows on the metrics.
 
 Colour: the kernels convert YUV as BT.601 limited range (`cv2.COLOR_YUV2RGB_*`). Full-range
 video (yuvj420p, MJPEG cameras) and BT.709 (most HD streams) are handed over as they are
