@@ -41,6 +41,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import cv2
@@ -373,42 +374,43 @@ def med(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def decode_figures(video: Path, rounds: int) -> dict[str, float]:
-    """CPU ms per frame to decode the file and build a 960x960 model tensor from each frame:
-    the naive way (OpenCV's BGR, `cvtColor` to RGB, then the kernel), the agent's OpenCV
-    source (BGR into the kernel) and its FFmpeg source (I420 planes into the kernel).
-    Process CPU time, best of `rounds`: what other processes disturb least."""
+def opencv_tensors(video: Path, convert: bool) -> int:
+    """Every frame of `video` through OpenCV's capture (BGR) to a 960x960 tensor, converted
+    to RGB first by `cvtColor` when `convert` (the naive way); the frame count."""
     from edgefleet.shared import kernels
 
-    def opencv(convert: bool) -> int:
-        cap, n = cv2.VideoCapture(str(video)), 0
-        while True:
-            ok, frame = cap.read()
-            if not ok:
-                break
-            if convert:
-                kernels.frame_to_tensor(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), "rgb", (960, 960))
-            else:
-                kernels.frame_to_tensor(frame, "bgr", (960, 960))
-            n += 1
-        cap.release()
-        return n
+    cap, n = cv2.VideoCapture(str(video)), 0
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        if convert:
+            kernels.frame_to_tensor(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), "rgb", (960, 960))
+        else:
+            kernels.frame_to_tensor(frame, "bgr", (960, 960))
+        n += 1
+    cap.release()
+    return n
 
-    def ffmpeg() -> int:
-        source = make_source(SourceSettings(id="bench", url=str(video), decoder="ffmpeg"))
-        source.open()
-        n = 0
-        while (frame := source.read()) is not None:
-            kernels.frame_to_tensor(frame, source.pixel_format, (960, 960))
-            n += 1
-        source.close()
-        return n
 
-    ways = {
-        "OpenCV BGR -> cvtColor RGB -> kernel (naive)": lambda: opencv(True),
-        "OpenCV BGR -> kernel (agent, decoder opencv)": lambda: opencv(False),
-        "FFmpeg I420 planes -> kernel (agent, decoder ffmpeg)": ffmpeg,
-    }
+def source_tensors(video: Path) -> int:
+    """Every frame of `video` through the agent's FFmpeg source, in the format it hands
+    out, to a 960x960 tensor; the frame count."""
+    from edgefleet.shared import kernels
+
+    source = make_source(SourceSettings(id="bench", url=str(video), decoder="ffmpeg"))
+    source.open()
+    n = 0
+    while (frame := source.read()) is not None:
+        kernels.frame_to_tensor(frame, source.pixel_format, (960, 960))
+        n += 1
+    source.close()
+    return n
+
+
+def best_cpu_ms(ways: dict[str, Callable[[], int]], rounds: int) -> dict[str, float]:
+    """Process CPU ms per frame of each way (which returns its frame count), best of
+    `rounds`, the ways taking turns: what other processes disturb least."""
     best = dict.fromkeys(ways, float("inf"))
     for _ in range(rounds):
         for name, way in ways.items():
@@ -416,6 +418,20 @@ def decode_figures(video: Path, rounds: int) -> dict[str, float]:
             frames = way()
             best[name] = min(best[name], (time.process_time() - cpu) * 1000 / max(1, frames))
     return best
+
+
+def decode_figures(video: Path, rounds: int) -> dict[str, float]:
+    """CPU ms per frame to decode the file and build a 960x960 model tensor from each frame:
+    the naive way (OpenCV's BGR, `cvtColor` to RGB, then the kernel), the agent's OpenCV
+    source (BGR into the kernel) and its FFmpeg source (I420 planes into the kernel)."""
+    return best_cpu_ms(
+        {
+            "OpenCV BGR -> cvtColor RGB -> kernel (naive)": partial(opencv_tensors, video, True),
+            "OpenCV BGR -> kernel (agent, decoder opencv)": partial(opencv_tensors, video, False),
+            "FFmpeg I420 planes -> kernel (agent, decoder ffmpeg)": partial(source_tensors, video),
+        },
+        rounds,
+    )
 
 
 def webcam_video(path: Path, frames: int) -> Path:
@@ -447,18 +463,7 @@ def webcam_figures(workdir: Path, rounds: int, frames: int = 20) -> dict[str, fl
 
     video = webcam_video(workdir / "webcam.nut", frames)
 
-    def opencv() -> int:
-        cap, n = cv2.VideoCapture(str(video)), 0
-        while True:
-            ok, frame = cap.read()
-            if not ok:
-                break
-            kernels.frame_to_tensor(frame, "bgr", (960, 960))
-            n += 1
-        cap.release()
-        return n
-
-    def ffmpeg_bgr() -> int:
+    def before() -> int:
         n = 0
         with av.open(str(video)) as container:
             for frame in container.decode(video=0):
@@ -467,29 +472,14 @@ def webcam_figures(workdir: Path, rounds: int, frames: int = 20) -> dict[str, fl
                 n += 1
         return n
 
-    def ffmpeg() -> int:
-        source = make_source(SourceSettings(id="bench-webcam", url=str(video), decoder="ffmpeg"))
-        source.open()
-        n = 0
-        while (frame := source.read()) is not None:
-            assert source.pixel_format == "i420"
-            kernels.frame_to_tensor(frame, source.pixel_format, (960, 960))
-            n += 1
-        source.close()
-        return n
-
-    ways = {
-        "OpenCV capture, YUYV -> BGR -> kernel": opencv,
-        "FFmpeg source before, YUYV -> BGR -> kernel": ffmpeg_bgr,
-        "FFmpeg source, YUYV repacked to I420 -> kernel": ffmpeg,
-    }
-    best = dict.fromkeys(ways, float("inf"))
-    for _ in range(rounds):
-        for name, way in ways.items():
-            cpu = time.process_time()
-            count = way()
-            best[name] = min(best[name], (time.process_time() - cpu) * 1000 / max(1, count))
-    return best
+    return best_cpu_ms(
+        {
+            "OpenCV capture, YUYV -> BGR -> kernel": partial(opencv_tensors, video, False),
+            "FFmpeg source before, YUYV -> BGR -> kernel": before,
+            "FFmpeg source, YUYV repacked to I420 -> kernel": partial(source_tensors, video),
+        },
+        rounds,
+    )
 
 
 def pipeline_figures(
