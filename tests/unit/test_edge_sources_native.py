@@ -147,18 +147,27 @@ def _decoded(video: Path) -> list[np.ndarray]:
         return [frame.to_ndarray() for frame in container.decode(video=0)]
 
 
+def _read_counted(
+    video: Path, pix_fmt: str, note: str, caplog
+) -> tuple[list[tuple[np.ndarray, str]], float, int]:
+    """The file's frames through the FFmpeg source, the swscale passes counted for
+    `pix_fmt` meanwhile, and how often the source logged `note` about it."""
+    before = CONVERTED.labels("n1", pix_fmt)._value.get()
+    with caplog.at_level(logging.WARNING):
+        frames = _read_all(FfmpegSource(_settings(str(video))))
+    logged = sum(f"{pix_fmt} {note}" in r.getMessage() for r in caplog.records)
+    return frames, CONVERTED.labels("n1", pix_fmt)._value.get() - before, logged
+
+
 @needs_ffmpeg
 def test_a_webcams_yuyv_is_repacked_to_i420_and_counted(tmp_path: Path, caplog) -> None:
     # given a YUYV 4:2:2 video (what most USB webcams send)
     video = _ffmpeg_video(tmp_path / "yuyv.nut", "yuyv422")
-    before = CONVERTED.labels("n1", "yuyv422")._value.get()
     # when it is read
-    with caplog.at_level(logging.WARNING):
-        frames = _read_all(FfmpegSource(_settings(str(video))))
+    frames, counted, notes = _read_counted(video, "yuyv422", "is repacked to I420", caplog)
     # then frames are I420 (the kernels' own), each repack counted, the reason logged once
     assert [fmt for _, fmt in frames] == ["i420"] * 5 and frames[0][0].shape == (96, 96)
-    assert CONVERTED.labels("n1", "yuyv422")._value.get() - before == 5
-    assert sum("yuyv422 is repacked to I420" in r.getMessage() for r in caplog.records) == 1
+    assert (counted, notes) == (5, 1)
     # and the picture is the webcam's: luma as sent, each chroma sample the mean of the
     # two rows 4:2:2 has where 4:2:0 has one (no colour conversion)
     for (image, _), yuyv in zip(frames, _decoded(video), strict=True):
@@ -185,12 +194,9 @@ def test_ten_bit_video_is_repacked_to_the_same_i420_as_eight_bit(tmp_path: Path)
 @needs_ffmpeg
 def test_an_rgb_video_is_converted_to_bgr_and_counted(tmp_path: Path, caplog) -> None:
     video = _ffmpeg_video(tmp_path / "rgb.nut", "rgb24")
-    before = CONVERTED.labels("n1", "rgb24")._value.get()
-    with caplog.at_level(logging.WARNING):
-        frames = _read_all(FfmpegSource(_settings(str(video))))
+    frames, counted, notes = _read_counted(video, "rgb24", "is converted to BGR", caplog)
     assert [fmt for _, fmt in frames] == ["bgr"] * 5 and frames[0][0].shape == (64, 96, 3)
-    assert CONVERTED.labels("n1", "rgb24")._value.get() - before == 5
-    assert sum("rgb24 is converted to BGR" in r.getMessage() for r in caplog.records) == 1
+    assert (counted, notes) == (5, 1)
     for (image, _), rgb in zip(frames, _decoded(video), strict=True):
         assert np.array_equal(image, rgb[:, :, ::-1])
 
