@@ -62,6 +62,7 @@ from edgefleet.edge.settings import (
 from edgefleet.edge.slot import ModelSlot
 from edgefleet.edge.sources import make_source
 from edgefleet.edge.sources.capture import Capture
+from edgefleet.edge.sources.ffmpeg import REPACKED
 from edgefleet.edge.telemetry import WindowStats
 from edgefleet.edge.uplink import Uplink
 from edgefleet.shared.executor.settings import ExecutionSettings
@@ -138,6 +139,7 @@ def case_sink(
 
 
 def bench_policy() -> EscalationPolicy:
+    """The policy both contenders run: 5 % of frames sampled, seeded."""
     return EscalationPolicy(PolicySettings(sample_share=0.05, seed=1))
 
 
@@ -453,6 +455,29 @@ def webcam_video(path: Path, frames: int) -> Path:
     return path
 
 
+def swscale_figures(rounds: int, calls: int = 20) -> dict[str, tuple[float, float]]:
+    """swscale alone, one thread, on a 1080p frame of each pixel format the FFmpeg source
+    does not hand over as it is: wall ms per frame to I420 and to BGR, best of `rounds`
+    (the measurement behind the source's `REPACKED` set)."""
+    import av
+
+    rgb = np.random.default_rng(1).integers(0, 256, (1080, 1920, 3), np.uint8)
+    out: dict[str, tuple[float, float]] = {}
+    for fmt in (*sorted(REPACKED), "yuvj422p", "rgb24"):
+        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format=fmt)
+        ms = []
+        for target in ("yuv420p", "bgr24"):
+            best = float("inf")
+            for _ in range(rounds):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    frame.reformat(format=target, threads=1)
+                best = min(best, (time.perf_counter() - start) * 1000 / calls)
+            ms.append(best)
+        out[fmt] = (ms[0], ms[1])
+    return out
+
+
 def webcam_figures(workdir: Path, rounds: int, frames: int = 20) -> dict[str, float]:
     """CPU ms per frame from a YUYV webcam file to a 960x960 model tensor: OpenCV's capture
     (swscale to BGR), the FFmpeg source converting to BGR as it did before, and the FFmpeg
@@ -615,6 +640,10 @@ def main(
             )
             for name, cpu_ms in webcam_figures(workdir, rounds).items():
                 print(f"  {name + ':':54s}{cpu_ms:6.2f} ms")
+            print(f"swscale alone, one thread, 1080p, ms per frame (best of {rounds}):")
+            for fmt, (i420, bgr) in swscale_figures(rounds).items():
+                kept = "repacked" if fmt in REPACKED else "to BGR"
+                print(f"  {fmt:12s} to I420 {i420:6.2f}  to BGR {bgr:6.2f}  (the source: {kept})")
         if pipeline:
             pipeline_figures(workdir, frames, realtime_s, rounds, model, fps, workers or None)
         way = bench_case_way_out(2000)

@@ -7,7 +7,7 @@ one copy of each plane (the decoder's rows carry line padding, and its buffers a
 for the next frame, so a frame that outlives `read` must own its pixels). No colour
 conversion, no resize. Other YUV layouts (a webcam's yuyv422, NV21, 10-bit video) are
 repacked to I420 by swscale: chroma resampled and bit depth reduced, no colour matrix,
-1.7-60x cheaper than converting them to BGR (28x for YUYV; `REPACKED`). Anything else
+1.7-43x cheaper than converting them to BGR (13x for YUYV; `REPACKED`). Anything else
 (RGB, grey, MJPEG's yuvj422p, where swscale's BGR path is the cheaper) is converted to
 BGR. Both are counted in `ef_edge_frames_converted_total` with the format, so a camera
 that costs a pass per frame shows on the metrics.
@@ -50,9 +50,9 @@ CONVERTED = Counter(
 # The decoder's formats that go out as they are, and the pixel format they become.
 NATIVE = {"yuv420p": "i420", "yuvj420p": "i420", "nv12": "nv12"}
 # The formats swscale repacks to I420 faster than it converts them to BGR, one thread,
-# 1080p, ms (I420 / BGR): yuyv422 0.32 / 8.91, uyvy422 0.85 / 8.12, yvyu422 2.48 / 5.39,
-# nv21 0.08 / 5.06, p010le 2.91 / 4.93, yuv420p10le 1.94 / 4.23, yuv422p10le 2.75 / 4.56,
-# yuv444p 2.16 / 7.81 (`edgefleet bench edge` measures yuyv422 against OpenCV's capture).
+# 1080p, ms (I420 / BGR): yuyv422 0.25 / 3.23, uyvy422 0.61 / 3.28, yvyu422 1.94 / 3.21,
+# nv21 0.08 / 3.44, p010le 1.55 / 3.27, yuv420p10le 1.47 / 2.92, yuv422p10le 1.81 / 3.20,
+# yuv444p 1.87 / 7.78 (`edgefleet bench edge --no-pipeline`, which prints them all).
 REPACKED = frozenset(
     {"yuyv422", "uyvy422", "yvyu422", "nv21", "p010le", "yuv420p10le", "yuv422p10le", "yuv444p"}
 )
