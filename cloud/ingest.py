@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.processor import BACKPRESSURE, CaseProcessor
+from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.errors import EdgefleetError, PayloadRejected
 from edgefleet.shared.messages import (
     CloudStatus,
@@ -141,6 +143,14 @@ class Ingest:
         self.client.on_subscribe = self._on_subscribe
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+        # (topic, reason) of the refusals logged this hour: each is logged once, all counted
+        self._logged: BoundedMap[str, bool] = BoundedMap(
+            "ingest_refusals_logged",
+            max_entries=10_000,
+            max_bytes=4 * 2**20,
+            size_of=lambda key, _: sys.getsizeof(key) + ENTRY_OVERHEAD,
+            ttl_s=3600.0,
+        )
         self._connected = threading.Event()
         self._unacked = 0
         self._unacked_lock = threading.Lock()
@@ -230,7 +240,15 @@ class Ingest:
         if reason_code.is_failure:
             log.error("broker refused the connection: %s", reason_code)
             return
-        client.subscribe([(t, mqtt.SubscribeOptions(qos=1)) for t in self._subscriptions()])
+        # Retained messages are never replayed to the cloud when it subscribes (what a device
+        # left retained cannot greet every start), and a retained publish is seen as such
+        # (retain-as-published), to be refused where the contract never retains.
+        options = mqtt.SubscribeOptions(
+            qos=1,
+            retainAsPublished=True,
+            retainHandling=mqtt.SubscribeOptions.RETAIN_DO_NOT_SEND,
+        )
+        client.subscribe([(t, options) for t in self._subscriptions()])
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
         refused = [str(rc) for rc in reason_codes if rc.is_failure]
@@ -250,8 +268,10 @@ class Ingest:
         mid, qos = message.mid, message.qos
         if qos > 0:
             self._taken()
-        wire = from_paho(message)
         try:
+            wire = from_paho(message)
+            if wire.retained and _channel(wire) in _NEVER_RETAINED:
+                raise PayloadRejected("retained", "telemetry and cases are never retained")
             verified = self.verifier.verify(wire)
         except ReplayedMessage as exc:
             verified = exc.verified
@@ -262,13 +282,12 @@ class Ingest:
             # Answered again from the store by the processor (claim says DONE).
             _ingested("escalations", "replayed").inc()
         except PayloadRejected as exc:
-            _ingested(_channel(wire), f"rejected_{exc.reason}").inc()
-            log.warning("rejected message on %s: %s", wire.topic, exc.message)
+            self._reject(wire, exc)
             self._ack(mid, qos)
             return
         except Exception:  # a verifier crash must not kill the network thread
-            _ingested(_channel(wire), "error").inc()
-            log.exception("verifying a message on %s failed", wire.topic)
+            _ingested("unknown", "error").inc()
+            log.exception("taking in a message failed")
             self._ack(mid, qos)
             return
         if isinstance(verified.message, EscalationCase):
@@ -285,6 +304,16 @@ class Ingest:
                 return
             self._light_bytes += size
         self._light.put(Light(verified, mid, qos, size))
+
+    def _reject(self, wire: WireMessage, exc: PayloadRejected) -> None:
+        """Count every refusal; log it once per topic and reason (one device cannot flood
+        the log)."""
+        _ingested(_channel(wire), f"rejected_{exc.reason}").inc()
+        if self._logged.add_if_absent(f"{wire.topic}\0{exc.reason}", True):
+            log.warning(
+                "rejected message on %s: %s (further ones there are counted, not logged)",
+                wire.topic, exc.message, extra={"reason": exc.reason},
+            )
 
     def _take_case(self, verified: Verified, mid: int, qos: int) -> None:
         assert isinstance(verified.message, EscalationCase)
@@ -423,6 +452,7 @@ def _channel_of(message: object) -> str:
 
 
 _KNOWN = {c.value for c in CHANNELS}
+_NEVER_RETAINED = {Channel.TELEMETRY.value, Channel.ESCALATIONS.value}
 
 
 def _channel(wire: WireMessage) -> str:

@@ -112,12 +112,14 @@ def cloud_acls(topics: Topics = Topics()) -> list[dict[str, Any]]:
     return acls + [_acl("publishClientSend", topics.all_devices(c)) for c in CLOUD_WRITE]
 
 
-def admin_acls() -> list[dict[str, Any]]:
+def admin_acls(topics: Topics = Topics()) -> list[dict[str, Any]]:
+    """The control API, and every device channel for one thing: a revoke clears the
+    device's retained messages (`BrokerControl.clear_retained`)."""
     return [
         _acl("publishClientSend", CONTROL_TOPIC),
         _acl("subscribeLiteral", CONTROL_RESPONSE),
         _acl("publishClientReceive", CONTROL_RESPONSE),
-    ]
+    ] + [_acl("publishClientSend", topics.all_devices(c)) for c in Channel]
 
 
 def _password_fields(encoded: str) -> dict[str, Any]:
@@ -140,7 +142,7 @@ def render_dynsec(
     """The plugin's whole state: clients (hashes only), one role per device, deny by default."""
     clients: list[dict[str, Any]] = []
     roles: list[dict[str, Any]] = []
-    service_roles = {CLOUD_ACCOUNT: cloud_acls(topics), ADMIN_ACCOUNT: admin_acls()}
+    service_roles = {CLOUD_ACCOUNT: cloud_acls(topics), ADMIN_ACCOUNT: admin_acls(topics)}
     for username, encoded in services:
         if username not in service_roles:
             raise ConfigError(f"unknown service account {username!r} in the registry")

@@ -19,7 +19,7 @@ import paho.mqtt.client as mqtt
 from edgefleet.fleet.acl import CONTROL_RESPONSE, CONTROL_TOPIC, device_acls, device_role
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.mqtt import device_client_id
-from edgefleet.shared.topics import Topics
+from edgefleet.shared.topics import Channel, Topics
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,25 @@ class BrokerControl:
             ]
         )
 
-    def run(self, commands: list[dict[str, Any]]) -> None:
-        """Send the commands in one request; BrokerRefused names the first that failed."""
+    def clear_retained(self, device_id: str) -> None:
+        """Remove every retained message on the device's topics (a zero-length retained
+        publish each): nothing it left behind is replayed to anyone after a revoke."""
         answers: queue.Queue[Any] = queue.Queue()
+        client = self._connected(answers)
+        try:
+            for channel in Channel:
+                topic = self.topics.for_device(device_id, channel)
+                client.publish(topic, b"", qos=1, retain=True)
+                rc = self._expect(answers, "puback")
+                if rc.is_failure:
+                    raise BrokerRefused(f"the broker refused to clear {topic}: {rc}")
+        finally:
+            client.disconnect()
+            client.loop_stop()
+        log.info("retained messages cleared", extra={"device_id": device_id})
+
+    def _connected(self, answers: queue.Queue[Any]) -> mqtt.Client:
+        """An admin client, connected, whose broker answers go to `answers`."""
         client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=f"ef-admin-{secrets.token_hex(4)}",
@@ -87,6 +103,7 @@ class BrokerControl:
         client.on_connect = lambda c, u, f, rc, p: answers.put(("connack", rc))
         client.on_subscribe = lambda c, u, mid, rcs, p: answers.put(("suback", rcs))
         client.on_message = lambda c, u, msg: answers.put(("response", msg.payload))
+        client.on_publish = lambda c, u, mid, rc, p: answers.put(("puback", rc))
         try:
             client.connect(self.host, self.port, keepalive=30, clean_start=True)
         except OSError as exc:
@@ -96,17 +113,29 @@ class BrokerControl:
         client.loop_start()
         try:
             rc = self._expect(answers, "connack")
-            if rc.is_failure:
-                raise BrokerRefused(
-                    f"the broker refused the {self.username} account: {rc}",
-                    hint="run `edgefleet fleet broker-files` and restart the broker with it",
-                )
+        except BaseException:
+            client.loop_stop()
+            raise
+        if rc.is_failure:
+            client.disconnect()
+            client.loop_stop()
+            raise BrokerRefused(
+                f"the broker refused the {self.username} account: {rc}",
+                hint="run `edgefleet fleet broker-files` and restart the broker with it",
+            )
+        return client
+
+    def run(self, commands: list[dict[str, Any]]) -> None:
+        """Send the commands in one request; BrokerRefused names the first that failed."""
+        answers: queue.Queue[Any] = queue.Queue()
+        client = self._connected(answers)
+        try:
             client.subscribe(CONTROL_RESPONSE, qos=1)
             [granted] = self._expect(answers, "suback")
             if granted.is_failure:
                 raise BrokerRefused(f"the broker does not let {self.username} read its answers")
             client.publish(CONTROL_TOPIC, json.dumps({"commands": commands}), qos=1)
-            body = json.loads(self._expect(answers, "response"))
+            body = json.loads(self._expect(answers, "response", skip="puback"))
         finally:
             client.disconnect()
             client.loop_stop()
@@ -116,9 +145,11 @@ class BrokerControl:
                 raise BrokerRefused(f"broker control {response.get('command')}: {error}")
         log.info("broker control applied", extra={"commands": [c["command"] for c in commands]})
 
-    def _expect(self, answers: queue.Queue[Any], kind: str) -> Any:
+    def _expect(self, answers: queue.Queue[Any], kind: str, skip: str = "") -> Any:
         try:
             got, value = answers.get(timeout=self.timeout_s)
+            while got == skip:
+                got, value = answers.get(timeout=self.timeout_s)
         except queue.Empty:
             raise BrokerRefused(f"the broker sent no {kind} within {self.timeout_s:g} s") from None
         if got != kind:

@@ -217,7 +217,7 @@ def revoke(
             reload_broker(broker_dir)
         removed = remove_bundle(bundles or store.settings.bundles_dir, device)
         try:
-            live = store.apply_live(lambda control: control.remove_device(device))
+            live = store.apply_live(lambda control: _remove_live(control, device))
         except BrokerRefused as exc:
             typer.secho(
                 f"error: {device} is revoked in the registry and in {broker_dir}, but the "
@@ -230,6 +230,12 @@ def revoke(
     console.print(f"broker: {live}")
     if removed:
         console.print("its bundle was deleted")
+
+
+def _remove_live(control: Any, device: str) -> None:
+    """Off the running broker: its account (it is disconnected), then what it left retained."""
+    control.remove_device(device)
+    control.clear_retained(device)
 
 
 @app.command("broker-files")

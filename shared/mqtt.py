@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from edgefleet.shared.config import Closed
 from edgefleet.shared.publish_properties import PublishProperties
 from edgefleet.shared.topics import DEFAULT_ROOT
 from edgefleet.shared.wire import WireMessage
+
+log = logging.getLogger(__name__)
 
 
 class MqttSettings(Closed):
@@ -55,7 +58,11 @@ def make_client(
     Received PUBLISH properties are decoded by `publish_properties` (paho's result, a
     fraction of its CPU) wherever paho lets it in.
     """
-    publish_properties.install()
+    if not publish_properties.install():
+        log.error(
+            "paho's PUBLISH decoder is not the one edgefleet wraps: a message with a malformed"
+            " property will drop this connection (install paho-mqtt 2.x)"
+        )
     client = mqtt.Client(
         mqtt.CallbackAPIVersion.VERSION2,
         client_id=client_id,
@@ -116,8 +123,21 @@ def publish(
 
 
 def from_paho(message: mqtt.MQTTMessage) -> WireMessage:
-    """Wire message of a received paho message (user properties and content type kept)."""
+    """Wire message of a received paho message (user properties and content type kept).
+
+    A message whose properties the decoder refused, or whose topic is not UTF-8, comes
+    back with the reason in `refusal`, for the verifier to reject: never an exception in
+    paho's network thread.
+    """
     props = getattr(message, "properties", None)
+    refusal = getattr(props, "refusal", None)
+    try:
+        topic = message.topic
+    except UnicodeDecodeError:
+        topic, refusal = message._topic.decode("utf-8", "replace"), "topic is not UTF-8"
     user = tuple((str(k), str(v)) for k, v in (getattr(props, "UserProperty", None) or []))
     content_type = getattr(props, "ContentType", None)
-    return WireMessage(message.topic, bytes(message.payload), user, content_type)
+    return WireMessage(
+        topic, bytes(message.payload), user, content_type, retained=bool(message.retain),
+        refusal=refusal,
+    )

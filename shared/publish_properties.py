@@ -7,8 +7,13 @@ property, runs a Python loop over every character of every string, and sets each
 attribute through a `__setattr__` that scans its tables again. `PublishProperties`
 is a `Properties` whose tables are built once per process and whose `unpack` reads PUBLISH
 properties by offset, checks strings with one regular expression, and applies the same
-rules (MQTT 5 section 2.2.2, the checks of paho's `readUTF`); anything else (another
-packet type, a property id PUBLISH does not carry) goes to paho's own code.
+rules (MQTT 5 section 2.2.2, the checks of paho's `readUTF`); other packet types go to
+paho's own code.
+
+Where paho raises on a value that breaks those rules (a byte order mark in a user
+property, which brokers forward), `PublishProperties` records the reason in `refusal`
+and lets the message through without properties, so that one client's message cannot
+drop the connection of the one who receives it (see `unpack`).
 
 `install()` makes paho's PUBLISH decoder (`paho.mqtt._packet.decode_publish`) use it.
 That is a private module of paho (2.x), so `install` checks what it replaces and leaves
@@ -48,6 +53,8 @@ _INT32 = struct.Struct("!L")
 class PublishProperties(Properties):
     """paho's `Properties`, with its tables shared and a fast `unpack` for PUBLISH."""
 
+    refusal: str | None = None  # why the received properties broke a rule, if they did
+
     def __init__(self, packetType: int):
         object.__setattr__(self, "packetType", packetType)
         object.__setattr__(self, "types", _TABLES.types)
@@ -55,6 +62,14 @@ class PublishProperties(Properties):
         object.__setattr__(self, "properties", _TABLES.properties)
 
     def unpack(self, buffer: Any) -> tuple[Properties, int]:
+        """PUBLISH properties; a value that breaks a rule is recorded in `refusal`, not raised.
+
+        paho raises on such a value and drops the connection; the broker then sends the
+        same message again, for ever, and every other message behind it waits. Since the
+        properties' length frames them, the packet stays readable: the message comes
+        through with no properties and the reason, for its consumer to refuse and settle.
+        Only a length that runs past the packet (which a broker never forwards) raises.
+        """
         if self.packetType != PacketTypes.PUBLISH:
             return super().unpack(buffer)
         data = memoryview(buffer)
@@ -62,26 +77,36 @@ class PublishProperties(Properties):
         end = start + propslen
         if end > len(data):
             raise MalformedPacket("properties longer than the packet")
-        found: dict[str, Any] = {}
-        pos = start
-        while pos < end:
-            identifier, used = VariableByteIntegers.decode(data[pos : pos + 4])
-            spec = _PUBLISH.get(identifier)
-            if spec is None:  # not a PUBLISH property: paho's own code says what is wrong
-                return super().unpack(buffer)
-            pos += used
-            name, kind = spec
-            value, pos = _read(data, pos, end, kind)
-            if name in _MULTIPLE:
-                found.setdefault(name, []).append(value)
-            elif name in found:
-                raise MQTTException(f"Property '{name}' must not exist more than once")
-            else:
-                _check_range(name, value)
-                found[name] = value
+        try:
+            found = _publish_properties(data, start, end)
+        except (MQTTException, UnicodeDecodeError, struct.error, IndexError) as exc:
+            object.__setattr__(self, "refusal", str(exc) or type(exc).__name__)
+            return self, end
         for name, value in found.items():
             object.__setattr__(self, name, value)
         return self, end
+
+
+def _publish_properties(data: memoryview, start: int, end: int) -> dict[str, Any]:
+    """The PUBLISH properties between `start` and `end`, by the rules of MQTT 5 2.2.2."""
+    found: dict[str, Any] = {}
+    pos = start
+    while pos < end:
+        identifier, used = VariableByteIntegers.decode(data[pos : min(pos + 4, end)])
+        spec = _PUBLISH.get(identifier)
+        if spec is None:
+            raise MalformedPacket(f"property {identifier} is not a PUBLISH property")
+        pos += used
+        name, kind = spec
+        value, pos = _read(data, pos, end, kind)
+        if name in _MULTIPLE:
+            found.setdefault(name, []).append(value)
+        elif name in found:
+            raise MQTTException(f"Property '{name}' must not exist more than once")
+        else:
+            _check_range(name, value)
+            found[name] = value
+    return found
 
 
 def _read(data: memoryview, pos: int, end: int, kind: str) -> tuple[Any, int]:

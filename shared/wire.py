@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.errors import PayloadRejected
 from edgefleet.shared.hashing import same_hex
+from edgefleet.shared.logs import clip
 from edgefleet.shared.messages import (
     MESSAGE_TYPES,
     DeviceTelemetry,
@@ -58,6 +59,8 @@ class WireMessage:
     payload: bytes
     user_properties: tuple[tuple[str, str], ...]
     content_type: str | None = None
+    retained: bool = False  # received from the broker's retained store
+    refusal: str | None = None  # why the MQTT decoder refused its properties, if it did
 
     def prop(self, name: str) -> str | None:
         return next((v for k, v in self.user_properties if k == name), None)
@@ -222,6 +225,8 @@ class Verifier:
 
     def _verify(self, wire: WireMessage, now: datetime) -> Verified:
         device_id, channel = self.topics.parse(wire.topic)
+        if wire.refusal:
+            raise PayloadRejected("malformed", f"MQTT properties refused: {clip(wire.refusal)}")
         if len(wire.payload) > self.max_payload_bytes:
             raise PayloadRejected(
                 "oversize", f"payload of {len(wire.payload)} bytes > {self.max_payload_bytes}"
@@ -229,7 +234,8 @@ class Verifier:
         schema_id = wire.prop(SCHEMA_PROP)
         model = MESSAGE_TYPES.get(schema_id or "")
         if model is None or schema_id not in CHANNEL_SCHEMA.get(channel, ()):
-            raise PayloadRejected("schema", f"schema {schema_id!r} not accepted on {channel.value}")
+            shown = clip(repr(schema_id), 80)
+            raise PayloadRejected("schema", f"schema {shown} not accepted on {channel.value}")
         sig = wire.prop(SIG_PROP)
         if not sig:
             raise PayloadRejected("unsigned", "message has no ef-sig user property")

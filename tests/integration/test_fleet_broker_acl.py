@@ -262,6 +262,22 @@ def test_a_device_enrolled_while_the_broker_runs_can_connect_at_once(fleet) -> N
     assert cam.publish("ef/v1/cam-01/telemetry") == NOT_AUTHORIZED
 
 
+def _retained(port: int, password: str, topic: str) -> int:
+    """How many retained messages the broker holds under `topic`, read as the cloud."""
+    seen: list[str] = []
+    reader = Client(port, "cloud", password, "ef-test-retained-reader")
+    assert reader.connect() == 0
+    done = threading.Event()
+    reader.client.on_message = lambda c, u, msg: seen.append(msg.topic) if msg.retain else None
+    reader.client.on_subscribe = lambda *a: done.set()
+    reader.client.subscribe(topic, qos=1)
+    assert done.wait(20)
+    # retained messages come right after the SUBACK: a round trip after it has them all
+    reader.client.publish("ef/v1/ef-probe/results", b"", qos=1).wait_for_publish(20)
+    reader.close()
+    return len(seen)
+
+
 def test_cli_enroll_and_revoke_reach_the_running_broker(tmp_path: Path) -> None:
     import yaml
     from typer.testing import CliRunner
@@ -295,11 +311,19 @@ def test_cli_enroll_and_revoke_reach_the_running_broker(tmp_path: Path) -> None:
         secrets = yaml.safe_load((tmp_path / "bundles" / "cam-07" / "secrets.yaml").read_text())
         device = Client(port, "cam-07", secrets["broker_password"], "ef-edge-cam-07")
         assert device.connect() == 0
+        # which leaves retained messages behind, on a channel that retains and one that does not
+        for channel in ("status", "telemetry"):
+            info = device.client.publish(f"ef/v1/cam-07/{channel}", b"left", qos=1, retain=True)
+            info.wait_for_publish(20)
+        cloud_pw = (folder / "cloud.secret").read_text().strip()
+        assert _retained(port, cloud_pw, "ef/v1/cam-07/+") == 2
         # and when it is revoked, its connection is cut at once and stays cut
         revoked = fleet_cli("revoke", "cam-07")
         assert revoked.exit_code == 0, revoked.output
         assert device.disconnected.wait(20)
         device.close()
+        # and nothing it retained is left to replay (#32)
+        assert _retained(port, cloud_pw, "ef/v1/cam-07/+") == 0
         broker.restart()  # the file agrees with what was applied live
         again = Client(port, "cam-07", secrets["broker_password"], "ef-edge-cam-07")
         assert again.connect() not in (0, -1)
