@@ -47,6 +47,8 @@ DEVICE_PUBLISH = (Channel.STATUS, Channel.TELEMETRY, Channel.ESCALATIONS, Channe
 DEVICE_READ = (Channel.RESULTS, Channel.DESIRED)
 CLOUD_WRITE = (Channel.RESULTS, Channel.DESIRED)
 
+# The largest message the broker takes: a case (image and ef-meta) within the cloud's limit.
+MAX_PACKET_BYTES = 8 * 2**20
 CLOUD_ACCOUNT = "cloud"
 ADMIN_ACCOUNT = "ef-admin"
 SERVICE_ACCOUNTS = (CLOUD_ACCOUNT, ADMIN_ACCOUNT)
@@ -83,6 +85,11 @@ class BrokerListener:
     bind: str | None = None  # None: every interface
     plugin: Path | None = None  # None: the first of PLUGIN_PATHS that exists
     user: str | None = None  # the user Mosquitto drops to when started as root; None: ours
+    # What the broker holds for one client that is away (in practice the cloud's session
+    # while it restarts): 32 messages of the largest size the broker takes. Past it, the
+    # broker drops what it would queue (its $SYS counters say so); a device's case is not
+    # lost, since its outbox keeps it and sends it again until a verdict comes.
+    max_queued_bytes: int = 32 * MAX_PACKET_BYTES
 
 
 def device_role(device_id: str) -> str:
@@ -219,9 +226,10 @@ def render_mosquitto_conf(folder: Path, listener: BrokerListener) -> str:
             f"persistence_location {folder / 'data'}/",
             "autosave_interval 30",
             "persistent_client_expiration 14d",
+            "# What one absent client's session may hold (docs/operations.md, 'Broker limits').",
             "max_queued_messages 100000",
-            "max_queued_bytes 0",
-            "max_packet_size 8388608",
+            f"max_queued_bytes {listener.max_queued_bytes}",
+            f"max_packet_size {MAX_PACKET_BYTES}",
             "max_inflight_messages 200",
             "max_keepalive 300",
             "set_tcp_nodelay true",

@@ -86,7 +86,10 @@ class _Store:
         from edgefleet.fleet.acl import BrokerListener, write_broker_files
 
         s = self.settings
-        listener = BrokerListener(s.broker_port, s.broker_bind, s.broker_plugin, s.broker_user)
+        listener = BrokerListener(
+            s.broker_port, s.broker_bind, s.broker_plugin, s.broker_user,
+            max_queued_bytes=s.broker_max_queued_mb * 2**20,
+        )
         files = write_broker_files(
             self.registry, self.broker_dir, listener, readable_by_gid=readable_by_gid
         )

@@ -60,6 +60,13 @@ class FleetSettings(EdgefleetSettings):
         description="user Mosquitto drops to when started as root (it must read the broker "
         "folder); none = the user running `fleet broker-files`",
     )
+    broker_max_queued_mb: int = Field(
+        256,
+        ge=1,
+        description="MiB the broker holds for one absent client's session (the cloud's while "
+        "it restarts); past it new messages for that client are dropped, and devices resend "
+        "their unanswered cases from their outbox",
+    )
     public_url: str = Field(
         "http://127.0.0.1:8080", description="the cloud's URL as devices reach it (downloads)"
     )

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 
 from edgefleet.shared.logs import MAX_LOGGED_CHARS
-from tests.integration.test_cloud_poison import _ready, _url
 from tests.integration.test_cloud_crash import _serve
+from tests.integration.test_cloud_poison import _ready, _url
 
 
 def test_a_huge_path_is_a_404_and_a_bounded_log_line(tmp_path: Path) -> None:

@@ -365,3 +365,42 @@ def test_a_cloud_whose_subscriptions_are_refused_is_not_ready(tmp_path: Path, ca
         services.close()
         broker.kill()
         db.close()
+
+
+def test_the_broker_holds_bounded_bytes_for_an_absent_cloud(tmp_path: Path) -> None:
+    # #32: with `max_queued_bytes 0` one device could make the broker hold 100,000 x 8 MiB
+    from edgefleet.fleet.acl import BrokerListener, write_broker_files
+    from tests.support.broker import MosquittoBroker, free_port
+
+    db = Database.connect(f"sqlite:///{tmp_path}/fleet.db")
+    registry = DeviceRegistry(db)
+    cam = registry.enroll("cam-01")
+    cloud_password = registry.ensure_service_account("cloud")
+    port = free_port()
+    listener = BrokerListener(port, "127.0.0.1", max_queued_bytes=4 * 2**20)
+    files = write_broker_files(registry, tmp_path / "broker", listener)
+    broker = MosquittoBroker(files.folder, port, generated=files.config_file).start()
+    try:
+        # given the cloud's persistent session, subscribed, and the cloud away
+        cloud = Client(port, "cloud", cloud_password, "cloud-q")
+        assert cloud.connect(clean_start=False) == 0
+        assert cloud.subscribe("ef/v1/+/telemetry") == [1]
+        cloud.close()
+        # when a device sends 10 MiB for it, each acknowledged
+        device = Client(port, "cam-01", cam.broker_password, device_client_id("cam-01"))
+        assert device.connect() == 0
+        for _ in range(10):
+            assert device.publish("ef/v1/cam-01/telemetry", b"x" * 2**20) in (0, NO_SUBSCRIBERS)
+        # then the cloud, back, is handed what fits in the bound, not all of it
+        back = Client(port, "cloud", cloud_password, "cloud-q")
+        assert back.connect(clean_start=False) == 0
+        assert device.publish("ef/v1/cam-01/telemetry", b"marker") == 0
+        got: list[bytes] = []
+        while not got or got[-1] != b"marker":
+            got.append(back.received.get(timeout=20).payload)
+        assert 1 <= len(got) - 1 <= 5, f"{len(got) - 1} of 10 MiB-messages held for the cloud"
+        back.close()
+        device.close()
+    finally:
+        broker.kill()
+        db.close()
