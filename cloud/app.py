@@ -23,6 +23,7 @@ from edgefleet.cloud.api import escalations, feedback, health, infer
 from edgefleet.cloud.auth import require_operator
 from edgefleet.cloud.middleware import (
     BodyLimitMiddleware,
+    JsonDepthMiddleware,
     TraceMiddleware,
     error_body,
     error_headers,
@@ -126,6 +127,7 @@ def create_app(settings: CloudSettings, *, services: CloudServices | None = None
     app.add_exception_handler(EdgefleetError, _edgefleet_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_middleware(JsonDepthMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http.max_upload_bytes)
     app.add_middleware(TraceMiddleware)  # added last = outermost
     app.include_router(escalations.router)

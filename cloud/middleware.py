@@ -14,7 +14,8 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgefleet.shared.errors import EdgefleetError, PayloadTooLarge
+from edgefleet.shared.errors import EdgefleetError, InvalidInput, PayloadTooLarge
+from edgefleet.shared.jsondepth import MAX_DEPTH, too_deep
 from edgefleet.shared.logs import trace_id_from_traceparent, trace_id_var
 from edgefleet.shared.messages import new_trace_id
 
@@ -163,3 +164,35 @@ class BodyLimitMiddleware:
                 raise
         if state["exceeded"] and not state["started"]:
             await send_error(send, self._too_large(f"more than {self.max_bytes}"))
+
+
+class JsonDepthMiddleware:
+    """Refuse a JSON body nested deeper than MAX_DEPTH with a typed 400, before any parser
+    recurses into it. The body is held whole here, as the JSON parser would hold it
+    anyway; BodyLimitMiddleware, outside this one, bounds it."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
+        kind = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+        if kind != b"application/json" and not kind.endswith(b"+json"):
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+        if too_deep(body):
+            error = InvalidInput(f"the JSON body nests deeper than {MAX_DEPTH} levels")
+            await send_error(send, error)
+            return
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)

@@ -21,6 +21,7 @@ from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.drift import DriftWatch
 from edgefleet.cloud.ingest import Ingest
 from edgefleet.cloud.processor import CaseProcessor
+from edgefleet.cloud.refusals import RefusalBudget
 from edgefleet.cloud.replica import ReplicaIdentity
 from edgefleet.cloud.router import Router, RouteSpec
 from edgefleet.cloud.settings import CloudSettings
@@ -60,6 +61,7 @@ class CloudServices:
     drift: DriftWatch
     replica: str
     identity: ReplicaIdentity
+    refusals: RefusalBudget
     ingest: Ingest | None = None
     registry: Any = None  # edgefleet.fleet.registry.DeviceRegistry when the fleet is in this store
     rollouts: Any = None  # edgefleet.fleet.rollout.RolloutController
@@ -161,6 +163,7 @@ class CloudServices:
             drift=DriftWatch(store, settings.drift),
             replica=replica,
             identity=identity,
+            refusals=RefusalBudget(settings.queue.max_refusals_per_device),
             registry=registry,
         )
         if settings.ingest.enabled:

@@ -128,6 +128,12 @@ class QueueSettings(Closed):
         description="REST escalations of one device waiting for a worker; beyond this 429 "
         "(its quota: one device's flood never fills the queue for the others)",
     )
+    max_refusals_per_device: int = Field(
+        60,
+        ge=1,
+        description="REST escalations of one device refused in a minute (duplicates, bad "
+        "images, its quota full) before its next ones are refused at once with 429",
+    )
     workers: int = Field(4, ge=1, le=64, description="threads processing cases")
     batch_max: int = Field(
         32,

@@ -137,6 +137,9 @@ class ExportRecord:
     content_type: ImageContentType
     label: str
     label_source: str
+    # who gave the label: the authenticated sender of the feedback (`device:cam-01`,
+    # `operator:ops`), never the free-text author it claims; the model for a cloud label
+    label_by: str | None
     edge_result: list[dict[str, Any]]
     cloud_result: list[dict[str, Any]] | None
     cloud_model: str | None
@@ -229,7 +232,7 @@ class FeedbackStore:
         it is this replica's own claim from before `replica_started` (its previous life,
         which a crash ended mid-case: the id is never held by two live processes).
         """
-        path = self.put_image(image_sha256, case.content_type, image)
+        path = self.image_path(image_sha256, case.content_type)
         now = utcnow()
         runs = 1 if attempt else 0
         with self.db.transaction():
@@ -265,6 +268,9 @@ class FeedbackStore:
                 ),
             )
             if inserted:
+                # written only for a case that is new: a refused copy costs no disk (a write
+                # that fails undoes the row with the transaction)
+                self.put_image(image_sha256, case.content_type, image)
                 return Claim(ClaimState.CLAIMED)
             verdict = self.verdict(case.case_id)
             if verdict is not None:
@@ -527,7 +533,9 @@ class FeedbackStore:
                 f"""SELECT c.case_id, c.device_id, c.stream_id, c.image_path, c.content_type,
                            c.meta, c.received_at, v.verdict, v.fallback_level, v.model,
                            (SELECT f.label FROM ef_feedback f WHERE f.case_id = c.case_id
-                            ORDER BY f.received_at DESC, f.id DESC LIMIT 1) AS fb_label
+                            ORDER BY f.received_at DESC, f.id DESC LIMIT 1) AS fb_label,
+                           (SELECT f.principal FROM ef_feedback f WHERE f.case_id = c.case_id
+                            ORDER BY f.received_at DESC, f.id DESC LIMIT 1) AS fb_principal
                     FROM ef_cases c LEFT JOIN ef_verdicts v ON v.case_id = c.case_id
                     {where} ORDER BY c.received_at, c.case_id LIMIT {int(page_size)}""",
                 params,
@@ -554,10 +562,10 @@ def _export_record(row: dict[str, Any]) -> ExportRecord | None:
     verdict = CloudVerdict.model_validate_json(row["verdict"]) if row["verdict"] else None
     cloud_result = [d.model_dump(mode="json") for d in verdict.result] if verdict else None
     if row["fb_label"] is not None:
-        label, source = row["fb_label"], "feedback"
+        label, source, by = row["fb_label"], "feedback", row["fb_principal"]
     elif verdict is not None and verdict.fallback_level <= 1 and verdict.result:
         label = " ".join(d.text or d.label or "" for d in verdict.result).strip()
-        source = "cloud"
+        source, by = "cloud", row["model"]
     else:
         return None
     meta = json.loads(row["meta"])
@@ -569,6 +577,7 @@ def _export_record(row: dict[str, Any]) -> ExportRecord | None:
         content_type=row["content_type"],
         label=label,
         label_source=source,
+        label_by=by,
         edge_result=meta.get("edge_result", []),
         cloud_result=cloud_result,
         cloud_model=row["model"],

@@ -36,6 +36,7 @@ from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.fleet.rollout import RolloutController
 from edgefleet.shared.errors import AuthError, InvalidInput, NotFound
 from edgefleet.shared.hashing import same_hex
+from edgefleet.shared.jsondepth import MAX_DEPTH, too_deep
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,11 @@ def build_router(
 
     @router.post("/v1/deployments", dependencies=operator, status_code=201, tags=["fleet"])
     async def create_deployment(request: Request) -> JSONResponse:
+        raw = await request.body()
+        if too_deep(raw):  # whatever its content type said
+            raise InvalidInput(f"the body nests deeper than {MAX_DEPTH} levels")
         try:
-            body = json.loads(await request.body() or b"null")
+            body = json.loads(raw or b"null")
         except ValueError:
             raise InvalidInput("the body is not JSON") from None
         req = parse_request(body)

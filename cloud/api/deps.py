@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from edgefleet.cloud.services import CloudServices
 from edgefleet.shared.errors import InvalidInput, UnsupportedMediaType
+from edgefleet.shared.jsondepth import MAX_DEPTH, too_deep
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -61,6 +62,8 @@ class MalformedJson(InvalidInput):
 
 
 def parse_json_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    if too_deep(raw):
+        raise InvalidInput(f"{what} nests deeper than {MAX_DEPTH} levels")
     try:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -4,6 +4,7 @@ GET /v1/escalations/{id}/image (the stored crop, for the dashboard's recent case
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, UploadFile
@@ -19,7 +20,8 @@ from edgefleet.cloud.api.deps import (
     validate_model,
 )
 from edgefleet.cloud.auth import Principal, require_device_or_operator, require_device_scope
-from edgefleet.shared.errors import NotFound, UnsupportedMediaType
+from edgefleet.cloud.services import CloudServices
+from edgefleet.shared.errors import EdgefleetError, NotFound, UnsupportedMediaType
 from edgefleet.shared.imaging import sniff_format
 from edgefleet.shared.messages import CaseId, CloudVerdict, EscalationCase
 
@@ -104,28 +106,13 @@ async def post_escalation(
     ] = None,
 ) -> Any:
     svc = services(request)
-    declared = (image.content_type or "").split(";", 1)[0].strip().lower()
-    if declared not in _IMAGE_TYPES:
-        raise UnsupportedMediaType(f"image part has content type {declared or '(none)'!r}")
-    data = await image.read()
-    case, as_received = read_case(
-        metadata,
-        trace_id=request.state.trace_id,
-        content_type=declared,
-        device_id=principal.id if principal.kind == "device" else None,
-    )
-    require_device_scope(principal, case.device_id)
-    if case.content_type != declared:
-        raise UnsupportedMediaType(
-            f"metadata says {case.content_type} but the image part is {declared}"
-        )
-    if sniff_format(data) != _IMAGE_TYPES[declared]:
-        raise UnsupportedMediaType(f"the image bytes are not a {declared} file")
-    # decoded and claimed in the processor's one admission step: typed 400/413/415 on a
-    # bad image, 409 for a case_id already received, 429 when the queue is full
-    future = await run_in_threadpool(
-        svc.processor.accept, case, data, source="rest", meta=as_received
-    )
+    # what the caller had refused this minute is charged to it: refusals are not free
+    svc.refusals.check(principal.label)
+    try:
+        case, future = await _admit(svc, request, principal, image, metadata)
+    except EdgefleetError:
+        svc.refusals.charge(principal.label)
+        raise
     accepted = EscalationAccepted(case_id=case.case_id, status="queued", trace_id=case.trace_id)
     if not wait:
         return accepted
@@ -144,6 +131,35 @@ async def post_escalation(
             accepted.model_copy(update={"status": "processing"}).model_dump(), status_code=202
         )
     return JSONResponse(verdict.model_dump(mode="json"), status_code=200)
+
+
+async def _admit(
+    svc: CloudServices, request: Request, principal: Principal, image: UploadFile, metadata: str
+) -> tuple[EscalationCase, Future[CloudVerdict | None]]:
+    """Check the parts, then decode and claim the case in the processor's one admission
+    step: typed 400/413/415 on a bad image, 409 for a case_id already received, 429 when
+    the queue is full."""
+    declared = (image.content_type or "").split(";", 1)[0].strip().lower()
+    if declared not in _IMAGE_TYPES:
+        raise UnsupportedMediaType(f"image part has content type {declared or '(none)'!r}")
+    data = await image.read()
+    case, as_received = read_case(
+        metadata,
+        trace_id=request.state.trace_id,
+        content_type=declared,
+        device_id=principal.id if principal.kind == "device" else None,
+    )
+    require_device_scope(principal, case.device_id)
+    if case.content_type != declared:
+        raise UnsupportedMediaType(
+            f"metadata says {case.content_type} but the image part is {declared}"
+        )
+    if sniff_format(data) != _IMAGE_TYPES[declared]:
+        raise UnsupportedMediaType(f"the image bytes are not a {declared} file")
+    future = await run_in_threadpool(
+        svc.processor.accept, case, data, source="rest", meta=as_received
+    )
+    return case, future
 
 
 @router.get("/{case_id}", summary="the case, its edge result, verdict and feedback")

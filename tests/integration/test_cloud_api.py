@@ -545,3 +545,89 @@ def test_unsigned_wire_without_sig_is_rejected(env: Env) -> None:
         time.sleep(0.1)
     # and nothing was stored for it
     assert case.case_id not in env.services.store.attempts()
+
+
+# --- one device's refusals, deep JSON, who labelled (#32) -------------------------------
+
+
+def _image_files(env: Env) -> int:
+    return sum(1 for p in env.services.store.images_dir.rglob("*") if p.is_file())
+
+
+def test_a_refused_duplicate_writes_nothing_and_refusals_are_charged(env: Env) -> None:
+    cam = env.services.registry.enroll("cam-refused")
+    case = escalation_case("cam-refused", stream_id="dup", edge=[("AB-12", 0.9)])
+    rng = np.random.default_rng(32)
+    assert _post_case(env, case, encode_png(text_image("AB-12")), wait=None, token=cam.token)
+    before = _image_files(env)
+    # when the same case_id comes 30 more times, each with another (large) image
+    for _ in range(30):
+        noise = encode_png(rng.integers(0, 255, (200, 200, 3), dtype=np.uint8))
+        answer = _post_case(env, case, noise, wait=None, token=cam.token)
+        assert answer.status_code == 409, answer.text
+    # then none of those images was written
+    assert _image_files(env) == before
+    # and the refusals are charged: within its budget of a minute, the next ones are 429
+    statuses = []
+    for _ in range(env.settings.queue.max_refusals_per_device):
+        answer = _post_case(env, case, encode_png(text_image("X")), wait=None, token=cam.token)
+        statuses.append(answer.status_code)
+        if answer.status_code == 429:
+            assert int(answer.headers["Retry-After"]) >= 1
+            break
+    assert statuses[-1] == 429 and set(statuses[:-1]) == {409}
+    fresh = escalation_case("cam-refused", stream_id="fresh", edge=[("AB-12", 0.9)])
+    refused = _post_case(env, fresh, encode_png(text_image("X")), wait=None, token=cam.token)
+    assert refused.status_code == 429
+    # while another device is not held back by it
+    other = escalation_case("cam-01", stream_id="unhurt", edge=[("AB-12", 0.9)])
+    assert _post_case(env, other, encode_png(text_image("X")), wait=None).status_code == 202
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_json_nested_deep_is_a_typed_4xx_everywhere(env: Env) -> None:
+    # metadata nested 1,000 deep in the multipart form (it was a 500, a RecursionError)
+    meta = escalation_case("cam-01", stream_id="deep").model_dump(mode="json")
+    answer = httpx.post(
+        f"{env.url}/v1/escalations",
+        files={"image": ("c.png", encode_png(text_image("X")), "image/png")},
+        data={"metadata": json.dumps(meta)[:-1] + ', "extra": ' + _nested(1000) + "}"},
+        headers=env.auth(),
+        timeout=60,
+    )
+    assert 400 <= answer.status_code < 500, answer.text
+    assert answer.json()["error"]["code"]
+    # a feedback body nested 100,000 deep, and a deployment's
+    deep = ('{"case_id": ' + _nested(100_000) + "}").encode()
+    for path, key in (("/v1/feedback", env.device_token), ("/v1/deployments", OP_KEY)):
+        answer = httpx.post(
+            f"{env.url}{path}",
+            content=deep,
+            headers={**env.auth(key), "Content-Type": "application/json",
+                     "X-EF-Signature": sign_body(env.device_key, deep)},
+            timeout=60,
+        )  # fmt: skip
+        assert answer.status_code == 422, (path, answer.text)
+        assert "nests deeper" in answer.json()["error"]["message"]
+    # the same body without a JSON content type, where a route reads it itself
+    answer = httpx.post(
+        f"{env.url}/v1/deployments", content=deep, headers=env.auth(OP_KEY), timeout=60
+    )
+    assert answer.status_code == 422, answer.text
+
+
+def test_the_export_names_who_gave_the_label_not_who_it_claims(env: Env) -> None:
+    case = escalation_case("cam-01", stream_id="claims", edge=[("AB-12", 0.9)])
+    assert _post_case(env, case, encode_png(text_image("AB-12"))).status_code == 200
+    body = json.dumps(
+        {"case_id": case.case_id, "label": "ZZ-99", "correct": False, "author": "operator-alice"}
+    ).encode()
+    headers = {**env.auth(), "Content-Type": "application/json",
+               "X-EF-Signature": sign_body(env.device_key, body)}  # fmt: skip
+    assert httpx.post(f"{env.url}/v1/feedback", content=body, headers=headers).status_code == 201
+    export = httpx.get(f"{env.url}/v1/export", params={"format": "jsonl"}, headers=env.auth(OP_KEY))
+    record = {r["case_id"]: r for r in map(json.loads, export.text.splitlines())}[case.case_id]
+    assert record["label"] == "ZZ-99" and record["label_by"] == "device:cam-01"
