@@ -2,7 +2,8 @@
 (edgefleet.fleet.registry.DeviceRegistry).
 
 The cloud needs only these calls of a registry: the HMAC key of a device (wire signatures),
-the device a REST token belongs to, and hooks for status/telemetry/reported messages.
+the device a REST token belongs to, hooks for status/telemetry/reported messages, and
+`mark_silent` for the liveness watch (edgefleet.cloud.liveness).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import hmac
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from edgefleet.shared.messages import DeviceStatus, DeviceTelemetry, ReportedState
+from edgefleet.shared.messages import DeviceStatus, DeviceTelemetry, ReportedState, utcnow
 
 
 @runtime_checkable
@@ -42,6 +44,10 @@ class DeviceDirectory(Protocol):
     def batch(self) -> AbstractContextManager[object]:
         """Records made inside the block are committed together (one transaction)."""
 
+    def mark_silent(self, heard_before: datetime) -> list[str]:
+        """Mark offline the online devices last heard alive before `heard_before` (the
+        cloud's clock); their ids."""
+
 
 class StaticDirectory:
     """A fixed set of devices held in memory: for `cloud serve` without a fleet database
@@ -54,6 +60,8 @@ class StaticDirectory:
         self.last_status: dict[str, DeviceStatus] = {}
         self.last_telemetry: dict[str, DeviceTelemetry] = {}
         self.last_reported: dict[str, ReportedState] = {}
+        self.heard: dict[str, datetime] = {}  # last heard alive, by our clock
+        self.silent: set[str] = set()  # marked offline by `mark_silent`
         for device_id, (key, token) in (devices or {}).items():
             self.add(device_id, key, token)
 
@@ -76,12 +84,15 @@ class StaticDirectory:
     def record_status(self, status: DeviceStatus) -> None:
         with self._lock:
             self.last_status[status.device_id] = status
+            if status.state == "online":
+                self._heard(status.device_id)
 
     def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
         with self._lock:
             known = self.last_telemetry.get(telemetry.device_id)
             if known is None or known.ts < telemetry.ts:
                 self.last_telemetry[telemetry.device_id] = telemetry
+                self._heard(telemetry.device_id)
 
     def record_telemetries(self, batch: Sequence[DeviceTelemetry]) -> None:
         for telemetry in batch:
@@ -93,3 +104,14 @@ class StaticDirectory:
 
     def batch(self) -> AbstractContextManager[object]:
         return nullcontext()
+
+    def mark_silent(self, heard_before: datetime) -> list[str]:
+        with self._lock:
+            quiet = (d for d, heard in self.heard.items() if heard < heard_before)
+            newly = sorted(d for d in quiet if d not in self.silent)
+            self.silent.update(newly)
+            return newly
+
+    def _heard(self, device_id: str) -> None:
+        self.heard[device_id] = utcnow()
+        self.silent.discard(device_id)

@@ -20,6 +20,7 @@ from edgefleet.cloud.cascade import Cascade, ModelLoader, ModelPool
 from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.drift import DriftWatch
 from edgefleet.cloud.ingest import Ingest
+from edgefleet.cloud.liveness import LivenessWatch
 from edgefleet.cloud.processor import CaseProcessor
 from edgefleet.cloud.refusals import RefusalBudget
 from edgefleet.cloud.replica import ReplicaIdentity
@@ -63,6 +64,7 @@ class CloudServices:
     identity: ReplicaIdentity
     refusals: RefusalBudget
     ingest: Ingest | None = None
+    liveness: LivenessWatch | None = None  # with the ingest: devices heard over MQTT
     registry: Any = None  # edgefleet.fleet.registry.DeviceRegistry when the fleet is in this store
     rollouts: Any = None  # edgefleet.fleet.rollout.RolloutController
     model_store: Any = None  # edgefleet.fleet.models.ModelStore: files devices download by NAME@VER
@@ -188,6 +190,12 @@ class CloudServices:
             )
             processor.publish = services.ingest.publish_verdict
             processor.publish_status = services.ingest.publish_status
+            ingest = services.ingest
+            services.liveness = LivenessWatch(
+                directory,
+                silence_s=settings.liveness.silence_s,
+                listening=lambda: ingest.connected,
+            )
         if registry is not None:
             from edgefleet.fleet.service import ModelStore, RolloutController
 
@@ -223,11 +231,15 @@ class CloudServices:
             self.pool.preload()
         if self.ingest is not None:
             self.ingest.start()
+        if self.liveness is not None:
+            self.liveness.start()
         if self.rollouts is not None:
             self.rollouts.start()
         self.drift.start()
 
     def close(self) -> None:
+        if self.liveness is not None:
+            self.liveness.stop()
         if self.ingest is not None:
             self.ingest.stop()
         if self.rollouts is not None:

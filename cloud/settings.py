@@ -118,6 +118,28 @@ class IngestSettings(Closed):
     )
 
 
+class LivenessSettings(Closed):
+    """When the cloud, by its own clock, calls a silent device offline."""
+
+    report_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="how often devices send telemetry: the edge's telemetry_interval_s "
+        "(keep the two equal)",
+    )
+    offline_after_intervals: float = Field(
+        1.5,
+        ge=1,
+        le=100,
+        description="a device not heard (telemetry or online status) for this many reporting "
+        "intervals is shown offline, as when its last will comes",
+    )
+
+    @property
+    def silence_s(self) -> float:
+        return self.report_interval_s * self.offline_after_intervals
+
+
 class QueueSettings(Closed):
     max_pending: int = Field(
         256, ge=1, description="REST escalations waiting for a worker; beyond this 429"
@@ -222,6 +244,9 @@ class CloudSettings(EdgefleetSettings):
     mqtt: MqttSettings = Field(default_factory=MqttSettings, description="broker connection")
     ingest: IngestSettings = Field(default_factory=IngestSettings, description="MQTT ingest")
     queue: QueueSettings = Field(default_factory=QueueSettings, description="case processing")
+    liveness: LivenessSettings = Field(
+        default_factory=LivenessSettings, description="offline devices by the cloud's clock"
+    )
     data_dir: Path = Field(
         Path("./edgefleet-data"),
         description="store, content-addressed images and the model store (data_dir/models, "

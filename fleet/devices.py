@@ -39,6 +39,9 @@ class DeviceSummary(Closed):
     device_id: str
     group: str
     online: bool
+    offline_for_s: float | None = Field(
+        None, description="seconds since the device was last heard alive, when offline"
+    )
     agent_version: str | None = None
     enrolled_at: datetime
     last_seen: datetime | None = None

@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 ENROLLED = Counter("ef_fleet_enrollments_total", "Devices enrolled")
 REVOKED = Counter("ef_fleet_revocations_total", "Devices revoked")
 TELEMETRY_RECORDED = Counter("ef_fleet_telemetry_recorded_total", "Telemetry messages stored")
-DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (at the last enroll/revoke)")
+DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (read from the store when scraped)")
 # Cached device keys: a change is looked for with this much lookback (another host's
 # clock, a commit still open), and a key is read again after the backstop at the latest.
 KEY_CHANGE_MARGIN_S = 120.0
@@ -195,6 +195,13 @@ class DeviceRegistry:
                 "ON fleet_devices (key_changed_at)",
             ],
         )
+        # when the cloud last heard the device alive, by the cloud's own clock: what
+        # `mark_silent` compares, since a device's clock and its last will's ts are not news
+        db.migrate(
+            "fleet_registry_v4",
+            [f"ALTER TABLE fleet_devices ADD COLUMN heard_at {t.timestamp}"],
+        )
+        DEVICES.set_function(self._count_for_metrics)
 
     # --- enrollment and credentials ---------------------------------------------------
 
@@ -233,7 +240,6 @@ class DeviceRegistry:
             )
         self._key_cache.put(device_id, (key, now))
         ENROLLED.inc()
-        DEVICES.set(self.count())
         log.info("enrolled device", extra={"device_id": device_id, "group": group})
         return Enrollment(device_id, group, key, password, token)
 
@@ -316,7 +322,6 @@ class DeviceRegistry:
             raise NotFound(f"device {device_id!r} is not enrolled")
         self.db.execute("DELETE FROM fleet_telemetry_history WHERE device_id = ?", (device_id,))
         REVOKED.inc()
-        DEVICES.set(self.count())
         log.info("revoked device", extra={"device_id": device_id})
 
     def broker_accounts(self) -> list[tuple[str, str]]:
@@ -357,11 +362,40 @@ class DeviceRegistry:
     # --- what devices tell us ---------------------------------------------------------
 
     def record_status(self, status: DeviceStatus) -> None:
-        self._update(
-            status.device_id,
-            "online = ?, agent_version = ?, last_seen = ?",
-            (status.state == "online", status.agent_version, status.ts),
+        """`online` is news of now (heard now); `offline` may be the last will, signed when
+        the device connected: it moves neither `last_seen` back nor `heard_at`."""
+        last_seen = (
+            "last_seen = CASE WHEN last_seen IS NULL OR last_seen < ? THEN ? ELSE last_seen END"
         )
+        if status.state == "online":
+            self._update(
+                status.device_id,
+                f"online = ?, agent_version = ?, {last_seen}, heard_at = ?",
+                (True, status.agent_version, status.ts, status.ts, utcnow()),
+            )
+        else:
+            self._update(
+                status.device_id,
+                f"online = ?, agent_version = ?, {last_seen}",
+                (False, status.agent_version, status.ts, status.ts),
+            )
+
+    def mark_silent(self, heard_before: datetime) -> list[str]:
+        """Mark offline the online devices not heard since `heard_before` (cloud clock):
+        a device killed or cut off whose last will never came. Returns their ids."""
+        rows = self.db.query(
+            "SELECT device_id FROM fleet_devices WHERE online = ? AND revoked_at IS NULL "
+            "AND (heard_at IS NULL OR heard_at < ?) ORDER BY device_id",
+            (True, heard_before),
+        )
+        ids = [r["device_id"] for r in rows]
+        if ids:
+            self.db.execute_many(
+                "UPDATE fleet_devices SET online = ?, updated_at = ? WHERE device_id = ? "
+                "AND online = ? AND (heard_at IS NULL OR heard_at < ?)",
+                [(False, utcnow(), device_id, True, heard_before) for device_id in ids],
+            )
+        return ids
 
     def record_telemetry(self, telemetry: DeviceTelemetry) -> None:
         """Keep the newest message in full plus one downsampled sample per history bucket."""
@@ -413,10 +447,10 @@ class DeviceRegistry:
         now = utcnow()
         self.db.execute_many(  # the guard again in SQL: another replica may be ahead
             f"UPDATE fleet_devices SET telemetry = ?, telemetry_ts = ?, escalations_sent = ?, "
-            f"last_seen = ?, online = ?, {sets}, updated_at = ? "
+            f"last_seen = ?, online = ?, {sets}, updated_at = ?, heard_at = ? "
             "WHERE device_id = ? AND revoked_at IS NULL "
             "AND (telemetry_ts IS NULL OR telemetry_ts < ?)",
-            [(*row, now, device_id, row[1]) for device_id, row in newest.items()],
+            [(*row, now, now, device_id, row[1]) for device_id, row in newest.items()],
         )
         cols = ", ".join(SUMMARY_COLUMNS)
         marks = ", ".join("?" for _ in SUMMARY_COLUMNS)
@@ -527,6 +561,14 @@ class DeviceRegistry:
         row = self.db.query_one("SELECT COUNT(*) AS n FROM fleet_devices WHERE revoked_at IS NULL")
         return int(row["n"]) if row else 0
 
+    def _count_for_metrics(self) -> float:
+        """`ef_fleet_devices` read from the store when scraped: devices enrolled by the CLI
+        (another process) count too; a store that does not answer reads as NaN."""
+        try:
+            return float(self.count())
+        except Exception:  # a scrape must never fail on the store
+            return float("nan")
+
     # --- internals --------------------------------------------------------------------
 
     def _stored(
@@ -575,6 +617,10 @@ def _summarise(t: DeviceTelemetry) -> dict[str, Any]:
     }
 
 
+# what a device is doing now: not shown for an offline device (its last fps is not its fps)
+LIVE_COLUMNS = ("fps", "latency_p95", "cpu_pct", "gpu_util", "gpu_power", "escalation_rate")
+
+
 def _summary(row: dict[str, Any]) -> DeviceSummary:
     reported = json.loads(row["reported"]) if row.get("reported") else None
     desired = json.loads(row["desired"]) if row.get("desired") else None
@@ -585,10 +631,19 @@ def _summary(row: dict[str, Any]) -> DeviceSummary:
             telemetry_model = f"{model['name']}@{model['version']}"
     if telemetry_model is None and reported and reported.get("models"):
         telemetry_model = ",".join(f"{m['name']}@{m['version']}" for m in reported["models"])
+    online = bool(row["online"])
+    figures = {c: row[c] for c in SUMMARY_COLUMNS}
+    offline_for_s = None
+    if not online:
+        figures.update(dict.fromkeys(LIVE_COLUMNS))
+        since = row.get("heard_at") or row.get("last_seen")
+        if since is not None:
+            offline_for_s = max(0.0, (utcnow() - _aware(since)).total_seconds())
     return DeviceSummary(
         device_id=row["device_id"],
         group=row["grp"],
-        online=bool(row["online"]),
+        online=online,
+        offline_for_s=offline_for_s,
         agent_version=row["agent_version"],
         enrolled_at=row["enrolled_at"],
         last_seen=row["last_seen"],
@@ -597,5 +652,9 @@ def _summary(row: dict[str, Any]) -> DeviceSummary:
         desired_deployment_id=desired["deployment_id"] if desired else None,
         model=telemetry_model,
         updated_at=row["updated_at"],
-        **{c: row[c] for c in SUMMARY_COLUMNS},
+        **figures,
     )
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)

@@ -28,6 +28,7 @@ from edgefleet.shared.hashing import same_hex
 from edgefleet.shared.logs import clip
 from edgefleet.shared.messages import (
     MESSAGE_TYPES,
+    DeviceStatus,
     DeviceTelemetry,
     EscalationCase,
     ImageContentType,
@@ -254,7 +255,7 @@ class Verifier:
                 "device_mismatch", f"device_id {message.device_id!r} published on {wire.topic!r}"
             )
         skew = abs((now - message.ts).total_seconds())
-        if skew > self.max_skew_s:
+        if skew > self.max_skew_s and not _is_last_will(message):
             raise PayloadRejected("stale", f"ts is {skew:.0f} s from now (> {self.max_skew_s:.0f})")
         image = None
         if isinstance(message, EscalationCase):
@@ -286,6 +287,16 @@ class Verifier:
 def _accepted(schema_id: str) -> Any:
     """The counter child of one schema (label lookups cost more than the count itself)."""
     return ACCEPTED.labels(schema_id)
+
+
+def _is_last_will(message: Message) -> bool:
+    """An `offline` status is accepted at any age: it is the device's MQTT last will, signed
+    when the agent connected and published by the broker whenever the link dies, so its
+    `ts` is the connection's start, not the news. Taking it for what it is (rather than
+    refreshing the will, which MQTT allows only by reconnecting) is safe: it carries no
+    data, only the broker and the device's own credentials may publish on its status
+    topic, and a replay of it is undone by the device's next telemetry."""
+    return isinstance(message, DeviceStatus) and message.state == "offline"
 
 
 def _replay_key(message: Message) -> tuple[str, str] | None:

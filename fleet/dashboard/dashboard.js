@@ -50,6 +50,13 @@ async function api(path) {
 function num(v, digits) {
   return v === null || v === undefined ? "–" : Number(v).toFixed(digits);
 }
+function span_of(s) {
+  s = Math.max(0, s);
+  if (s < 60) return Math.round(s) + " s";
+  if (s < 3600) return Math.round(s / 60) + " min";
+  if (s < 86400) return Math.round(s / 3600) + " h";
+  return Math.round(s / 86400) + " d";
+}
 function ago(iso) {
   if (!iso) return "never";
   const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
@@ -73,7 +80,10 @@ function cell(d, key) {
   const span = el("span");
   switch (key) {
     case "online": {
-      span.append(el("i", "dot" + (d.online ? " on" : "")), d.online ? "online" : "offline");
+      const label = d.online ? "online"
+        : d.offline_since ? "offline for " + span_of((Date.now() - d.offline_since) / 1000)
+        : "offline";
+      span.append(el("i", "dot" + (d.online ? " on" : "")), label);
       span.className = d.online ? "ok" : "muted";
       break;
     }
@@ -172,6 +182,10 @@ function scheduleRender() {
 function applyDevices(list, flash) {
   const groups = new Set();
   for (const d of list) {
+    // the server says how long it has been offline; the page counts on from there
+    if (!d.online && d.offline_for_s !== null && d.offline_for_s !== undefined) {
+      d.offline_since = Date.now() - d.offline_for_s * 1000;
+    }
     state.devices.set(d.device_id, d);
     if (flash) state.flashed.add(d.device_id);
     groups.add(d.group);

@@ -148,6 +148,19 @@ def test_stale_and_future_timestamps_are_rejected():
         assert err.value.reason == "stale"
 
 
+def test_a_last_will_is_accepted_at_any_age_an_old_online_status_is_not():
+    # the will is signed when the agent connects and sent by the broker when it dies
+    now = datetime.now(timezone.utc)
+    long_ago = now - timedelta(hours=5)
+    will = DeviceStatus(device_id="cam-01", state="offline", agent_version="1", ts=long_ago)
+    wire = encode(will, KEY, TOPICS.status("cam-01"))
+    assert verifier().verify(wire, now=now).message == will
+    online = will.model_copy(update={"state": "online"})
+    with pytest.raises(PayloadRejected) as err:
+        verifier().verify(encode(online, KEY, TOPICS.status("cam-01")), now=now)
+    assert err.value.reason == "stale"
+
+
 def test_timestamps_within_the_300_s_window_are_accepted():
     now = datetime.now(timezone.utc)
     v = verifier()
