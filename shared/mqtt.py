@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import ssl
 from pathlib import Path
 
@@ -73,8 +74,11 @@ def make_client(
         )
     client.max_inflight_messages_set(settings.max_inflight)
     client.max_queued_messages_set(0)
+    # each client's backoff drawn once, up to a quarter off: clients dropped together by a
+    # broker restart do not all come back in the same millisecond (seconds kept whole no more)
+    jitter = random.uniform(0.75, 1.0)
     client.reconnect_delay_set(
-        min_delay=max(1, int(settings.reconnect_min_s)), max_delay=int(settings.reconnect_max_s)
+        min_delay=settings.reconnect_min_s * jitter, max_delay=settings.reconnect_max_s * jitter
     )
     if will is not None:
         client.will_set(will.topic, will.payload, qos=1, retain=True, properties=properties(will))
