@@ -1,7 +1,12 @@
-"""MQTT ingest: shared subscriptions, verification, at-least-once into the store.
+"""MQTT ingest: subscriptions, verification, at-least-once into the store.
 
-Every replica subscribes to `$share/<group>/ef/v1/+/{escalations,telemetry,status,reported}`,
-so the broker hands each message to exactly one replica of the group. Messages are
+Replicas subscribe to `$share/<group>/ef/v1/+/{escalations,telemetry,status,reported}`,
+so the broker hands each message to exactly one replica of the group; a single replica
+subscribes plainly (`ingest.subscription`). Either way the session is persistent and
+the subscriptions are never left on a stop: the broker keeps queueing what comes while
+the replica restarts. Mosquitto 2.0 restores only plain subscriptions from its
+persistence, so only a plain one also loses nothing across the broker's own restart; a
+shared one is made again first thing on every connect. Messages are
 acknowledged by hand (paho manual ack) only after they are stored (a case: after its
 verdict is stored and the broker has taken the verdict for the device), and the CONNECT
 property Receive Maximum caps how many the broker may have unacknowledged with us:
@@ -38,6 +43,7 @@ from edgefleet.shared.messages import (
     DeviceTelemetry,
     EscalationCase,
     ReportedState,
+    utcnow,
 )
 from edgefleet.shared.mqtt import MqttSettings, from_paho, make_client, publish
 from edgefleet.shared.topics import Channel, Topics
@@ -101,7 +107,7 @@ class Ingest:
         directory: DeviceDirectory,
         processor: CaseProcessor,
         *,
-        share_group: str,
+        share_group: str | None,
         receive_maximum: int,
         light_queue: int = 10_000,
         light_queue_bytes: int = 64 * 2**20,
@@ -196,32 +202,52 @@ class Ingest:
     def connected(self) -> bool:
         return self._connected.is_set()
 
+    def hold(self) -> None:
+        """Take no more messages: what arrives from now on is left unacknowledged, so the
+        broker sends it again when this session resumes (the cases in hand still finish
+        and their verdicts go out while we are connected)."""
+        self.client.on_message = _left_for_redelivery
+
     def stop(self) -> None:
-        """Leave the share group first, so the broker stops queueing our share for us."""
-        if self.connected:
-            left = threading.Event()
-            self.client.on_unsubscribe = lambda *args: left.set()
-            self.client.unsubscribe(self._subscriptions())
-            left.wait(5)
-        self.client.disconnect()
-        self.client.loop_stop()
+        """Store and acknowledge what was taken, then disconnect, keeping the subscriptions:
+        the broker queues what comes for this session (`session_expiry_s`) until it resumes.
+        A replica removed for good leaves its queue to expire with the session; the devices
+        send unanswered cases again (`uplink.resend_unanswered_s`)."""
+        self.hold()
         for _ in self._light_workers:
             self._light.put(None)
         for worker in self._light_workers:
             worker.join(timeout=5)
+        self.client.disconnect()
+        self.client.loop_stop()
 
-    def _subscriptions(self) -> list[str]:
-        return [self.topics.all_devices(channel, self.share_group) for channel in CHANNELS]
+    def _subscriptions(self) -> list[tuple[str, mqtt.SubscribeOptions]]:
+        """Our filters. Retained messages are never replayed to the cloud when it subscribes
+        (a device's retained status is not news, and what a device left retained cannot
+        greet every start: Mosquitto 2.0 sends them on shared subscriptions too), and a
+        retained publish is seen as such (retain-as-published), to be refused where the
+        contract never retains."""
+        options = mqtt.SubscribeOptions(
+            qos=1,
+            retainAsPublished=True,
+            retainHandling=mqtt.SubscribeOptions.RETAIN_DO_NOT_SEND,
+        )
+        return [(self.topics.all_devices(c, self.share_group), options) for c in CHANNELS]
 
     # --- outgoing -------------------------------------------------------------------
 
     def publish_verdict(self, verdict: CloudVerdict) -> mqtt.MQTTMessageInfo | None:
-        """Sign with the device's key and send on its results topic (QoS 1)."""
+        """Sign with the device's key and send on its results topic (QoS 1), stamped now.
+
+        A verdict's `ts` says when it was sent, as every message's does: a stored verdict
+        sent again for a case the device resent, minutes later, must pass the device's
+        staleness check like a new one (its original time stays in the store)."""
         key = self.directory.device_key(verdict.device_id)
         if key is None:
             log.warning("no key for %s: verdict stored, not published", verdict.device_id)
             return None
-        return publish(self.client, encode(verdict, key, self.topics.results(verdict.device_id)))
+        sent = verdict.model_copy(update={"ts": utcnow()})
+        return publish(self.client, encode(sent, key, self.topics.results(verdict.device_id)))
 
     def publish_status(self, status: CloudStatus) -> None:
         """The cloud's lag, retained on the device's results topic."""
@@ -240,15 +266,7 @@ class Ingest:
         if reason_code.is_failure:
             log.error("broker refused the connection: %s", reason_code)
             return
-        # Retained messages are never replayed to the cloud when it subscribes (what a device
-        # left retained cannot greet every start), and a retained publish is seen as such
-        # (retain-as-published), to be refused where the contract never retains.
-        options = mqtt.SubscribeOptions(
-            qos=1,
-            retainAsPublished=True,
-            retainHandling=mqtt.SubscribeOptions.RETAIN_DO_NOT_SEND,
-        )
-        client.subscribe([(t, options) for t in self._subscriptions()])
+        client.subscribe(self._subscriptions())
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
         refused = [str(rc) for rc in reason_codes if rc.is_failure]
@@ -257,7 +275,10 @@ class Ingest:
             return
         self._connected.set()
         BROKER_CONNECTED.set(1)
-        log.info("ingest connected", extra={"client_id": self.client_id, "group": self.share_group})
+        log.info(
+            "ingest connected",
+            extra={"client_id": self.client_id, "group": self.share_group or "(plain)"},
+        )
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         self._connected.clear()
@@ -440,6 +461,10 @@ class Ingest:
         except Exception:  # keep the worker alive; the message is counted and logged
             log.exception("storing %s from %s failed", channel, verified.device_id)
             return "error"
+
+
+def _left_for_redelivery(client: mqtt.Client, userdata, message: mqtt.MQTTMessage) -> None:
+    """While stopping: not acknowledged, so the broker keeps it for the next session."""
 
 
 def _lock_order(item: Light) -> tuple[str, float]:

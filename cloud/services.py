@@ -175,7 +175,7 @@ class CloudServices:
                 settings.mqtt,
                 directory,
                 processor,
-                share_group=settings.resolved_share_group(),
+                share_group=settings.ingest_share_group(),
                 receive_maximum=settings.ingest.receive_maximum,
                 light_queue=settings.ingest.light_queue,
                 light_queue_bytes=settings.ingest.light_queue_bytes,
@@ -238,14 +238,18 @@ class CloudServices:
         self.drift.start()
 
     def close(self) -> None:
+        """Stop taking messages (the broker keeps what comes for our session), let the
+        cases in hand finish and their verdicts reach the broker, then disconnect."""
         if self.liveness is not None:
             self.liveness.stop()
         if self.ingest is not None:
-            self.ingest.stop()
+            self.ingest.hold()
         if self.rollouts is not None:
             self.rollouts.stop()
         self.drift.stop()
         self.processor.close()
+        if self.ingest is not None:
+            self.ingest.stop()
         self.pool.close()
         self.db.close()
         self.identity.release()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -53,6 +53,14 @@ class IngestSettings(Closed):
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
         description="MQTT 5 shared-subscription group: replicas in one group split the load; "
         "none = derived from the cloud's broker password, so it is no public constant",
+    )
+    subscription: Literal["auto", "plain", "shared"] = Field(
+        "auto",
+        description="`plain`: one replica; its subscriptions are kept with its session by "
+        "the broker, through the broker's restart too (Mosquitto 2.0 does not restore shared "
+        "ones), so nothing is lost while either restarts. `shared`: N replicas split the load "
+        "through share_group. auto = shared when share_group or client_id is set (replicas "
+        "named by the operator), plain otherwise",
     )
     client_id: str | None = Field(
         None,
@@ -290,6 +298,13 @@ class CloudSettings(EdgefleetSettings):
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'cloud.db'}"
+
+    def ingest_share_group(self) -> str | None:
+        """The shared-subscription group the ingest joins; None = plain subscriptions."""
+        mode = self.ingest.subscription
+        if mode == "auto":
+            mode = "shared" if self.ingest.share_group or self.ingest.client_id else "plain"
+        return self.resolved_share_group() if mode == "shared" else None
 
     def resolved_share_group(self) -> str:
         """The configured group, or one derived from the cloud's broker password: every

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import ssl
 from pathlib import Path
 
@@ -80,8 +81,12 @@ def make_client(
         )
     client.max_inflight_messages_set(settings.max_inflight)
     client.max_queued_messages_set(0)
-    client.reconnect_delay_set(
-        min_delay=max(1, int(settings.reconnect_min_s)), max_delay=int(settings.reconnect_max_s)
+    # each client's backoff drawn once, up to a quarter off: clients dropped together by a
+    # broker restart do not all come back in the same millisecond (seconds kept whole no more)
+    jitter = random.uniform(0.75, 1.0)
+    client.reconnect_delay_set(  # paho's hints say int; it only sleeps and doubles them
+        min_delay=settings.reconnect_min_s * jitter,  # type: ignore[arg-type]
+        max_delay=settings.reconnect_max_s * jitter,  # type: ignore[arg-type]
     )
     if will is not None:
         client.will_set(will.topic, will.payload, qos=1, retain=True, properties=properties(will))
