@@ -60,9 +60,10 @@ def test_two_replicas_on_postgresql_split_the_load_exactly_once(
     rules = tmp_path / "rules.yaml"
     rules.write_text("default: {model: rules, timeout_s: 30}\n")
     group = f"scale-{secrets.token_hex(3)}"
-    settings = [
-        _replica(tmp_path / "data", pg_url, broker, group, f"replica-{i}", rules) for i in range(2)
-    ]
+    # client ids of this test only: a session of the same id left by another test would
+    # resume with that test's group subscription and take every case a second time
+    names = [f"{group}-{i}" for i in range(2)]
+    settings = [_replica(tmp_path / "data", pg_url, broker, group, n, rules) for n in names]
     replicas = [CloudServices.build(s) for s in settings]
     servers = [
         ServerThread(create_app(s, services=r)) for s, r in zip(settings, replicas, strict=True)
@@ -116,7 +117,7 @@ def test_two_replicas_on_postgresql_split_the_load_exactly_once(
         assert len(attempts) == N_CASES and set(attempts.values()) == {1}
         rows = db.query("SELECT processed_by, COUNT(*) AS n FROM ef_verdicts GROUP BY processed_by")
         per_replica = {row["processed_by"]: row["n"] for row in rows}
-        assert set(per_replica) == {"replica-0", "replica-1"}, per_replica
+        assert set(per_replica) == set(names), per_replica
         assert sum(per_replica.values()) == N_CASES
         # and behind the Service either replica answers for any case, image included
         by = {
@@ -124,7 +125,7 @@ def test_two_replicas_on_postgresql_split_the_load_exactly_once(
             for row in db.query("SELECT case_id, processed_by FROM ef_verdicts")
         }
         auth = {"Authorization": f"Bearer {OPERATOR_KEY}"}
-        for owner in ("replica-0", "replica-1"):
+        for owner in names:
             case_id = next(c for c, p in by.items() if p == owner)
             for server in servers:
                 record = httpx.get(f"{server.url}/v1/escalations/{case_id}", headers=auth)
