@@ -28,12 +28,14 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
 import typer
 
 from edgefleet.bench.hard_scenes import Clip, Tally, frame_scores, render_clips
+from edgefleet.bench.scenarios import SCENARIOS, scenario_clips
 from edgefleet.cloud.cache import VerdictCache
 from edgefleet.cloud.cascade import Cascade, ModelPool
 from edgefleet.cloud.router import Route
@@ -152,10 +154,163 @@ def cascade_run(
     return row
 
 
+@dataclass
+class ScenarioResult:
+    """One scenario's rows: edge-only, cloud-only (sampled frames) and the cascade at each
+    budget (the first, budget 0, is the tracks alone)."""
+
+    name: str
+    edge: Tally
+    cloud: Tally
+    budgets: list[float]
+    cascade: list[Row]
+    frames: int
+
+    @property
+    def tracks(self) -> Row:
+        return self.cascade[0]
+
+
+def _edge_tally(clips: list[Clip], reads: list[list[list[Detection]]]) -> Tally:
+    tally = Tally()
+    for clip, clip_reads in zip(clips, reads, strict=True):
+        for lines, truth in zip(clip_reads, clip.truth, strict=True):
+            tally.add(frame_scores([(d.text or "", d.box) for d in lines], truth))
+    return tally
+
+
+def run_scenario(
+    name: str,
+    clips: list[Clip],
+    edge_model: Any,
+    pool: ModelPool,
+    cloud: str,
+    budgets: list[float],
+    delay: int,
+    cloud_every: int,
+) -> ScenarioResult:
+    """Every row of one scenario on the same frames."""
+    reads = [[edge_model.predict(f, fmt="bgr") for f in clip.frames] for clip in clips]
+    cloud_tally = Tally()
+    for clip in clips:
+        for index in range(0, len(clip.frames), cloud_every):
+            lines = pool.call(cloud, decode_image(clip.jpegs[index]), 120.0)
+            cloud_tally.add(frame_scores([(d.text or "", d.box) for d in lines], clip.truth[index]))
+    cascade = Cascade(pool, VerdictCache(0, 1.0), lighter=None, accept_edge_min_score=0.9)
+    route = Route("default", cloud, 120.0, 0, False)
+    rows = [
+        cascade_run(clips, reads, cascade, route, b, delay, edge_model.info, TrackSettings())
+        for b in [0.0, *budgets]
+    ]
+    frames = sum(len(c.frames) for c in clips)
+    return ScenarioResult(name, _edge_tally(clips, reads), cloud_tally, budgets, rows, frames)
+
+
+def scenario_table(results: list[ScenarioResult], budget: float) -> list[str]:
+    """Markdown: per scenario, edge-only, tracks alone, edge+cloud at `budget`, cloud-only,
+    the cloud's move over the tracks, the share escalated and the uplink."""
+    lines = [
+        "| scenario | edge-only | tracks alone | edge+cloud | cloud-only (every "
+        "sampled frame) | cloud's move over tracks | escalated | uplink kB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    totals = [Tally(), Tally(), Tally(), Tally()]
+    cases = frames = bytes_up = 0
+    for r in results:
+        row = r.cascade[1 + r.budgets.index(budget)]
+        for total, t in zip(totals, (r.edge, r.tracks.tally, row.tally, r.cloud), strict=True):
+            total.chars, total.exact = total.chars + t.chars, total.exact + t.exact
+            total.lines += t.lines
+        cases, frames, bytes_up = cases + row.cases, frames + r.frames, bytes_up + row.bytes_up
+        lines.append(_table_row(r.name, r.edge, r.tracks.tally, row.tally, r.cloud,
+                                row.cases / r.frames, row.bytes_up))
+    lines.append(_table_row("**all**", *totals, cases / max(1, frames), bytes_up))
+    return lines
+
+
+def _table_row(
+    name: str, edge: Tally, tracks: Tally, both: Tally, cloud: Tally, share: float, up: int
+) -> str:
+    def pct(t: Tally) -> str:
+        return f"{100 * t.char_accuracy:.1f} %"
+
+    move = 100 * (both.char_accuracy - tracks.char_accuracy)
+    return (
+        f"| {name} | {pct(edge)} | {pct(tracks)} | {pct(both)} | {pct(cloud)} | "
+        f"{move:+.1f} | {share:.1%} | {up / 1000:.1f} |"
+    )
+
+
+def plot(results: list[ScenarioResult], path: Path) -> None:
+    """Accuracy and uplink against the escalation budget, one line per scenario."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise typer.BadParameter("--plot needs matplotlib: pip install matplotlib") from exc
+    figure, (acc, up) = plt.subplots(1, 2, figsize=(12, 5))
+    for r in results:
+        budgets = [0.0, *r.budgets]
+        acc.plot([100 * b for b in budgets], [100 * row.tally.char_accuracy for row in r.cascade],
+                 marker="o", label=r.name)
+        up.plot([100 * b for b in budgets], [row.bytes_up / 1000 for row in r.cascade],
+                marker="o", label=r.name)
+    acc.set(xlabel="escalation budget (% of frames)", ylabel="edge+cloud character accuracy (%)")
+    up.set(xlabel="escalation budget (% of frames)", ylabel="uplink (kB)")
+    acc.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def scenarios(
+    chosen: tuple[str, ...],
+    clips: int,
+    frames: int,
+    levels: list[float],
+    report_budget: float,
+    tuned: bool,
+    edge: str,
+    cloud: str,
+    verdict_delay: int,
+    cloud_every: int,
+    plot_to: Path | None,
+) -> None:
+    """Per scenario of bench/scenarios.py: edge-only, tracks alone, edge+cloud, cloud-only."""
+    started = time.perf_counter()
+    pool = ModelPool([cloud], load_model)
+    results = []
+    with load_model(edge) as edge_model:
+        for name in chosen:
+            rendered = scenario_clips(name, clips, frames, held_out=not tuned)
+            results.append(
+                run_scenario(name, rendered, edge_model, pool, cloud, levels, verdict_delay,
+                             cloud_every)
+            )
+            typer.echo(f"{name}: done ({time.perf_counter() - started:.0f} s)", err=True)
+    pool.close()
+    which = "tuned" if tuned else "held-out"
+    typer.echo(
+        f"{len(chosen)} scenarios x {clips} clips x {frames} frames ({which} fonts and seeds), "
+        f"edge {edge}, cloud {cloud}, budget {report_budget:.0%}, verdicts back "
+        f"{verdict_delay} frames later; character accuracy"
+    )
+    for line in scenario_table(results, report_budget):
+        typer.echo(line)
+    if plot_to is not None:
+        plot(results, plot_to)
+        typer.echo(f"plot: {plot_to}")
+    typer.echo(f"{time.perf_counter() - started:.0f} s")
+
+
 @app.command()
 def main(
-    clips: Annotated[int, typer.Option(help="seeded clips (one stream each)")] = 10,
-    frames: Annotated[int, typer.Option(help="frames per clip (10 fps)")] = 30,
+    clips: Annotated[
+        int | None, typer.Option(help="clips per scenario [3], or hard clips [10]")
+    ] = None,
+    frames: Annotated[int | None, typer.Option(help="frames per clip, 10 fps [40; 30]")] = None,
     budgets: Annotated[str, typer.Option(help="escalation budgets, share of frames")] = (
         "0.05,0.10,0.15,0.25"
     ),
@@ -172,11 +327,36 @@ def main(
         True
     ),
     quick: Annotated[bool, typer.Option(help="3 clips of 20 frames, no ladder")] = False,
+    hard_clips: Annotated[
+        bool, typer.Option("--hard-clips", help="the hard clips and the OCR ladder instead")
+    ] = False,
+    names: Annotated[str, typer.Option("--scenarios", help="comma-separated, or all")] = "all",
+    report_budget: Annotated[float, typer.Option(help="the budget the table reports")] = (
+        BudgetSettings().share
+    ),
+    tuned: Annotated[
+        bool, typer.Option("--tuned/--held-out", help="the fonts and seeds choices look at")
+    ] = False,
+    cloud_every: Annotated[int, typer.Option(help="cloud-only reads every n-th frame")] = 4,
+    plot_to: Annotated[Path | None, typer.Option("--plot", help="draw the budgets (PNG)")] = None,
 ) -> None:
-    """Print edge-only, cloud-only and the cascade at each budget, side by side.
+    """Per scenario (bench/scenarios.py), on held-out fonts and seeds: edge-only, tracks
+    alone, edge+cloud, cloud-only; `--hard-clips`: the hard clips, the OCR ladder and every
+    budget side by side.
 
-    Example: edgefleet bench cascade --quick
+    Example: edgefleet bench cascade --clips 3 --frames 40 --plot cascade.png
     """
+    if not hard_clips:
+        chosen = SCENARIOS if names == "all" else tuple(n.strip() for n in names.split(","))
+        unknown = sorted(set(chosen) - set(SCENARIOS))
+        if unknown:
+            raise typer.BadParameter(f"unknown scenarios {unknown}; known: {SCENARIOS}")
+        levels = sorted({*(float(b) for b in budgets.split(",")), report_budget})
+        clips, frames = (2, 20) if quick else (clips or 3, frames or 40)
+        scenarios(chosen, clips, frames, levels, report_budget,
+                  tuned, edge, cloud, verdict_delay, cloud_every, plot_to)
+        return
+    clips, frames = clips or 10, frames or 30
     if quick:
         clips, frames, run_ladder = 3, 20, False
     started = time.perf_counter()

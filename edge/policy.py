@@ -1,10 +1,13 @@
 """Escalation policy: which frames and text tracks become cases, and what image goes.
 
 `escalate: tracks` (the default): text seen across frames is one track (edge/tracks.py);
-a track is escalated at most once: from its `ready_frames`-th frame on, as soon as its
-voted confidence is under the budget's threshold and the budget has credit
-(edge/budget.py), as one case carrying its best crops tiled into one image. Its reason
-is `disagreement` when its own frames read it differently, else `unsure`. Frames are
+a track is escalated once it has shown its line whole (not cut by the frame's border) on
+`ready_frames` frames, or after `max_wait_frames` if it never does, as soon as its voted
+confidence is under the budget's threshold and the budget has credit (edge/budget.py),
+as one case carrying its best crops (whole ones first) tiled into one image. It is asked
+again (up to `max_cases`) only once it has come whole, grown or lost its answer since
+(`Tracker.review`). Its reason is `disagreement` when its own frames read it
+differently, else `unsure`. Frames are
 still escalated when the model failed, found nothing where something is expected, or
 were picked by the drift sample.
 `escalate: frames`: every frame with a score inside the unsure band, as before.
@@ -30,7 +33,7 @@ from prometheus_client import Counter
 from edgefleet.edge.budget import EscalationBudget
 from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
 from edgefleet.edge.settings import PolicySettings
-from edgefleet.edge.tracks import Track, Tracker
+from edgefleet.edge.tracks import Asked, Track, Tracker
 from edgefleet.shared.messages import Detection, EscalationReason, StreamId, Tile, TrackId
 
 CANDIDATES = Counter("ef_edge_escalation_candidates_total", "Frames that qualified", ["reason"])
@@ -199,22 +202,29 @@ class EscalationPolicy:
         return out
 
     def consider_track(self, stream_id: StreamId, track: Track) -> Escalation | None:
-        """From `ready_frames` frames on, until it is sent: a case for the track, if the
-        budget picks it and the rate limit and de-duplication let it through."""
-        ready = self.settings.tracks.ready_frames
-        if track.escalated or track.frames < ready:
+        """Once the track can be answered (seen whole on `ready_frames` frames, or waited
+        `max_wait_frames`), until it is sent: a case for the track, if the budget picks it
+        and the rate limit and de-duplication let it through."""
+        s = self.settings.tracks
+        if track.escalated or track.frames < s.ready_frames:
             return None
+        if len(track.whole_reads) < s.ready_frames and track.frames < s.max_wait_frames:
+            return None  # cut by the frame's border: a case now would ask about a part
         text, score = track.reading()
         reason: EscalationReason = "disagreement" if track.agreement() < 0.6 else "unsure"
-        if not self.budget.consider(stream_id, score, first=track.frames == ready):
+        first, track.considered = not track.considered, True
+        if not self.budget.consider(stream_id, score, first=first):
             return None
         CANDIDATES.labels(reason).inc()
-        crops = sorted(track.crops, key=lambda c: -c.rank)
+        whole = [c for c in track.crops if c.whole]
+        crops = sorted(whole or track.crops, key=lambda c: -c.rank)
         strip, rects = tile_crops([c.image for c in crops], self.settings.max_image_side)
         if not self.admit(stream_id, strip):
             self.budget.refund(stream_id)
             return None
         track.escalated = True
+        track.cases += 1
+        track.asked = Asked(text, all(c.whole for c in crops), track.height)
         tiles = tuple(
             Tile(x=x, y=y, w=w, h=h, frame_index=c.frame_index, crop=c.box)
             for (x, y, w, h), c in zip(rects, crops, strict=True)

@@ -92,6 +92,21 @@ class TrackSettings(Closed):
     keep_ended: int = Field(
         2000, ge=1, description="ended tracks remembered, so that late verdicts still land"
     )
+    border_px: int = Field(
+        2, ge=0, description="a line this close to the frame's edge is cut by it: not whole"
+    )
+    max_wait_frames: int = Field(
+        30, ge=1, description="a track never seen whole (cut by the frame's edge) is "
+        "escalated anyway after this many frames"
+    )
+    regrow: float = Field(
+        1.6, gt=1, description="a track whose line grew this much in height since its case "
+        "(text approaching) may be escalated again"
+    )
+    max_cases: int = Field(
+        2, ge=1, le=8, description="cases per track at most: another only once the line "
+        "has come whole, grown or changed since the last"
+    )
 
 
 class BudgetSettings(Closed):

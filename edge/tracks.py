@@ -2,11 +2,18 @@
 
 A detection joins the open track of its stream whose last box overlaps it most, when the
 overlap is large, or when it overlaps at all and reads alike. A track's reading is a
-confidence-weighted vote over its frames, or the cloud's answer once it came, unless the
-vote is surer than the answer; it keeps its few best crops (sharpest x largest) for the
-cloud; it ends when unseen for `max_gap` frames. Ended tracks are kept
-(bounded) so that a late verdict still lands on its track. A crop's rank is the edge's
-confidence on it x its sharpness x its area: glare and blur lower the first two.
+confidence-weighted vote over the frames where its line shows whole (a line cut by the
+frame's border reads as a part of itself: until it shows whole, its latest read), or the
+cloud's answer once it came, unless the vote is surer than the answer; it keeps its few
+best crops (whole before cut, then sharpest x largest) for the cloud; it ends when unseen
+for `max_gap` frames. Ended tracks are kept (bounded) so that a late verdict still lands
+on its track. A crop's rank is the edge's confidence on it x its sharpness x its area:
+glare and blur lower the first two.
+
+An answer is for the track as it was when its case was sent (`Asked`). It stands only
+while it still fits what the track sees now: when the line has come whole since, grown
+past the answer, or reads as something else, the answer is retired (`Tracker.review`) and
+the track may be asked again, up to `max_cases`.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
+from prometheus_client import Counter
 
 from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
 from edgefleet.edge.settings import TrackSettings
@@ -27,6 +35,12 @@ from edgefleet.shared.messages import CaseId, Detection, StreamId, TrackId
 from edgefleet.shared.models.ocr import vote
 
 Box = tuple[float, float, float, float]
+
+RETIRED = Counter(
+    "ef_edge_answers_retired_total",
+    "Cloud answers that no longer fit their track (the line came whole, grew or changed)",
+    ["why"],
+)
 
 
 def iou(a: Box, b: Box) -> float:
@@ -39,9 +53,14 @@ def iou(a: Box, b: Box) -> float:
     return inter / union if union > 0 else 0.0
 
 
+def squash(text: str) -> str:
+    """A reading as compared: no case, no spacing."""
+    return "".join(text.split()).casefold()
+
+
 def similarity(a: str, b: str) -> float:
     """0..1 how alike two readings are, ignoring case and spacing."""
-    x, y = "".join(a.split()).casefold(), "".join(b.split()).casefold()
+    x, y = squash(a), squash(b)
     if not x or not y:
         return 0.0
     return difflib.SequenceMatcher(None, x, y).ratio()
@@ -61,6 +80,21 @@ class Crop:
     frame_index: int
     box: tuple[int, int, int, int]
     rank: float
+    whole: bool  # the line did not touch the frame's border
+
+    @property
+    def key(self) -> tuple[bool, float]:
+        """What a kept crop is worth: a whole line before any cut one, then its rank."""
+        return self.whole, self.rank
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The track as its latest case showed it: what its answer is an answer to."""
+
+    text: str  # the edge's reading then
+    whole: bool  # every crop sent showed the whole line
+    height: float  # the line's height then, in frame pixels
 
 
 @dataclass
@@ -73,19 +107,49 @@ class Track:
     last_frame: int
     box: Box
     reads: list[tuple[str, float]] = field(default_factory=list)
+    whole_reads: list[tuple[str, float]] = field(default_factory=list)  # line not cut
     crops: list[Crop] = field(default_factory=list)
-    escalated: bool = False
+    escalated: bool = False  # a case is out and no new one is due
+    considered: bool = False  # its score entered the budget's distribution
+    cases: int = 0
+    asked: Asked | None = None
     case_id: CaseId | None = None
     cloud: Detection | None = None
     ended: bool = False
+    seen: int = 0  # frames it was seen on (reads keeps only the latest `max_reads`)
 
     @property
     def frames(self) -> int:
-        return len(self.reads)
+        return self.seen
+
+    @property
+    def height(self) -> float:
+        return self.box[3] - self.box[1]
 
     def reading(self) -> tuple[str, float]:
-        """The edge's vote over this track's frames: (text, vote share x confidence)."""
-        return vote(self.reads)
+        """The edge's vote over this track's frames where the line showed whole: (text,
+        vote share x confidence). While it has shown only cut, its latest read: the part
+        in view changes from frame to frame, and an older part is a shorter one."""
+        if self.whole_reads or not self.reads:
+            return vote(self.whole_reads)
+        return self.reads[-1]
+
+    def misfit(self, answer: Detection) -> str | None:
+        """Why the cloud's `answer` no longer fits what the track sees now, or None. Asked
+        on a cut line that shows whole now, an answer shorter than the whole reading is of
+        the part; a reading grown two characters past the answer, or one unlike what was
+        asked, has outgrown it. (An edge vote surer than the answer wins in `outcome`.)"""
+        if self.asked is None:
+            return None
+        text, _ = self.reading()
+        mine, theirs = squash(text), squash(answer.text or "")
+        if not self.asked.whole and self.whole_reads and len(theirs) < len(mine):
+            return "was_cut"
+        if len(mine) - len(theirs) >= 2:
+            return "grew"
+        if self.whole_reads and similarity(text, self.asked.text) < 0.5:
+            return "changed"
+        return None
 
     def outcome(self) -> tuple[str, float, bool]:
         """What the device reports, (text, score, whether it is the cloud's answer): the
@@ -103,11 +167,11 @@ class Track:
         return text, score
 
     def agreement(self) -> float:
-        """Share of this track's reads that agree with its winning reading."""
+        """Share of the reads `reading` votes over that agree with its winning reading."""
         text, _ = self.reading()
-        key = "".join(text.split()).casefold()
-        same = sum(1 for t, _ in self.reads if "".join(t.split()).casefold() == key)
-        return same / len(self.reads) if self.reads else 0.0
+        reads = self.whole_reads or self.reads
+        same = sum(1 for t, _ in reads if squash(t) == squash(text))
+        return same / len(reads) if reads else 0.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +217,7 @@ class Tracker:
         """Add one frame's text lines (`image` in pixel format `fmt`); the track of each
         detection, in the same order."""
         s = self.settings
+        h, w = frame_hw(image, fmt)
         with self._lock:
             tracks = self._open.setdefault(stream_id, [])
             taken: set[int] = set()
@@ -187,15 +252,48 @@ class Tracker:
                 taken.add(best)
                 track = tracks[best]
                 track.box, track.last_frame = det.box, frame_index
-                track.reads.append((det.text, det.score))
-                del track.reads[: -s.max_reads]
-                self._keep_crop(track, image, fmt, det.box, frame_index, det.score)
+                track.seen += 1
+                whole = not self._cut(det.box, h, w)
+                for reads in (track.reads, track.whole_reads) if whole else (track.reads,):
+                    reads.append((det.text, det.score))
+                    del reads[: -s.max_reads]
+                self._keep_crop(track, image, fmt, det.box, frame_index, det.score, whole)
+                self._review(track)
                 out.append(track)
             self._end_stale(stream_id, frame_index)
             return out
 
+    def _cut(self, box: Box, h: int, w: int) -> bool:
+        """Whether a line with this box is cut by the frame's border."""
+        m = self.settings.border_px
+        return box[0] <= m or box[1] <= m or box[2] >= w - m or box[3] >= h - m
+
+    def _review(self, track: Track) -> None:
+        """Retire an answer the track has outgrown, and let a track that came whole, grew or
+        lost its answer be asked again (up to `max_cases`). Under the lock."""
+        s = self.settings
+        if track.cloud is not None:
+            why = track.misfit(track.cloud)
+            if why is not None:
+                RETIRED.labels(why).inc()
+                track.cloud = None
+                track.escalated = False
+        asked = track.asked
+        if not track.escalated or asked is None or track.cases >= s.max_cases:
+            return
+        came_whole = not asked.whole and len(track.whole_reads) >= s.ready_frames
+        if came_whole or track.height >= asked.height * s.regrow:
+            track.escalated = False
+
     def _keep_crop(
-        self, track: Track, image: np.ndarray, fmt: str, box: Box, frame_index: int, score: float
+        self,
+        track: Track,
+        image: np.ndarray,
+        fmt: str,
+        box: Box,
+        frame_index: int,
+        score: float,
+        whole: bool,
     ) -> None:
         """Rank the sighting's crop (YUV: on the Y plane); keep the best, converted to BGR
         only when kept."""
@@ -207,13 +305,13 @@ class Tracker:
         if x2 - x1 < 2 or y2 - y1 < 2:
             return
         rank = score * sharpness(gray(image, fmt)[y1:y2, x1:x2]) * bw * bh  # sure, sharp, large
-        worst = min(track.crops, key=lambda c: c.rank, default=None)
+        worst = min(track.crops, key=lambda c: c.key, default=None)
         if len(track.crops) >= self.settings.max_crops:
-            if worst is None or rank <= worst.rank:
+            if worst is None or (whole, rank) <= worst.key:
                 return
             track.crops.remove(worst)
         crop = bgr_crop(image, fmt, (x1, y1, x2, y2)).copy()
-        track.crops.append(Crop(crop, frame_index, (x1, y1, x2, y2), rank))
+        track.crops.append(Crop(crop, frame_index, (x1, y1, x2, y2), rank, whole))
 
     def _end_stale(self, stream_id: StreamId, frame_index: int) -> None:
         tracks = self._open[stream_id]
@@ -250,7 +348,8 @@ class Tracker:
 
     def apply_verdict(self, track_id: str, result: list[Detection]) -> Track | None:
         """The cloud's answer lands on the track (open or ended), and becomes its result
-        unless the edge's vote is surer (`Track.outcome`); None if the track is unknown."""
+        unless the edge's vote is surer (`Track.outcome`) or the track has outgrown it
+        (`Track.misfit`: retired at once); None if the track is unknown."""
         with self._lock:
             track = self._by_id.get(track_id)
             if track is None:
@@ -261,4 +360,5 @@ class Tracker:
                 if reads
                 else Detection(text="", score=0.0, box=track.box)
             )
+            self._review(track)
             return track
