@@ -224,7 +224,8 @@ def scenario_table(results: list[ScenarioResult], budget: float) -> list[str]:
         cases, frames, bytes_up = cases + row.cases, frames + r.frames, bytes_up + row.bytes_up
         lines.append(_table_row(r.name, r.edge, r.tracks.tally, row.tally, r.cloud,
                                 row.cases / r.frames, row.bytes_up))
-    lines.append(_table_row("**all**", *totals, cases / max(1, frames), bytes_up))
+    edge, tracks, both, cloud = totals
+    lines.append(_table_row("**all**", edge, tracks, both, cloud, cases / max(1, frames), bytes_up))
     return lines
 
 

@@ -15,6 +15,7 @@ A line's truth in a frame is its whole text, from the frame where at least
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,14 +66,11 @@ _TEXT_PX = 40  # the plate's text height as drawn, before the scenario scales it
 @cache
 def _font_dir() -> Path | None:
     """Where the DejaVu TrueType fonts lie: matplotlib's copy, else the system's."""
-    try:
-        import matplotlib
-
-        bundled = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
+    spec = importlib.util.find_spec("matplotlib")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "mpl-data" / "fonts" / "ttf"
         if (bundled / "DejaVuSans.ttf").exists():
             return bundled
-    except ImportError:
-        pass
     system = Path("/usr/share/fonts/truetype/dejavu")
     return system if (system / "DejaVuSans.ttf").exists() else None
 
@@ -88,20 +86,21 @@ def available_fonts(fonts: tuple[str, ...]) -> tuple[str, ...]:
 def plate_image(text: str, font: str, ink: int, paper: int) -> np.ndarray:
     """The plate, flat and upright: text of `_TEXT_PX` pixels with a margin, grey levels."""
     if font in _HERSHEY:
-        face = _HERSHEY[font]
-        scale = cv2.getFontScaleFromHeight(face, _TEXT_PX, 2)
-        (tw, th), base = cv2.getTextSize(text, face, scale, 2)
+        hershey = _HERSHEY[font]
+        scale = cv2.getFontScaleFromHeight(hershey, _TEXT_PX, 2)
+        (tw, th), base = cv2.getTextSize(text, hershey, scale, 2)
         pad = _TEXT_PX // 3
         image = np.full((th + base + 2 * pad, tw + 2 * pad), paper, np.uint8)
-        cv2.putText(image, text, (pad, pad + th), face, scale, ink, 2, cv2.LINE_AA)
+        cv2.putText(image, text, (pad, pad + th), hershey, scale, ink, 2, cv2.LINE_AA)
         return image
+    face: ImageFont.FreeTypeFont | ImageFont.ImageFont
     if font == "pillow":
         face = ImageFont.load_default(_TEXT_PX * 1.3)
     else:
         folder = _font_dir()
         assert folder is not None, "available_fonts() leaves out what cannot be drawn"
         face = ImageFont.truetype(str(folder / _TRUETYPE[font]), round(_TEXT_PX * 1.3))
-    left, top, right, bottom = face.getbbox(text)
+    left, top, right, bottom = (round(v) for v in face.getbbox(text))
     pad = _TEXT_PX // 3
     canvas = Image.new("L", (right - left + 2 * pad, bottom - top + 2 * pad), paper)
     ImageDraw.Draw(canvas).text((pad - left, pad - top), text, fill=ink, font=face)
@@ -154,7 +153,7 @@ def _moving(
         quad[:, 0] += shear * (h * s - quad[:, 1])
         quad[1, 1] += tilt * h * s / 2
         quad[2, 1] -= tilt * h * s / 2
-        return quad + np.float32([x, y])
+        return quad + np.array([x, y], np.float32)
 
     return corners
 
@@ -168,8 +167,8 @@ def _texture(w: int, h: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def _plate(line: int, rng: random.Random, font: str, kind: Kind | None = None) -> tuple:
-    text = make_text(kind or rng.choice(_KINDS), rng)
+def _plate(rng: random.Random, font: str, kind: Kind | None = None) -> tuple[str, np.ndarray]:
+    text = make_text(kind if kind is not None else rng.choice(_KINDS), rng)
     dark = rng.random() < 0.7
     ink, paper = (rng.randint(10, 60), rng.randint(190, 245))
     image = plate_image(text, font, ink if dark else paper, paper if dark else ink)
@@ -185,7 +184,7 @@ def _scene(kind: str, seed: int, font: str, width: int, height: int) -> _Scene:
     band = height / 3
 
     def add(line: int, corners_of: Callable[[tuple[float, float]], Callable], k=None) -> None:
-        text, image = _plate(line, rng, font, k)
+        text, image = _plate(rng, font, k)
         size = (float(image.shape[1]), float(image.shape[0]))
         scene.plates.append(_Plate(line, text, image, corners_of(size)))
 
@@ -315,11 +314,11 @@ def render_scenario(
     truth: list[list[LineTruth]] = []
     for index in range(frames):
         t = index / max(1, frames - 1)
-        frame = scene.background.astype(np.float32)
+        frame: np.ndarray = scene.background.astype(np.float32)
         items = []
         dx, dy = (nrng.normal(0, scene.shake_px, 2) if scene.shake_px else (0.0, 0.0))
         for plate in scene.plates:
-            quad = plate.corners(t) + np.float32([dx, dy])
+            quad = plate.corners(t) + np.array([dx, dy], np.float32)
             x1, y1, x2, y2, inside = _draw(frame, plate, quad)
             if inside >= VISIBLE_TRUTH:
                 items.append(LineTruth(line=plate.line, text=plate.text, box=(x1, y1, x2, y2)))

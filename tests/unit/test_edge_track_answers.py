@@ -1,0 +1,149 @@
+"""When a track is asked about, and how long the cloud's answer stands on it: a line cut by
+the frame's border, one that grows, one that changes, through the real tracker, policy and
+verdict book (detections as the edge model gives them, on a real frame)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgefleet.edge.policy import EscalationPolicy
+from edgefleet.edge.settings import BudgetSettings, PolicySettings, TrackSettings
+from edgefleet.edge.tracks import RETIRED, Detection, report
+from edgefleet.edge.verdicts import VerdictBook
+from edgefleet.shared.messages import CloudVerdict
+
+W, H = 320, 240
+WHOLE = "GRR-7092"
+
+
+def _frame(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (H, W, 3), dtype=np.uint8)
+
+
+def _policy(**tracks) -> EscalationPolicy:
+    settings = PolicySettings(
+        sample_share=0.0,
+        rate_per_min=600.0,
+        dedup_window_s=0.0,
+        budget=BudgetSettings(share=1.0, max_score=1.0, burst=8),
+        tracks=TrackSettings(**tracks),
+    )
+    return EscalationPolicy(settings, clock=lambda: 0.0)
+
+
+def _verdict(case_id: str, track_id: str, text: str, score: float = 0.98) -> CloudVerdict:
+    return CloudVerdict(
+        device_id="cam-01",
+        trace_id="0" * 32,
+        case_id=case_id,
+        result=[Detection(text=text, score=score)],
+        model="ppocr6-cloud@6.0",
+        route="default",
+        fallback_level=0,
+        latency_ms=40.0,
+        track_id=track_id,
+    )
+
+
+def _entering(index: int) -> Detection:
+    """A line sliding in from the left border: cut (and read in part) for five frames."""
+    shown = min(len(WHOLE), 2 + index)
+    x2 = 10.0 * (shown + 2) + 4 * index
+    x1 = 0.0 if shown < len(WHOLE) else x2 - 100.0
+    return Detection(text=WHOLE[:shown] if shown < len(WHOLE) else WHOLE, score=0.6,
+                     box=(x1, 60.0, x2, 84.0))
+
+
+def _retired(*why: str) -> float:
+    return sum(RETIRED.labels(w)._value.get() for w in why)
+
+
+def test_a_line_entering_the_frame_is_asked_about_only_once_it_shows_whole() -> None:
+    policy = _policy(ready_frames=3)
+    sent = []
+    for index in range(12):
+        frame_cases = policy.decide_all("s", index, _frame(index), [_entering(index)])
+        sent += [(index, case) for case in frame_cases]
+        track = policy.tracker.live("s")[0]
+        if index < 6:  # cut by the border: the track reports what shows now
+            assert track.reading()[0] == WHOLE[: 2 + index]
+    # the one case waited for three whole sightings, and shows only whole crops
+    assert [index for index, _ in sent] == [8]
+    case = sent[0][1]
+    assert case.edge_result is not None and case.edge_result[0].text == WHOLE
+    assert all(tile.crop is not None and tile.crop[0] > 0 for tile in case.tiles)
+    assert track.cases == 1 and track.asked is not None and track.asked.whole
+
+
+def test_a_late_answer_for_a_part_never_overturns_the_whole_reading() -> None:
+    # given a track asked about while it was still cut (it waited its longest: 3 frames)
+    policy = _policy(ready_frames=2, max_wait_frames=3)
+    book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
+    cases = []
+    for index in range(3):
+        cases += policy.decide_all("s", index, _frame(index), [_entering(index)])
+    assert len(cases) == 1 and cases[0].edge_result[0].text == "GRR-"
+    track = policy.tracker.live("s")[0]
+    assert track.asked is not None and not track.asked.whole
+    # when the line comes whole and the edge reads it, then the cloud's answer to the cut
+    # crop arrives
+    for index in range(3, 9):
+        cases += policy.decide_all("s", index, _frame(index), [_entering(index)])
+    before = _retired("was_cut", "grew")
+    matched = book.receive(_verdict("case-cut-0001", track.track_id, "GRF"))
+    # then the device reports the whole reading, the answer is retired and counted
+    assert matched.track_known and matched.track_result == WHOLE
+    assert report(track).text == WHOLE and report(track).source == "edge"
+    assert track.cloud is None and _retired("was_cut", "grew") == before + 1
+    # and the whole line was asked about again, whose answer stands
+    assert len(cases) == 2 and cases[1].edge_result[0].text == WHOLE
+    book.receive(_verdict("case-whole-001", track.track_id, "GRR-7092"))
+    assert report(track).source == "cloud" and report(track).text == WHOLE
+
+
+def test_a_line_that_grows_past_its_answer_retires_it_and_is_asked_again() -> None:
+    # given a small plate far away, read in part, asked about and answered
+    policy = _policy(ready_frames=2, regrow=1.6)
+    book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
+    cases = []
+
+    def seen(index: int, text: str, height: float) -> None:
+        box = (100.0, 100.0, 100.0 + 5 * height, 100.0 + height)
+        cases.extend(policy.decide_all("s", index, _frame(index), [Detection(
+            text=text, score=0.5, box=box)]))
+
+    for index in range(3):
+        seen(index, "LOAD", 10.0)
+    track = policy.tracker.live("s")[0]
+    assert len(cases) == 1
+    book.receive(_verdict("case-far-0001", track.track_id, "LOAD"))
+    assert report(track).source == "cloud"
+    # when it comes closer (twice the height) and the edge reads more of it
+    before = _retired("grew")
+    for index in range(3, 30):
+        seen(index, "LOADING BAY 4", min(20.0, 10.0 + 0.5 * index))
+    # then the shorter answer is retired, the longer reading reported, a new case sent
+    assert report(track).text == "LOADING BAY 4" and _retired("grew") == before + 1
+    assert len(cases) == 2 and track.cases == 2
+
+
+def test_an_answer_that_fits_stands_and_one_for_text_that_changed_does_not() -> None:
+    policy = _policy(ready_frames=2)
+    book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
+    box = (100.0, 100.0, 180.0, 120.0)
+    for index in range(3):
+        policy.decide_all("s", index, _frame(index), [Detection(text="PD 008 HN", score=0.4,
+                                                               box=box)])
+    track = policy.tracker.live("s")[0]
+    book.receive(_verdict("case-fits-001", track.track_id, "PO 008 HN"))
+    for index in range(3, 20):  # the edge keeps its misread: the answer still fits
+        policy.decide_all("s", index, _frame(index), [Detection(text="PD 008 HN", score=0.4,
+                                                               box=box)])
+    assert report(track).text == "PO 008 HN" and report(track).source == "cloud"
+    # a different plate in the same place, read surely enough to join the track's box
+    before = _retired("changed")
+    for index in range(20, 80):
+        policy.decide_all("s", index, _frame(index), [Detection(text="EXIT", score=0.45,
+                                                               box=box)])
+    assert track.reading()[0] == "EXIT"
+    assert _retired("changed") == before + 1 and report(track).text == "EXIT"
