@@ -15,7 +15,6 @@ pixels alive shows as budget that never comes back (`edgefleet_decode_budget_byt
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from types import TracebackType
 
@@ -32,6 +31,7 @@ BUDGET_REFUSED = Counter(
     "Decodes refused by the process's byte budget, by reason",
     ["reason"],
 )
+BUDGET_WAITING = Gauge("edgefleet_decode_budget_waiting", "Decodes waiting for the budget")
 _MIB = 1 << 20
 
 
@@ -53,6 +53,7 @@ class DecodeBudget:
         self.wait_s = wait_s
         self.retry_after_s = retry_after_s
         self._reserved = 0
+        self._waiting = 0
         self._free = threading.Condition()
         BUDGET_BYTES.labels("total").set(total_bytes)
         BUDGET_BYTES.labels("reserved").set(0)
@@ -62,6 +63,11 @@ class DecodeBudget:
         with self._free:
             return self._reserved
 
+    @property
+    def waiting(self) -> int:
+        with self._free:
+            return self._waiting
+
     def reserve(self, nbytes: int) -> Reservation:
         """Take `nbytes`, waiting at most `wait_s`; refuses what can never fit at once."""
         if nbytes > self.total_bytes:
@@ -70,23 +76,32 @@ class DecodeBudget:
                 f"decoding this image takes {_mib(nbytes)}, more than the process's whole "
                 f"decode budget of {_mib(self.total_bytes)}"
             )
-        deadline = time.monotonic() + self.wait_s
         with self._free:
-            while self._reserved + nbytes > self.total_bytes:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._free.wait(left):
-                    if self._reserved + nbytes <= self.total_bytes:
-                        break
-                    BUDGET_REFUSED.labels("busy").inc()
-                    raise DecodeBudgetBusy(
-                        f"decoding this image takes {_mib(nbytes)}; other decodes hold "
-                        f"{_mib(self._reserved)} of {_mib(self.total_bytes)} and none was "
-                        f"released within {self.wait_s:g} s",
-                        retry_after_s=self.retry_after_s,
-                    )
+            if not self._wait_for(nbytes):
+                BUDGET_REFUSED.labels("busy").inc()
+                raise DecodeBudgetBusy(
+                    f"decoding this image takes {_mib(nbytes)}; other decodes hold "
+                    f"{_mib(self._reserved)} of {_mib(self.total_bytes)} and not enough was "
+                    f"released within {self.wait_s:g} s",
+                    retry_after_s=self.retry_after_s,
+                )
             self._reserved += nbytes
             BUDGET_BYTES.labels("reserved").set(self._reserved)
         return Reservation(self, nbytes)
+
+    def _wait_for(self, nbytes: int) -> bool:
+        """Whether `nbytes` fit within `wait_s` (called holding the condition)."""
+        if self._reserved + nbytes <= self.total_bytes:
+            return True
+        self._waiting += 1
+        BUDGET_WAITING.inc()
+        try:
+            return self._free.wait_for(
+                lambda: self._reserved + nbytes <= self.total_bytes, self.wait_s
+            )
+        finally:
+            self._waiting -= 1
+            BUDGET_WAITING.dec()
 
     def _release(self, nbytes: int) -> None:
         with self._free:
