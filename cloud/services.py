@@ -64,6 +64,7 @@ class CloudServices:
     replica: str
     identity: ReplicaIdentity
     refusals: RefusalBudget
+    decode_budget: DecodeBudget  # every image decode in this process draws on it
     ingest: Ingest | None = None
     liveness: LivenessWatch | None = None  # with the ingest: devices heard over MQTT
     registry: Any = None  # edgefleet.fleet.registry.DeviceRegistry when the fleet is in this store
@@ -174,6 +175,7 @@ class CloudServices:
             replica=replica,
             identity=identity,
             refusals=RefusalBudget(settings.queue.max_refusals_per_device),
+            decode_budget=budget,
             registry=registry,
         )
         if settings.ingest.enabled:

@@ -10,20 +10,15 @@ result); and once it is over the budget is all given back (no decoded pixels lin
 
 from __future__ import annotations
 
-import io
 import json
 import re
-import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import cv2
 import httpx
-import numpy as np
 import psutil
 import pytest
-from PIL import Image
 
 from edgefleet.bench.harness import escalation_case
 from edgefleet.fleet.registry import DeviceRegistry
@@ -32,26 +27,11 @@ from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import CloudVerdict
 from tests.integration.test_cloud_api import TEXT, text_image
 from tests.integration.test_cloud_crash import _ready, _serve
+from tests.support.bombs import jpeg_declaring, rgba16_png
 from tests.support.waiting import eventually
 
 GB = 1 << 30
 BOMBS = 16
-
-
-def jpeg_declaring(width: int, height: int) -> bytes:
-    """A 16x16 JPEG whose frame header says `width` x `height`: libjpeg fills the rest."""
-    buf = io.BytesIO()
-    Image.new("RGB", (16, 16), (90, 90, 90)).save(buf, "JPEG", quality=50)
-    data = bytearray(buf.getvalue())
-    sof = data.find(b"\xff\xc0")
-    struct.pack_into(">HH", data, sof + 5, height, width)
-    return bytes(data)
-
-
-def rgba16_png(side: int) -> bytes:
-    ok, buf = cv2.imencode(".png", np.zeros((side, side, 4), np.uint16))
-    assert ok
-    return buf.tobytes()
 
 
 class PeakRss:
@@ -101,7 +81,7 @@ def test_sixteen_declared_dimension_bombs_stay_under_a_gigabyte(tmp_path: Path) 
     )  # the image limits are the shipped defaults
     log = tmp_path / "serve.log"
     # given bombs of a few kilobytes each: 16.8 MP of JPEG, 14.7 MP of 16-bit RGBA
-    jpeg, png = jpeg_declaring(4096, 4096), rgba16_png(3840)
+    jpeg, png = jpeg_declaring(4096, 4096), rgba16_png(3840, 3840)
     assert len(jpeg) < 1024 and len(png) < 512 * 1024
     cloud = _serve(config, log)
     try:

@@ -5,39 +5,20 @@ refused at once, what must wait waits a bounded time."""
 from __future__ import annotations
 
 import gc
-import io
-import struct
 import threading
 
-import cv2
 import numpy as np
 import pytest
-from PIL import Image
 
 from edgefleet.shared.errors import ImageRejected, PayloadTooLarge
 from edgefleet.shared.imaging import ImageLimits, decode_image, encode_png
 from edgefleet.shared.imaging.budget import DecodeBudget, DecodeBudgetBusy
 from edgefleet.shared.imaging.decode import decode_bytes
 from edgefleet.shared.imaging.headers import PixelLayout, pixel_layout
+from tests.support.bombs import jpeg_declaring, rgba16_png
 from tests.support.waiting import eventually
 
 MB = 1 << 20
-
-
-def jpeg_declaring(width: int, height: int) -> bytes:
-    """A few hundred bytes of JPEG whose frame header declares `width` x `height`."""
-    buf = io.BytesIO()
-    Image.new("RGB", (16, 16), (90, 90, 90)).save(buf, "JPEG", quality=50)
-    data = bytearray(buf.getvalue())
-    sof = data.find(b"\xff\xc0")
-    struct.pack_into(">HH", data, sof + 5, height, width)
-    return bytes(data)
-
-
-def rgba16_png(width: int, height: int) -> bytes:
-    ok, buf = cv2.imencode(".png", np.zeros((height, width, 4), np.uint16))
-    assert ok
-    return buf.tobytes()
 
 
 def test_a_reservation_is_released_on_exit() -> None:
