@@ -119,12 +119,14 @@ class Reservation:
         self.nbytes = nbytes
 
     def hold(self, array: np.ndarray, nbytes: int) -> np.ndarray:
-        """Keep `nbytes` of this reservation until `array` (and every view of it) is freed."""
-        base = array if array.base is None else array.base
+        """Keep `nbytes` of this reservation until `array` (and every view of it) is freed;
+        `array` must own its buffer, as views keep their owner alive, not each other."""
+        if array.base is not None:
+            raise ValueError("hold the array that owns its pixels, not a view of it")
         with self._lock:
             kept = min(nbytes, self.nbytes)
             self.nbytes -= kept
-        weakref.finalize(base, self._budget._release, kept)
+        weakref.finalize(array, self._budget._release, kept)
         return array
 
     def release(self) -> None:

@@ -197,8 +197,12 @@ def _decode(
     layout = pixel_layout(data)
     check_limits(layout.width, layout.height, limits)
     raw_tiff = _check_structure(data, fmt)
-    # the raw TIFF reader writes RGB straight from the file, band by band
-    cost = layout.pixels * _RGB_BYTES if raw_tiff else decode_bytes(layout)
+    # the raw TIFF reader writes RGB straight from the file, band by band (and turns it
+    # upright in a second buffer)
+    if raw_tiff is not None:
+        cost = layout.pixels * _RGB_BYTES * (1 if raw_tiff.orientation == 1 else 2)
+    else:
+        cost = decode_bytes(layout)
     if cost > limits.max_decode_bytes:
         raise PayloadTooLarge(
             f"image declares {layout.width}x{layout.height} with {layout.channels} channel(s) "
