@@ -174,5 +174,6 @@ def _include_fleet(app: FastAPI, services: CloudServices) -> None:
             drift=services.drift.latest_json,
             model_store=services.model_store,
             events_interval_s=services.settings.http.events_interval_s,
+            is_operator=services.auth.is_operator,
         )
     )

@@ -62,6 +62,11 @@ class Authenticator:
             return Principal("device", device_id)
         raise AuthError("unknown or revoked token", hint="check the token; devices re-enroll")
 
+    def is_operator(self, token: str) -> bool:
+        """Whether `token` is an operator API key."""
+        digest = key_digest(token)
+        return any(hmac.compare_digest(known, digest) for _, known in self._operators)
+
     def signing_key(self, principal: Principal) -> bytes | None:
         if principal.kind == "device":
             return self._directory.device_key(principal.id)

@@ -451,6 +451,7 @@ class CaseProcessor:
             job.future.set_exception(exc)
         finally:
             trace_id_var.reset(token)
+            job.rgb = None  # answered: its pixels go back to the decode budget now
             self._settled(job)
 
     def _run_batch(self, jobs: list[Job]) -> None:

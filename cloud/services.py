@@ -29,6 +29,7 @@ from edgefleet.cloud.settings import CloudSettings
 from edgefleet.cloud.store import FeedbackStore
 from edgefleet.shared.db import Database
 from edgefleet.shared.imaging import ImageLimits, decode_image
+from edgefleet.shared.imaging.budget import DecodeBudget
 from edgefleet.shared.private import private_dir
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class CloudServices:
     replica: str
     identity: ReplicaIdentity
     refusals: RefusalBudget
+    decode_budget: DecodeBudget  # every image decode in this process draws on it
     ingest: Ingest | None = None
     liveness: LivenessWatch | None = None  # with the ingest: devices heard over MQTT
     registry: Any = None  # edgefleet.fleet.registry.DeviceRegistry when the fleet is in this store
@@ -133,10 +135,17 @@ class CloudServices:
             max_bytes=settings.http.max_upload_bytes,
             max_pixels=settings.images.max_pixels,
             max_side=settings.images.max_side,
+            max_decode_bytes=settings.images.max_decode_bytes,
+        )
+        # one budget for every decode in the process: REST, /v1/infer and MQTT cases
+        budget = DecodeBudget(
+            settings.images.decode_budget_bytes,
+            wait_s=settings.images.decode_wait_s,
+            retry_after_s=settings.queue.retry_after_s,
         )
 
         def decode(data: bytes) -> np.ndarray:
-            return decode_image(data, limits=limits)
+            return decode_image(data, limits=limits, budget=budget)
 
         processor = CaseProcessor(
             store,
@@ -166,6 +175,7 @@ class CloudServices:
             replica=replica,
             identity=identity,
             refusals=RefusalBudget(settings.queue.max_refusals_per_device),
+            decode_budget=budget,
             registry=registry,
         )
         if settings.ingest.enabled:

@@ -241,6 +241,31 @@ class DriftSettings(Closed):
 class ImageLimitSettings(Closed):
     max_pixels: int = Field(40_000_000, ge=1, description="width x height above this is refused")
     max_side: int = Field(16_384, ge=1, description="longest side above this is refused")
+    max_decode_bytes: int = Field(
+        256 * 2**20,
+        ge=2**20,
+        description="bytes one image may take to decode (width x height x channels x bytes "
+        "per sample from its header, with the RGB copies); beyond, 413 before decoding",
+    )
+    decode_budget_bytes: int = Field(
+        384 * 2**20,
+        ge=2**20,
+        description="bytes all images being decoded or waiting for a model may take at once "
+        "(REST and MQTT together); a decode reserves its bytes before it starts",
+    )
+    decode_wait_s: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="how long a decode waits for room in decode_budget_bytes before it is "
+        "refused with 503 + Retry-After (an MQTT case: counted and acknowledged)",
+    )
+
+    @model_validator(mode="after")
+    def _one_fits(self) -> ImageLimitSettings:
+        if self.max_decode_bytes > self.decode_budget_bytes:
+            raise ValueError("max_decode_bytes must not exceed decode_budget_bytes")
+        return self
 
 
 class CloudSettings(EdgefleetSettings):

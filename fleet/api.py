@@ -31,7 +31,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from edgefleet.fleet.deployment import parse_request
 from edgefleet.fleet.events import EventLog, FleetEventIn
-from edgefleet.fleet.models import ModelStore, capability
+from edgefleet.fleet.models import ModelStore, capability, not_found
 from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.fleet.rollout import RolloutController
 from edgefleet.shared.errors import AuthError, InvalidInput, NotFound
@@ -55,8 +55,10 @@ def build_router(
     drift: Callable[[str], list[dict[str, Any]]] | None = None,
     model_store: ModelStore | None = None,
     events_interval_s: float = 1.0,
+    is_operator: Callable[[str], bool] = lambda token: False,
 ) -> APIRouter:
-    """Routes of the fleet: devices, deployments, models, events and the dashboard."""
+    """Routes of the fleet: devices, deployments, models, events and the dashboard.
+    `is_operator` tells an operator's bearer token, which may download any model."""
     router = APIRouter()
     operator = [Depends(require_operator)]
     event_log = EventLog(registry.db)
@@ -145,10 +147,14 @@ def build_router(
         device: str | None = None,
         sig: str | None = None,
     ) -> Response:
-        _authorize_download(registry, request, name, version, device, sig)
+        device_id = _authorize_download(registry, request, name, version, device, sig, is_operator)
         if model_store is None:
             raise NotFound("this server has no model store")
         stored = model_store.get(name, version)
+        # a device downloads only its own deployments' models; one it may not have looks
+        # exactly like one that does not exist, so names cannot be probed
+        if device_id is not None and not rollouts.deployed_to(device_id, name, version):
+            raise not_found(name, version)
         return _ranged_file(stored.path, stored.size, request.headers.get("range"))
 
     @router.get("/v1/events", dependencies=operator, tags=["fleet"])
@@ -167,15 +173,20 @@ def _authorize_download(
     version: str,
     device: str | None,
     sig: str | None,
-) -> str:
-    """A device proves itself by its URL capability or its REST bearer token."""
+    is_operator: Callable[[str], bool],
+) -> str | None:
+    """A device proves itself by its URL capability or its REST bearer token; the device,
+    or None for an operator."""
     if device and sig:
         key = registry.device_key(device)
         if key is not None and same_hex(sig, capability(key, name, version)):
             return device
         raise AuthError("the download link is not valid for this device", code="bad_capability")
     scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    device_id = registry.authenticate_token(token.strip()) if scheme.lower() == "bearer" else None
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    if token and is_operator(token):
+        return None
+    device_id = registry.authenticate_token(token) if token else None
     if device_id is None:
         raise AuthError("model downloads need the device's link or bearer token")
     return device_id

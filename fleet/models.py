@@ -40,6 +40,11 @@ def _check(kind: str, value: str) -> str:
     return value
 
 
+def not_found(name: str, version: str) -> ModelNotFound:
+    """The one answer to a model that is not there, or not the asker's to download."""
+    return ModelNotFound(f"model {name}@{version} is not in the model store")
+
+
 def capability(key: bytes, name: str, version: str) -> str:
     return hmac.new(key, f"{name}/{version}".encode(), hashlib.sha256).hexdigest()
 
@@ -78,7 +83,7 @@ class ModelStore:
         try:
             manifest = json.loads((self.root / name / version / "manifest.json").read_text())
         except (OSError, ValueError):
-            raise ModelNotFound(f"model {name}@{version} is not in the model store") from None
+            raise not_found(name, version) from None
         path = self.root / name / version / manifest["file"]
         return StoredModel(name, version, path, manifest["sha256"], manifest["size"])
 

@@ -524,6 +524,21 @@ class RolloutController:
         )
         return self.get(row["id"]) if row else None
 
+    def deployed_to(self, device_id: str, name: str, version: str) -> bool:
+        """Whether NAME@VERSION is in a deployment to the device or to its group: the only
+        models a device may download."""
+        rows = self.db.query(
+            "SELECT spec FROM fleet_deployments WHERE grp IN "
+            "(SELECT grp FROM fleet_devices WHERE device_id = ?) OR id IN "
+            "(SELECT deployment_id FROM fleet_deployment_targets WHERE device_id = ?)",
+            (device_id, device_id),
+        )
+        return any(
+            model["name"] == name and model["version"] == version
+            for row in rows
+            for model in json.loads(row["spec"])["models"]
+        )
+
     # --- storage helpers --------------------------------------------------------------
 
     def _row(self, dep_id: str) -> dict[str, Any]:

@@ -85,11 +85,11 @@ def read_case(
             e401="missing or unknown bearer token",
             e403="a device sending for another device",
             e409="a case with this case_id was already received; GET it for the verdict",
-            e413="upload or image too large (refused while streaming)",
+            e413="upload too large, or an image that would take too many bytes to decode",
             e415="not multipart, or the image part is not the JPEG/PNG it claims",
             e422="metadata missing fields or with wrong types",
             e429="queue full; retry after Retry-After",
-            e503="store unavailable; retry after Retry-After",
+            e503="store unavailable or the decode budget full; retry after Retry-After",
         ),
     },
 )

@@ -38,10 +38,10 @@ class InferResult(BaseModel):
         e400="an image that will not decode",
         e401="missing or unknown bearer token",
         e404="model not served",
-        e413="image too large",
+        e413="image too large, or one that would take too many bytes to decode",
         e415="not an image body the decoder reads (JPEG, PNG, BMP, WebP, TIFF)",
         e429="model queue full; retry after Retry-After",
-        e503="model closed or store unavailable; retry after Retry-After",
+        e503="decode budget full, model closed or store unavailable; retry after Retry-After",
         e504="inference timed out (this endpoint has no fallback)",
     ),
     openapi_extra={

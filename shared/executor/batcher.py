@@ -25,6 +25,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future
@@ -131,7 +132,9 @@ class DynamicBatcher(Generic[T, R]):
         # one FIFO lane per priority; entries that left early stay until skipped
         self._lanes: dict[int, deque[_Request[T]]] = {}
         self._counts: dict[int, int] = {}  # requests waiting, per priority
-        self._deadlines: list[tuple[float, int, _Request[T]]] = []  # heap; stale entries too
+        # heap; stale entries too. Weak: an answered request (and its input, e.g. decoded
+        # pixels) is freed when its caller is done, not when its deadline comes round.
+        self._deadlines: list[tuple[float, int, weakref.ref[_Request[T]]]] = []
         self._cond = threading.Condition()
         self._closed = False
         self._inflight = 0  # batches being run now
@@ -166,7 +169,7 @@ class DynamicBatcher(Generic[T, R]):
                 self._shed_for(request)
             self._lanes.setdefault(priority, deque()).append(request)
             self._count(priority, +1)
-            heapq.heappush(self._deadlines, (request.deadline, request.seq, request))
+            heapq.heappush(self._deadlines, (request.deadline, request.seq, weakref.ref(request)))
             self._cond.notify()
         return Pending(request, self)
 
@@ -248,8 +251,9 @@ class DynamicBatcher(Generic[T, R]):
     def _expire(self, now: float) -> None:
         """Answer every waiting request whose deadline passed (lock held)."""
         while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, request = heapq.heappop(self._deadlines)
-            if not request.waiting:
+            _, _, ref = heapq.heappop(self._deadlines)
+            request = ref()
+            if request is None or not request.waiting:
                 continue
             self._leave(request)
             _rejected(self.name, "expired").inc()
@@ -264,7 +268,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def _compact(self) -> None:
         """Drop the entries of requests that left early (lock held): bounded memory."""
-        self._deadlines = [e for e in self._deadlines if e[2].waiting]
+        self._deadlines = [e for e in self._deadlines if _waiting(e[2])]
         heapq.heapify(self._deadlines)
         for priority, lane in list(self._lanes.items()):
             kept = deque(r for r in lane if r.waiting)
@@ -325,17 +329,21 @@ class DynamicBatcher(Generic[T, R]):
             batch = self._take()
             if batch is None:
                 return
-            try:
-                live = [r for r in batch if r.future.set_running_or_notify_cancel()]
-                if live:
-                    BATCH_SIZE.labels(self.name).observe(len(live))
-                    self.batches_run += 1
-                    self.batch_sizes.append(len(live))
-                    self._run(live)
-            finally:
-                with self._cond:
-                    self._inflight -= 1
-                    self._cond.notify_all()
+            self._run_taken(batch)
+            del batch  # not kept while this worker waits for the next one
+
+    def _run_taken(self, batch: list[_Request[T]]) -> None:
+        try:
+            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            if live:
+                BATCH_SIZE.labels(self.name).observe(len(live))
+                self.batches_run += 1
+                self.batch_sizes.append(len(live))
+                self._run(live)
+        finally:
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
 
     def _run(self, live: list[_Request[T]]) -> None:
         """Run one batch; if it fails, run its requests one by one so that one poisoned
@@ -388,3 +396,8 @@ class DynamicBatcher(Generic[T, R]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _waiting(ref: weakref.ref[_Request[Any]]) -> bool:
+    request = ref()
+    return request is not None and request.waiting

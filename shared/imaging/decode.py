@@ -6,7 +6,11 @@ Order of checks, each with its own typed error:
 3. declared width/height from the header alone: 0 pixels (ImageRejected), a side or the
    pixel count over the limit (PayloadTooLarge) — a 100000x100000 PNG of a few hundred
    bytes is refused here, before any allocation;
-4. structural truncation (no JPEG EOI, no PNG IEND), then the decode itself, where any
+4. the bytes the decode will allocate (`decode_bytes`: size x channels x sample depth from
+   the header) over `max_decode_bytes` (PayloadTooLarge); with a `DecodeBudget`, those
+   bytes are reserved from the process's budget before decoding, and the result's bytes
+   stay reserved while the array lives;
+5. structural truncation (no JPEG EOI, no PNG IEND), then the decode itself, where any
    decoder complaint becomes ImageRejected.
 Pixel rules (16-bit, alpha on black, EXIF orientation) are in `edgefleet.shared.imaging.pixels`.
 """
@@ -34,9 +38,17 @@ from edgefleet.shared.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from edgefleet.shared.imaging.headers import describe_unknown, image_size, jpeg_scan, sniff_format
+from edgefleet.shared.imaging.budget import DecodeBudget
+from edgefleet.shared.imaging.headers import (
+    PixelLayout,
+    describe_unknown,
+    image_size,
+    jpeg_scan,
+    pixel_layout,
+    sniff_format,
+)
 from edgefleet.shared.imaging.pixels import apply_orientation, pil_to_rgb
-from edgefleet.shared.imaging.tiff import ByteSource, decode_raw_tiff, parse_tiff
+from edgefleet.shared.imaging.tiff import ByteSource, TiffInfo, decode_raw_tiff, parse_tiff
 
 __all__ = [
     "ImageLimits",
@@ -78,26 +90,53 @@ class ImageLimits(BaseModel):
     max_side: int = Field(
         16384, gt=0, description="Largest declared width or height accepted, in pixels."
     )
+    max_decode_bytes: int = Field(
+        256 * _MIB,
+        gt=0,
+        description="Most bytes one decode may allocate (size x channels x sample depth from "
+        "the header, with the RGB copies); 413 beyond.",
+    )
+
+
+_RGB_BYTES = 3
+
+
+def decode_bytes(layout: PixelLayout) -> int:
+    """Bytes a decode allocates at its peak: the decoder's buffer (Pillow keeps three
+    channels as four) and up to three RGB-sized copies on the way out (Pillow's export,
+    the array, the upright result)."""
+    buffer_channels = 4 if layout.channels == 3 else layout.channels
+    per_pixel = buffer_channels * layout.bytes_per_sample + 3 * _RGB_BYTES
+    return layout.pixels * per_pixel
 
 
 def decode_image(
-    data: bytes | bytearray | memoryview | np.ndarray, *, limits: ImageLimits | None = None
+    data: bytes | bytearray | memoryview | np.ndarray,
+    *,
+    limits: ImageLimits | None = None,
+    budget: DecodeBudget | None = None,
 ) -> np.ndarray:
     """Decode untrusted image bytes to RGB uint8 HxWx3 (C-contiguous, writable)."""
     if isinstance(data, (memoryview, np.ndarray)):
         data = data.tobytes()
     if not isinstance(data, (bytes, bytearray)):
         raise InvalidInput(f"decode_image needs the encoded bytes, got {type(data).__name__}")
-    return _counted(lambda: _decode(data, limits or ImageLimits()), "bytes")
+    return _counted(lambda: _decode(data, limits or ImageLimits(), budget), "bytes")
 
 
-def decode_file(path: str | os.PathLike[str], limits: ImageLimits | None = None) -> np.ndarray:
+def decode_file(
+    path: str | os.PathLike[str],
+    limits: ImageLimits | None = None,
+    budget: DecodeBudget | None = None,
+) -> np.ndarray:
     """Decode an image file read through a memory map (large TIFFs stay out of the heap)."""
     p = Path(path)
-    return _counted(lambda: _decode_path(p, limits or ImageLimits()), p.name)
+    return _counted(lambda: _decode_path(p, limits or ImageLimits(), budget), p.name)
 
 
-def _decode_path(p: Path, limits: ImageLimits) -> tuple[str, np.ndarray]:
+def _decode_path(
+    p: Path, limits: ImageLimits, budget: DecodeBudget | None
+) -> tuple[str, np.ndarray]:
     try:
         with open(p, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -108,7 +147,7 @@ def _decode_path(p: Path, limits: ImageLimits) -> tuple[str, np.ndarray]:
                     f"{p.name} is {size} bytes, over the limit of {limits.max_bytes} bytes"
                 )
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return _decode(mm, limits)
+                return _decode(mm, limits, budget)
     except FileNotFoundError as exc:
         raise NotFound(f"no image file at {p}") from exc
     except OSError as exc:
@@ -143,7 +182,9 @@ def check_limits(width: int, height: int, limits: ImageLimits) -> None:
         )
 
 
-def _decode(data: ByteSource, limits: ImageLimits) -> tuple[str, np.ndarray]:
+def _decode(
+    data: ByteSource, limits: ImageLimits, budget: DecodeBudget | None
+) -> tuple[str, np.ndarray]:
     if len(data) == 0:
         raise ImageRejected("empty image: 0 bytes received")
     if len(data) > limits.max_bytes:
@@ -153,8 +194,32 @@ def _decode(data: ByteSource, limits: ImageLimits) -> tuple[str, np.ndarray]:
     fmt = sniff_format(data)
     if fmt is None:
         raise UnsupportedMediaType(describe_unknown(data))
-    width, height = image_size(data)
-    check_limits(width, height, limits)
+    layout = pixel_layout(data)
+    check_limits(layout.width, layout.height, limits)
+    raw_tiff = _check_structure(data, fmt)
+    # the raw TIFF reader writes RGB straight from the file, band by band (and turns it
+    # upright in a second buffer)
+    if raw_tiff is not None:
+        cost = layout.pixels * _RGB_BYTES * (1 if raw_tiff.orientation == 1 else 2)
+    else:
+        cost = decode_bytes(layout)
+    if cost > limits.max_decode_bytes:
+        raise PayloadTooLarge(
+            f"image declares {layout.width}x{layout.height} with {layout.channels} channel(s) "
+            f"of {layout.bytes_per_sample} byte(s): decoding takes {cost} bytes, over the "
+            f"limit of {limits.max_decode_bytes} (decompression bomb guard)"
+        )
+    if budget is None:
+        return fmt, _decode_pixels(data, fmt, layout, limits, raw_tiff)
+    with budget.reserve(cost) as reservation:
+        rgb = _decode_pixels(data, fmt, layout, limits, raw_tiff)
+        if rgb.base is not None:  # the budget follows the buffer's owner: own it
+            rgb = rgb.copy()
+        return fmt, reservation.hold(rgb, rgb.nbytes)
+
+
+def _check_structure(data: ByteSource, fmt: str) -> TiffInfo | None:
+    """Refuse truncated files before decoding; the TIFF's layout when it is read raw."""
     if fmt == "jpeg":
         _, _, sos = jpeg_scan(data)
         if data.find(b"\xff\xd9", sos) < 0:
@@ -169,17 +234,36 @@ def _decode(data: ByteSource, limits: ImageLimits) -> tuple[str, np.ndarray]:
                 "3 (RGB) or 4 (RGBA/CMYK) are supported"
             )
         if info.raw_readable:
-            return fmt, decode_raw_tiff(data, info)
-    return fmt, _decode_with_pillow(data, fmt, limits)
+            return info
+    return None
 
 
-def _decode_with_pillow(data: ByteSource, fmt: str, limits: ImageLimits) -> np.ndarray:
+def _decode_pixels(
+    data: ByteSource,
+    fmt: str,
+    layout: PixelLayout,
+    limits: ImageLimits,
+    raw_tiff: TiffInfo | None,
+) -> np.ndarray:
+    if raw_tiff is not None:
+        return decode_raw_tiff(data, raw_tiff)
+    return _decode_with_pillow(data, fmt, layout, limits)
+
+
+def _decode_with_pillow(
+    data: ByteSource, fmt: str, layout: PixelLayout, limits: ImageLimits
+) -> np.ndarray:
     stream = data if isinstance(data, mmap.mmap) else io.BytesIO(data)
     stream.seek(0)
     try:
         # Pillow reads any object with read/seek/tell; its stub names only IO[bytes].
         with Image.open(stream, formats=[_PIL_FORMATS[fmt]]) as im:  # type: ignore[arg-type]
             check_limits(im.width, im.height, limits)  # the decoder's view, if headers disagree
+            if im.width * im.height > layout.pixels:
+                raise ImageRejected(
+                    f"the decoder sees {im.width}x{im.height}, larger than the header's "
+                    f"{layout.width}x{layout.height}"
+                )
             im.load()
             orientation = _orientation(im)
             rgb = pil_to_rgb(im)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import dataclass
 
 from edgefleet.shared.errors import ImageRejected, UnsupportedMediaType
 from edgefleet.shared.imaging.tiff import ByteSource, parse_tiff
@@ -81,11 +82,40 @@ def image_size(data: ByteSource | memoryview) -> tuple[int, int]:
     return _SIZE_READERS[fmt](data)
 
 
+@dataclass(frozen=True)
+class PixelLayout:
+    """What the header says a decoder will allocate: size, channels, bytes per sample."""
+
+    width: int
+    height: int
+    channels: int
+    bytes_per_sample: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def pixel_layout(data: ByteSource) -> PixelLayout:
+    """The declared size, channel count and sample depth, without decoding pixels."""
+    fmt = sniff_format(data)
+    if fmt is None:
+        if len(memoryview(data)) == 0:
+            raise ImageRejected("empty image: 0 bytes received")
+        raise UnsupportedMediaType(describe_unknown(data))
+    return _LAYOUT_READERS[fmt](data)
+
+
 def jpeg_scan(data: ByteSource) -> tuple[int, int, int]:
     """(width, height, offset of the first SOS marker) of a JPEG, walking its segments."""
+    layout, sos = _jpeg_walk(data)
+    return layout.width, layout.height, sos
+
+
+def _jpeg_walk(data: ByteSource) -> tuple[PixelLayout, int]:
     n = len(data)
     pos = 2
-    size: tuple[int, int] | None = None
+    size: PixelLayout | None = None
     while True:
         found = data.find(b"\xff", pos)
         pos = n if found < 0 else found  # stray bytes between segments: libjpeg skips them
@@ -107,12 +137,12 @@ def jpeg_scan(data: ByteSource) -> tuple[int, int, int]:
         if marker == 0xDA:
             if size is None:
                 raise ImageRejected("corrupt JPEG: image data (SOS) before the frame header")
-            return size[0], size[1], pos - 2
+            return size, pos - 2
         if marker in _JPEG_SOF and size is None:
-            if pos + 7 > n:
+            if pos + 8 > n:
                 raise ImageRejected("truncated JPEG: the frame header is cut off")
-            height, width = struct.unpack_from(">HH", data, pos + 3)
-            size = (width, height)
+            precision, height, width, components = struct.unpack_from(">BHHB", data, pos + 2)
+            size = PixelLayout(width, height, components, 2 if precision > 8 else 1)
         pos += length
 
 
@@ -122,6 +152,15 @@ def _jpeg_size(data: ByteSource) -> tuple[int, int]:
 
 
 def _png_size(data: ByteSource) -> tuple[int, int]:
+    layout = _png_layout(data)
+    return layout.width, layout.height
+
+
+# PNG colour type -> channels as decoded (a palette may expand to RGBA)
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 4, 4: 2, 6: 4}
+
+
+def _png_layout(data: ByteSource) -> PixelLayout:
     ihdr = bytes(memoryview(data)[8:33])
     if len(ihdr) < 25:
         raise ImageRejected("truncated PNG: the IHDR header is cut off")
@@ -131,8 +170,10 @@ def _png_size(data: ByteSource) -> tuple[int, int]:
     (crc,) = struct.unpack_from(">I", ihdr, 21)
     if zlib.crc32(ihdr[4:21]) != crc:
         raise ImageRejected("corrupt PNG: the IHDR checksum does not match")
-    width, height = struct.unpack_from(">II", ihdr, 8)
-    return width, height
+    width, height, depth, colour = struct.unpack_from(">IIBB", ihdr, 8)
+    if colour not in _PNG_CHANNELS:
+        raise ImageRejected(f"corrupt PNG: unknown colour type {colour}")
+    return PixelLayout(width, height, _PNG_CHANNELS[colour], 2 if depth == 16 else 1)
 
 
 def _bmp_size(data: ByteSource) -> tuple[int, int]:
@@ -175,6 +216,40 @@ def _tiff_size(data: ByteSource) -> tuple[int, int]:
     info = parse_tiff(data)
     return info.width, info.height
 
+
+def _jpeg_layout(data: ByteSource) -> PixelLayout:
+    return _jpeg_walk(data)[0]
+
+
+def _bmp_layout(data: ByteSource) -> PixelLayout:
+    width, height = _bmp_size(data)
+    head = bytes(memoryview(data)[:30])
+    (info_size,) = struct.unpack_from("<I", head, 14)
+    offset = 24 if info_size == 12 else 28
+    bits = struct.unpack_from("<H", head, offset)[0] if len(head) >= offset + 2 else 24
+    return PixelLayout(width, height, 4 if bits == 32 else 3, 1)
+
+
+def _webp_layout(data: ByteSource) -> PixelLayout:
+    width, height = _webp_size(data)
+    head = bytes(memoryview(data)[:21])
+    lossy_opaque = head[12:16] == b"VP8 " or (head[12:16] == b"VP8X" and not head[20] & 0x10)
+    return PixelLayout(width, height, 3 if lossy_opaque else 4, 1)
+
+
+def _tiff_layout(data: ByteSource) -> PixelLayout:
+    info = parse_tiff(data)
+    depth = max(1, -(-max(info.bits) // 8))
+    return PixelLayout(info.width, info.height, info.samples, depth)
+
+
+_LAYOUT_READERS = {
+    "jpeg": _jpeg_layout,
+    "png": _png_layout,
+    "bmp": _bmp_layout,
+    "webp": _webp_layout,
+    "tiff": _tiff_layout,
+}
 
 _SIZE_READERS = {
     "jpeg": _jpeg_size,

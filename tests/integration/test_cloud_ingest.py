@@ -27,6 +27,7 @@ from edgefleet.shared.messages import (
 from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import encode
+from tests.support.bombs import jpeg_declaring
 from tests.support.waiting import counter_value, eventually
 
 
@@ -281,6 +282,53 @@ def test_a_trickle_of_telemetry_is_stored_in_few_transactions(broker, tmp_path: 
         # then all are stored, in one or two transactions (without the wait: about 20)
         eventually(lambda: _telemetry_stored() - stored >= 20, timeout_s=15, what="20 stored")
         assert _batches() - batches <= 2
+    finally:
+        client.loop_stop()
+        client.disconnect()
+        services.close()
+
+
+def test_mqtt_cases_refused_by_the_decode_budget_are_counted_and_settled(
+    broker, tmp_path: Path
+) -> None:
+    # given a cloud whose MQTT ingest may hold 4 cases un-acked, and whose decode budget
+    # (the one REST and /v1/infer draw on too) is taken by another decode
+    settings = _services(tmp_path, broker, models={"preload": False}, images={"decode_wait_s": 0})
+    services = CloudServices.build(settings)
+    cam = services.registry.enroll("cam-big")
+    services.start()
+    client, _ = _device(broker, "cam-big-dev")
+    busy = {"source": "mqtt", "outcome": "decode_budget_busy"}
+    too_large = {"source": "mqtt", "outcome": "payload_too_large"}
+    before = REGISTRY.get_sample_value("ef_cloud_cases_total", busy) or 0.0
+    before_large = REGISTRY.get_sample_value("ef_cloud_cases_total", too_large) or 0.0
+    image = encode_png(np.full((64, 64, 3), 90, np.uint8))
+    try:
+        assert services.ingest.wait_connected(30)
+        with services.decode_budget.reserve(services.decode_budget.total_bytes):
+            # when the device sends more cases than the ingest may hold un-acked
+            for _ in range(6):
+                publish(client, escalation_wire(escalation_case("cam-big"), cam.device_key, image))
+            # then each is refused, counted and acknowledged (else the broker would send no
+            # more than 4 of them)
+            eventually(
+                lambda: (
+                    (REGISTRY.get_sample_value("ef_cloud_cases_total", busy) or 0.0) >= before + 6
+                ),
+                30,
+                "six cases refused as decode_budget_busy",
+            )
+        # and a declared-dimension bomb is refused by its decode bytes, before decoding
+        bomb = escalation_case("cam-big", content_type="image/jpeg")
+        publish(client, escalation_wire(bomb, cam.device_key, jpeg_declaring(16384, 2441)))
+        eventually(
+            lambda: (
+                (REGISTRY.get_sample_value("ef_cloud_cases_total", too_large) or 0.0) > before_large
+            ),
+            30,
+            "the bomb refused as payload_too_large",
+        )
+        assert services.decode_budget.reserved == 0
     finally:
         client.loop_stop()
         client.disconnect()

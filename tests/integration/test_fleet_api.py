@@ -196,6 +196,8 @@ def test_model_download_supports_range_and_capabilities(tmp_path, server) -> Non
     src = tiny_onnx(tmp_path / "det.onnx")
     data = src.read_bytes()
     server.store.add("det", "1", src)
+    deployed = body(models=[{"name": "det", "version": "1"}])
+    assert httpx.post(f"{server.url}/v1/deployments", json=deployed, headers=AUTH).is_success
     key = server.registry.device_key("cam-0")
     ref = server.store.for_device(server.store.ref("det", "1"), "cam-0", key)
     full = httpx.get(ref.url)
@@ -231,6 +233,36 @@ def test_model_download_supports_range_and_capabilities(tmp_path, server) -> Non
         401,
         "bad_capability",
     )
+
+
+def test_a_device_downloads_only_the_models_deployed_to_it(tmp_path, server) -> None:
+    # given a model deployed only to group yard, and a device of group lab
+    server.store.add("secret-yard-det", "2", tiny_onnx(tmp_path / "yard.onnx"))
+    yard = server.registry.enroll("yard-0", group="yard")
+    deployed = body(group="yard", models=[{"name": "secret-yard-det", "version": "2"}])
+    assert httpx.post(f"{server.url}/v1/deployments", json=deployed, headers=AUTH).is_success
+    cam = server.registry.enroll("cam-8", group="lab")
+    token = {"Authorization": f"Bearer {cam.token}"}
+    # when the lab device asks for it with its token, or with a link it signed itself
+    signed = server.store.for_device(
+        server.store.ref("secret-yard-det", "2"), "cam-8", cam.device_key
+    )
+    by_token = httpx.get(f"{server.url}/v1/models/secret-yard-det/2", headers=token)
+    by_link = httpx.get(signed.url)
+    unknown = httpx.get(f"{server.url}/v1/models/secret-yard-det/3", headers=token)
+    # then both are the same 404 as a model that does not exist: no names to probe
+    errors = [assert_error(r, 404, "model_not_found") for r in (by_token, by_link, unknown)]
+    assert (
+        errors[0]["message"]
+        == errors[1]["message"]
+        == "model secret-yard-det@2 is not in the model store"
+    )
+    assert unknown.json()["error"]["message"].replace("@3", "@2") == errors[0]["message"]
+    # while the yard device, deployed to, and an operator both download it
+    yard_token = {"Authorization": f"Bearer {yard.token}"}
+    for headers in (yard_token, AUTH):
+        got = httpx.get(f"{server.url}/v1/models/secret-yard-det/2", headers=headers)
+        assert got.status_code == 200, got.text
 
 
 def test_events_stream_batches_device_changes(server) -> None:

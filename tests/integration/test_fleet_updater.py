@@ -28,6 +28,7 @@ def desired(ref: ModelRef, dep: str = "dep-1", image: str = "edge:1") -> Desired
 
 
 def device_ref(server: FleetServer, name: str, version: str) -> ModelRef:
+    server.deploy(name, version)  # a device downloads only models deployed to it
     ref = server.store.ref(name, version)
     return server.store.for_device(ref, "cam-01", server.enrollment.device_key)
 
@@ -107,6 +108,7 @@ def test_interrupted_download_resumes_with_range(tmp_path, server) -> None:
 
 def test_download_without_capability_or_token_is_refused(tmp_path, server) -> None:
     server.store.add("det", "1", tiny_onnx(tmp_path / "src" / "det.onnx"))
+    server.deploy("det", "1")
     bare = server.store.ref("det", "1")
     app, _, reports = applier(tmp_path, server)
     app.handle(desired(bare))

@@ -57,6 +57,19 @@ class FleetServer:
         self.http = ServerThread(app, port).start()
         return self
 
+    def deploy(self, name: str, version: str, group: str = "lab") -> None:
+        """A rollout of NAME@VERSION from the store to `group`, rolled back at once: its
+        devices may download the model from now on."""
+        view = self.rollouts.create(
+            {
+                "group": group,
+                "image": "ghcr.io/acme/edge:1.0",
+                "models": [{"name": name, "version": version}],
+                "soak_s": 0,
+            }
+        )
+        self.rollouts.cancel(view.id)
+
     def _record(self, wire: WireMessage, retain: bool) -> None:
         self.sent.append((wire, retain))
 

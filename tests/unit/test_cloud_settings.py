@@ -1,4 +1,5 @@
-"""Cloud settings: a file written for an earlier release still loads, a typo still does not."""
+"""Cloud settings: a file written for an earlier release still loads, a typo or settings that
+contradict each other still do not."""
 
 from __future__ import annotations
 
@@ -22,3 +23,8 @@ def test_a_retired_setting_is_ignored_with_a_warning(caplog: pytest.LogCaptureFi
 def test_a_misspelt_setting_is_still_refused() -> None:
     with pytest.raises(ValidationError, match="workers_per_modle"):
         CloudSettings(models={"workers_per_modle": 4})
+
+
+def test_one_image_must_fit_in_the_decode_budget() -> None:
+    with pytest.raises(ValidationError, match="max_decode_bytes must not exceed"):
+        CloudSettings(images={"max_decode_bytes": 2**30, "decode_budget_bytes": 2**29})

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 
+import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
@@ -384,3 +387,17 @@ def test_requests_past_their_deadline_do_not_hold_places_in_a_full_queue():
     assert [first.result(), fresh.result()] == [0, 20]
     batcher.close()
     assert run.batches == [[0], [2]]
+
+
+def test_an_answered_request_frees_its_input_before_its_deadline():
+    # given a request whose deadline is far off (its input: decoded pixels, say)
+    settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=1)
+    with DynamicBatcher(lambda items: [0 for _ in items], settings, name="t-free") as batcher:
+        pixels = np.zeros((64, 64, 3), np.uint8)
+        freed = weakref.ref(pixels)
+        # when it is answered and its caller lets go of it
+        assert batcher.submit(pixels, timeout_s=300).result() == 0
+        del pixels
+        gc.collect()
+        # then nothing in the batcher keeps the input alive
+        assert freed() is None
