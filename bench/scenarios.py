@@ -188,7 +188,7 @@ def _scene(kind: str, seed: int, font: str, width: int, height: int) -> _Scene:
         size = (float(image.shape[1]), float(image.shape[0]))
         scene.plates.append(_Plate(line, text, image, corners_of(size)))
 
-    small = rng.uniform(0.32, 0.5)  # the plate's scale: text of about 13-20 pixels
+    small = rng.uniform(0.22, 0.36)  # the plate's scale: text of about 9-14 pixels
     scene.focus = rng.uniform(0.4, 1.1)  # the lens's blur (sigma, pixels)
 
     def across(line: int, leave: bool) -> Callable[[tuple[float, float]], Callable]:
