@@ -22,6 +22,7 @@ from edgefleet.edge.policy import EscalationPolicy
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.uplink import Uplink
 from edgefleet.edge.verdicts import VerdictBook
+from edgefleet.shared.executor.fallback import report as backend_report
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class HealthReport:
                 "over_budget": budget.over,
             },
             "verdicts_for_unknown_tracks": self.verdicts.unknown_tracks,
+            "execution": backend_report(),
         }
 
     def ready(self) -> tuple[bool, list[str]]:
