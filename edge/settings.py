@@ -225,6 +225,21 @@ class HealthSettings(Closed):
     port: int = Field(8081, ge=0, le=65535, description="port (0 = any free port)")
 
 
+class ClockSettings(Closed):
+    """The device clock compared with the cloud's (its HTTP Date header, at `api_url`)."""
+
+    max_skew_s: float = Field(
+        300.0,
+        gt=0,
+        description="the cloud's `ingest.max_skew_s`: a device clock further off than this "
+        "is reported (log, health, not ready), since the cloud refuses its messages as stale",
+    )
+    interval_s: float = Field(
+        600.0, gt=0, description="seconds between checks after the one at start"
+    )
+    timeout_s: float = Field(5.0, gt=0, le=60, description="how long one check may take")
+
+
 class RuntimeSettings(Closed):
     kind: Literal["none", "compose"] = Field(
         "none",
@@ -278,6 +293,9 @@ class EdgeSettings(EdgefleetSettings):
     state_dir: Path = Field(Path("edgefleet-state"), description="updater state, downloads")
     runtime: RuntimeSettings = Field(
         default_factory=RuntimeSettings, description="container runtime for image changes"
+    )
+    clock: ClockSettings = Field(
+        default_factory=ClockSettings, description="the device clock checked against the cloud's"
     )
 
     @classmethod
