@@ -17,10 +17,10 @@ Run: `.venv/bin/python -m edgefleet.bench.bench_edge` (`--frames 90` by default)
    both reading the file as fast as they go (the bar's loop: no frame ever waits for
    it), and once more on the file played as a camera (frames come at the file's rate
    and wait in order: latency from the frame's moment, as on a camera).
-   The agent runs with its defaults (`edgefleet.edge.model.edge_execution`) in real-time mode (the
-   file paced at its frame rate, looping, newest frame only: how it runs on a camera), once
-   more with as many single-threaded workers as cores (the default before), with as many
-   workers each on every core, once more with
+   The agent runs with its defaults (`edgefleet.edge.execution.edge_execution`) in
+   real-time mode (the file paced at its frame rate, looping, newest frame only: how it
+   runs on a camera), once more with as many single-threaded workers as cores (the
+   default before), with as many workers each on every core, once more with
    ONNX Runtime's idle threads spinning (its default; the edge turns it off), and in
    "every frame" mode (throughput on the same frames; latency there includes queueing).
    CPU time per processed frame (process CPU, all threads; model loading included) is
@@ -48,7 +48,7 @@ import cv2
 import numpy as np
 import typer
 
-from edgefleet.edge.model import edge_execution
+from edgefleet.edge.execution import edge_execution
 from edgefleet.edge.outbox import Outbox
 from edgefleet.edge.pipeline import Pipeline, Work
 from edgefleet.edge.policy import Escalation, EscalationPolicy

@@ -27,6 +27,7 @@ import numpy as np
 import typer
 
 from edgefleet.shared.executor.batcher import DynamicBatcher
+from edgefleet.shared.executor.proof import prove
 from edgefleet.shared.executor.registry import probe_backends
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import load_model
@@ -158,8 +159,12 @@ def main(
     Example: edgefleet bench executor --rounds 3
     """
     data = scenes(images)
-    available = [name for name, why in probe_backends().items() if why is None]
-    unavailable = {n: w for n, w in probe_backends().items() if w is not None}
+    settings = ExecutionSettings()
+    verdicts = {
+        name: why or prove(name, settings) for name, why in probe_backends().items()
+    }  # what is installed and really runs here (a tiny model loaded and run)
+    available = [name for name, why in verdicts.items() if why is None]
+    unavailable = {n: w for n, w in verdicts.items() if w is not None}
     print(f"backends here: {', '.join(available)}")
     for name, why in unavailable.items():
         print(f"  not measured: {name} ({why})")

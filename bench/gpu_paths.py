@@ -156,9 +156,12 @@ def _settings(backends: list[str], **update):
 
 def _probe() -> dict[str, str | None]:
     need("numpy", "cv2", "onnxruntime", "pynvml", "rapidocr_onnxruntime")
+    from edgefleet.shared.executor.proof import prove
     from edgefleet.shared.executor.registry import probe_backends
+    from edgefleet.shared.executor.settings import ExecutionSettings
 
-    return probe_backends()
+    settings = ExecutionSettings()  # installed is not enough: each backend runs a tiny model
+    return {name: why or prove(name, settings) for name, why in probe_backends().items()}
 
 
 # --- ONNX Runtime providers ---------------------------------------------------------------

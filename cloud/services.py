@@ -28,6 +28,7 @@ from edgefleet.cloud.router import Router, RouteSpec
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.cloud.store import FeedbackStore
 from edgefleet.shared.db import Database
+from edgefleet.shared.executor.fallback import report as backend_report
 from edgefleet.shared.imaging import ImageLimits, decode_image
 from edgefleet.shared.imaging.budget import DecodeBudget
 from edgefleet.shared.private import private_dir
@@ -293,6 +294,7 @@ class CloudServices:
             "store": store,
             "queue_depth": self.processor.depth,
             "rules_error": self.router.last_error,
+            "execution": backend_report(),
         }
         return not reasons, body
 

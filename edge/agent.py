@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
 from edgefleet.edge.cases import CaseWriter
+from edgefleet.edge.clock import ClockWatch
 from edgefleet.edge.health import HealthReport, HealthServer
 from edgefleet.edge.model import Predictor, load_deployed, open_model
 from edgefleet.edge.outbox import Outbox
@@ -62,6 +64,7 @@ class Agent:
         *,
         model: Predictor | None = None,
         source_factory: Callable[[SourceSettings], VideoSource] = make_source,
+        wall_clock: Callable[[], float] = time.time,
     ):
         s = self.settings = settings
         with ExitStack() as undo:  # closes what was built if a later part fails
@@ -120,6 +123,7 @@ class Agent:
                 gpu=gpu_probe(),
             )
             undo.callback(self.telemetry.gpu.close)
+            self.clock = ClockWatch(s.api_url, s.clock, now=wall_clock)
             self.report = HealthReport(
                 s.device_id,
                 uptime_s=self.telemetry.uptime_s,
@@ -129,6 +133,7 @@ class Agent:
                 cases=self.cases,
                 policy=self.policy,
                 verdicts=self.verdicts,
+                clock=self.clock,
             )
             s.state_dir.mkdir(parents=True, exist_ok=True)
             token = s.device_token
@@ -152,6 +157,7 @@ class Agent:
         """Connect and start every thread; if that fails, what already started is stopped
         again (so the process ends instead of leaving threads behind)."""
         try:
+            self.clock.start()  # first: a clock the cloud will refuse is said before anything
             self.uplink.start()
             self.pipeline.start()
             for capture in self.captures:
@@ -180,6 +186,7 @@ class Agent:
         self._stopped = True
         self.stop_capture(drain_timeout_s)
         self.telemetry.stop()
+        self.clock.stop()
         if self.uplink.connected.is_set():
             self.uplink.flush(flush_timeout_s)
         self.uplink.stop(publish_offline=True)

@@ -17,11 +17,13 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from edgefleet.edge.cases import CaseWriter
+from edgefleet.edge.clock import ClockWatch
 from edgefleet.edge.outbox import Outbox
 from edgefleet.edge.policy import EscalationPolicy
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.uplink import Uplink
 from edgefleet.edge.verdicts import VerdictBook
+from edgefleet.shared.executor.fallback import report as backend_report
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,10 @@ class HealthReport:
         cases: CaseWriter,
         policy: EscalationPolicy,
         verdicts: VerdictBook,
+        clock: ClockWatch,
     ):
         self.device_id = device_id
+        self.clock = clock
         self.uptime_s = uptime_s
         self.captures = captures
         self.outbox = outbox
@@ -87,12 +91,16 @@ class HealthReport:
                 "over_budget": budget.over,
             },
             "verdicts_for_unknown_tracks": self.verdicts.unknown_tracks,
+            "execution": backend_report(),
+            "clock": self.clock.latest.as_json(),
         }
 
     def ready(self) -> tuple[bool, list[str]]:
-        """Ready when every stream is live and the outbox takes writes (the model is loaded
-        before the agent exists)."""
+        """Ready when every stream is live, the outbox takes writes and the clock is not
+        known to be off (the model is loaded before the agent exists)."""
         reasons = []
+        if self.clock.latest.state == "off":
+            reasons.append(self.clock.latest.detail)
         not_live = [c.stream_id for c in self.captures if c.state != "live"]
         if not_live:
             reasons.append(f"streams not live: {', '.join(not_live)}")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from edgefleet.edge.execution import edge_execution
 from edgefleet.edge.settings import EdgeSettings, ModelSettings
 from edgefleet.shared.errors import EdgefleetError
-from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.messages import Detection, ModelInfo, ModelRef
 
 
@@ -28,37 +27,6 @@ class Predictor(Protocol):
 
     def close(self) -> None:
         """Free the model."""
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: a container limited to a cpuset (docker
-    --cpuset-cpus) sees the host's count in os.cpu_count(), and N threads per worker there
-    would fight over the few cores it has."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 2
-
-
-def edge_execution(workers: int) -> ExecutionSettings:
-    """The edge's executor defaults: `workers` runs side by side, the cores split between,
-    and ONNX Runtime's idle threads not spinning.
-
-    Measured on 2 shared cores (bench/bench_edge.py, one run, A/B): a spinning session burns
-    ~150 ms of CPU per frame instead of ~60 and runs 3x slower, because its idle threads
-    compete with decode, the post stage and the machine's other work. Without spinning, one
-    worker spreading each frame over every core (the default, `infer_workers: 1`) has
-    0.5-0.7x the p95 of two single-threaded workers; those overlap OCR's single-threaded
-    parts and have more throughput on otherwise idle cores (x1.44 in the quietest run):
-    `infer_workers: 2` trades p95 for it. The batcher still queues requests (several
-    streams share the model) but sends a batch as soon as one waits.
-    """
-    cores = usable_cores()
-    return ExecutionSettings(
-        intra_op_threads=max(1, cores // workers),
-        spinning=False,  # decode, post and the other workers share these cores
-        batching=BatcherSettings(workers=workers, preferred_batch_size=1, max_delay_ms=2.0),
-    )
 
 
 def open_model(settings: ModelSettings, workers: int = 1) -> Predictor:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from edgefleet.edge.execution import edge_execution
 from edgefleet.shared.config import Closed, EdgefleetSettings
 from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.settings import ExecutionSettings
@@ -66,8 +68,10 @@ class ModelSettings(Closed):
     name: str = Field("ppocr6-tiny", min_length=1, description="model (pack) name in the registry")
     execution: ExecutionSettings | None = Field(
         None,
-        description="executor settings; none = one session thread per core share, a "
-        "batcher worker per inference worker (see edgefleet.edge.model.edge_execution)",
+        description="executor settings, over the edge's own defaults (one session thread "
+        "per core share, no spinning, a batcher worker per inference worker: "
+        "edgefleet.edge.execution.edge_execution); a key set in the file or the environment "
+        "replaces that key only",
     )
 
 
@@ -236,6 +240,21 @@ class HealthSettings(Closed):
     port: int = Field(8081, ge=0, le=65535, description="port (0 = any free port)")
 
 
+class ClockSettings(Closed):
+    """The device clock compared with the cloud's (its HTTP Date header, at `api_url`)."""
+
+    max_skew_s: float = Field(
+        300.0,
+        gt=0,
+        description="the cloud's `ingest.max_skew_s`: a device clock further off than this "
+        "is reported (log, health, not ready), since the cloud refuses its messages as stale",
+    )
+    interval_s: float = Field(
+        600.0, gt=0, description="seconds between checks after the one at start"
+    )
+    timeout_s: float = Field(5.0, gt=0, le=60, description="how long one check may take")
+
+
 class RuntimeSettings(Closed):
     kind: Literal["none", "compose"] = Field(
         "none",
@@ -290,6 +309,14 @@ class EdgeSettings(EdgefleetSettings):
     runtime: RuntimeSettings = Field(
         default_factory=RuntimeSettings, description="container runtime for image changes"
     )
+    clock: ClockSettings = Field(
+        default_factory=ClockSettings, description="the device clock checked against the cloud's"
+    )
+
+    @classmethod
+    def layered_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The edge's own executor tuning beneath `model.execution`, for its workers."""
+        return {"model": {"execution": edge_execution(_infer_workers(given)).model_dump()}}
 
     @model_validator(mode="after")
     def _check(self) -> EdgeSettings:
@@ -342,3 +369,17 @@ def _key_text_to_bytes(key: str) -> bytes:
     if re.fullmatch(r"[0-9a-fA-F]{64}", key):
         return bytes.fromhex(key)
     return key.encode()
+
+
+def _infer_workers(given: Mapping[str, Any]) -> int:
+    """`pipeline.infer_workers` as given (a file, the environment, a section object), or
+    its default; a bad value is left for the field's validation to report."""
+    pipeline = given.get("pipeline")
+    if isinstance(pipeline, PipelineSettings):
+        return pipeline.infer_workers
+    value = pipeline.get("infer_workers") if isinstance(pipeline, Mapping) else None
+    try:
+        workers = int(value) if value is not None else 1
+    except (TypeError, ValueError):
+        return 1
+    return workers if 1 <= workers <= 16 else 1

@@ -6,11 +6,13 @@ that starts the process and the result is passed down.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from edgefleet.shared.errors import ConfigError
@@ -25,7 +27,8 @@ class Closed(BaseModel):
 
 
 class EdgefleetSettings(BaseSettings):
-    """Base of every process's settings: closed, env overrides the YAML file."""
+    """Base of every process's settings: closed, env overrides the YAML file, and both
+    are merged key by key into the process's layered defaults."""
 
     model_config = SettingsConfigDict(
         extra="forbid", env_nested_delimiter="__", validate_default=True
@@ -40,7 +43,31 @@ class EdgefleetSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return env_settings, init_settings
+        return env_settings, init_settings, LayeredDefaults(settings_cls)
+
+    @classmethod
+    def layered_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults of whole sections that depend on other settings (`given`: what the
+        file and the environment set); a key set there refines the section, not replaces it."""
+        return {}
+
+
+class LayeredDefaults(PydanticBaseSettingsSource):
+    """The lowest source: `layered_defaults` of the settings class, beneath file and env.
+
+    Without it a section whose field default is None (the edge's `model.execution`, which
+    the edge tunes itself) is created whole, with the generic defaults, by a single
+    variable such as `EDGEFLEET_EDGE_MODEL__EXECUTION__ENGINE_CACHE_DIR`.
+    """
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # the whole state comes from __call__
+
+    def __call__(self) -> dict[str, Any]:
+        settings_cls = self.settings_cls
+        if not issubclass(settings_cls, EdgefleetSettings):
+            return {}
+        return settings_cls.layered_defaults(self.current_state)
 
 
 def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S:

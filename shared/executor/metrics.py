@@ -52,3 +52,10 @@ PREDICT_SECONDS = Histogram(
     ["model"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+BACKEND_FALLBACKS = Counter(
+    "ef_backend_fallbacks_total",
+    "Backends passed over on the way down the preference order, by reason: unavailable "
+    "(not installed, or its build lacks the provider), proof (the tiny model did not load "
+    "or run on it), load (the model itself did not load on it)",
+    ["backend", "reason"],
+)

@@ -172,7 +172,10 @@ class OnnxRuntimeExecutor:
             dynamic_shapes=any(d is None for d in first),
             max_batch_size=first[0] if first and first[0] is not None else None,
             precision=self.settings.precision if self.device == "tensorrt" else "fp32",
-            providers=tuple(_PROVIDERS[self.device]),
+            # what the session really started (check_providers refused a silent fallback)
+            providers=tuple(self._session.get_providers())
+            if self._session is not None
+            else tuple(_PROVIDERS[self.device]),
         )
 
     @property

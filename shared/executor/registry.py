@@ -41,12 +41,12 @@ def _installed(module: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def probe_backends() -> dict[str, str | None]:
-    """Which backends can run here: name -> None (usable) or the reason not. Cached.
+    """Which backends are installed here: name -> None (worth a proof) or the reason not.
 
     Probes without importing TensorRT or torch (find_spec), and asks ONNX Runtime which
-    providers its build carries; a GPU backend also needs a GPU that NVML can see.
+    providers its build carries. Whether a GPU backend really runs is not guessed here:
+    `proof.prove` loads a tiny model on it before it is chosen. Cached.
     """
-    gpu_reason = _gpu_reason()
     out: dict[str, str | None] = {}
     try:
         import onnxruntime as ort
@@ -60,19 +60,17 @@ def probe_backends() -> dict[str, str | None]:
         ("onnxruntime-cuda", "CUDAExecutionProvider"),
         ("onnxruntime-tensorrt", "TensorrtExecutionProvider"),
     ):
-        if provider not in providers:
-            out[name] = f"this onnxruntime build has no {provider}"
-        else:
-            out[name] = gpu_reason
-    out["tensorrt"] = gpu_reason if _installed("tensorrt") else "TensorRT (tensorrt) not installed"
-    torch_ok = _installed("torch")
-    out["torch-cpu"] = None if torch_ok else "torch not installed"
-    out["torch-cuda"] = gpu_reason if torch_ok else "torch not installed"
+        out[name] = None if provider in providers else f"this onnxruntime build has no {provider}"
+    out["tensorrt"] = None if _installed("tensorrt") else "TensorRT (tensorrt) not installed"
+    torch_ok = None if _installed("torch") else "torch not installed"
+    out["torch-cpu"] = torch_ok
+    out["torch-cuda"] = torch_ok
     return out
 
 
-def _gpu_reason() -> str | None:
-    """None when NVML sees a GPU (or this is a Jetson, where NVML is absent), else why not."""
+def gpu_reason() -> str | None:
+    """None when NVML sees a GPU (or this is a Jetson, where NVML is absent), else why not:
+    the hint added to a GPU backend's failed proof."""
     from edgefleet.shared.executor.memory import is_jetson
 
     if is_jetson():

@@ -54,6 +54,45 @@ class NoBackendAvailable(EdgefleetError):
     hint = "install a backend that runs this model format, or change `backends` in the settings"
 
 
+@dataclass(frozen=True)
+class Screened:
+    """One backend of the preference order: None when it is worth trying, else why not.
+
+    `host` says the host lacks it (not installed, not probed), as opposed to a backend
+    that is here but does not fit the model (format, precision).
+    """
+
+    name: str
+    reason: str | None
+    host: bool = False
+
+
+def screen(
+    available: Mapping[str, str | None],
+    preference: Sequence[str],
+    model_spec: NeedsBackend,
+    precision: Precision = "fp32",
+) -> list[Screened]:
+    """Every backend in `preference`, in order, with the reason it cannot run this model."""
+    fmt = model_spec.format
+    out: list[Screened] = []
+    for name in preference:
+        traits = TRAITS.get(name)
+        if traits is None:
+            out.append(Screened(name, "unknown backend"))
+        elif name not in available:
+            out.append(Screened(name, "not probed on this host", host=True))
+        elif available[name] is not None:
+            out.append(Screened(name, str(available[name]), host=True))
+        elif fmt not in traits.formats:
+            out.append(Screened(name, f"does not run {fmt} models"))
+        elif precision not in traits.precisions:
+            out.append(Screened(name, f"does not support {precision}"))
+        else:
+            out.append(Screened(name, None))
+    return out
+
+
 def select_backend(
     available: Mapping[str, str | None],
     preference: Sequence[str],
@@ -68,28 +107,24 @@ def select_backend(
     """
     rejected: list[tuple[str, str]] = []
     chosen: str | None = None
-    fmt = model_spec.format
-    for name in preference:
+    for s in screen(available, preference, model_spec, precision):
         if chosen is not None:
-            rejected.append((name, f"lower preference than {chosen}"))
-            continue
-        traits = TRAITS.get(name)
-        if traits is None:
-            rejected.append((name, "unknown backend"))
-        elif name not in available:
-            rejected.append((name, "not probed on this host"))
-        elif available[name] is not None:
-            rejected.append((name, str(available[name])))
-        elif fmt not in traits.formats:
-            rejected.append((name, f"does not run {fmt} models"))
-        elif precision not in traits.precisions:
-            rejected.append((name, f"does not support {precision}"))
+            rejected.append((s.name, f"lower preference than {chosen}"))
+        elif s.reason is not None:
+            rejected.append((s.name, s.reason))
         else:
-            chosen = name
+            chosen = s.name
     if chosen is None:
-        reasons = "; ".join(f"{n}: {r}" for n, r in rejected) or "no backend in preference"
-        raise NoBackendAvailable(f"no backend can run this {fmt} model at {precision}: {reasons}")
+        raise nothing_fits(model_spec.format, precision, rejected)
     return chosen, rejected
+
+
+def nothing_fits(
+    fmt: str, precision: str, rejected: Sequence[tuple[str, str]]
+) -> NoBackendAvailable:
+    """The error when every backend was ruled out, with each one's reason."""
+    reasons = "; ".join(f"{n}: {r}" for n, r in rejected) or "no backend in preference"
+    return NoBackendAvailable(f"no backend can run this {fmt} model at {precision}: {reasons}")
 
 
 def explain(chosen: str, rejected: Sequence[tuple[str, str]]) -> str:

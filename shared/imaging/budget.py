@@ -9,7 +9,7 @@ retryable (`DecodeBudgetBusy`, 503 + Retry-After).
 
 The decoded array's own bytes stay reserved for as long as the array lives (`hold`): the
 budget then bounds the pixels waiting in queues and models too, and a reference that keeps
-pixels alive shows as budget that never comes back (`edgefleet_decode_budget_bytes`).
+pixels alive shows as budget that never comes back (`ef_decode_budget_bytes`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from prometheus_client import Counter, Gauge
 from edgefleet.shared.errors import Overloaded, PayloadTooLarge
 
 BUDGET_BYTES = Gauge(
-    "edgefleet_decode_budget_bytes", "Bytes of the decode budget, by state", ["state"]
+    "ef_decode_budget_bytes", "Bytes of the decode budget, by state", ["state"]
 )
 BUDGET_REFUSED = Counter(
-    "edgefleet_decode_budget_refused_total",
+    "ef_decode_budget_refused_total",
     "Decodes refused by the process's byte budget, by reason",
     ["reason"],
 )
-BUDGET_WAITING = Gauge("edgefleet_decode_budget_waiting", "Decodes waiting for the budget")
+BUDGET_WAITING = Gauge("ef_decode_budget_waiting", "Decodes waiting for the budget")
 _MIB = 1 << 20
 
 

@@ -1,4 +1,5 @@
-"""Open one verified model file on the best backend, inside the memory budget, warmed up."""
+"""Open one verified model file on the best backend that runs here, inside the memory
+budget, warmed up; a backend that fails is passed over for the next (`executor.fallback`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgefleet.shared.executor.base import Executor, InferenceFailed, ModelLoadError
+from edgefleet.shared.executor.base import Executor, InferenceFailed, ModelBlob, ModelLoadError
+from edgefleet.shared.executor.fallback import BackendChoice, open_first, record
 from edgefleet.shared.executor.memory import Footprint, MemoryBudget, detect_probe
 from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
 from edgefleet.shared.executor.registry import create_executor, probe_backends
-from edgefleet.shared.executor.selection import TRAITS, explain, select_backend
+from edgefleet.shared.executor.selection import TRAITS, explain, screen
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Sha256
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec
@@ -34,7 +36,7 @@ def default_budget(settings: ExecutionSettings, gpu: bool) -> MemoryBudget:
 
 @dataclass
 class Session:
-    """A loaded executor and what it costs."""
+    """A loaded executor, what it costs, and why it runs on this backend."""
 
     spec: ModelSpec
     executor: Executor
@@ -42,6 +44,7 @@ class Session:
     sha256: Sha256
     footprint: Footprint
     budget: MemoryBudget
+    choice: BackendChoice
 
     @property
     def input_name(self) -> str:
@@ -79,11 +82,35 @@ def open_session(
     max_batch: int,
     budget: MemoryBudget | None = None,
 ) -> Session:
-    """Verify, choose a backend (logged with reasons), admit memory, load, warm up."""
+    """Verify, then down the backend order: prove, admit memory, load, warm up (the first
+    that does all four is chosen; each one passed over is logged with its reason)."""
     blob = registry.read_verified(spec)  # hash first: nothing parses an unverified file
-    chosen, rejected = select_backend(probe_backends(), settings.backends, spec, settings.precision)
-    log.info(explain(chosen, rejected), extra={"model": spec.name})
-    gpu = TRAITS[chosen].gpu
+    screened = screen(probe_backends(), settings.backends, spec, settings.precision)
+
+    def open_on(backend: str) -> tuple[Executor, Footprint, MemoryBudget]:
+        return _load(spec, blob, backend, settings, item_shape, warmup_shape, max_batch, budget)
+
+    chosen, (executor, footprint, used), skipped = open_first(
+        screened, settings, open_on, model=spec.name, fmt=spec.format
+    )
+    choice = BackendChoice(chosen, executor.capabilities.providers, tuple(skipped))
+    record(spec.name, choice)
+    log.info(explain(chosen, skipped), extra={"model": spec.name, **choice.as_json()})
+    return Session(spec, executor, chosen, blob.sha256, footprint, used, choice)
+
+
+def _load(
+    spec: ModelSpec,
+    blob: ModelBlob,
+    backend: str,
+    settings: ExecutionSettings,
+    item_shape: tuple[int, ...],
+    warmup_shape: tuple[int, ...] | None,
+    max_batch: int,
+    budget: MemoryBudget | None,
+) -> tuple[Executor, Footprint, MemoryBudget]:
+    """Admit the model's memory on `backend`'s device, load it there and warm it up."""
+    gpu = TRAITS[backend].gpu
     budget = budget or default_budget(settings, gpu)
     footprint = Footprint(
         weights=len(blob.data),
@@ -92,16 +119,20 @@ def open_session(
     )
     budget.admit(spec.name, footprint.need(max_batch))
     try:
-        executor = create_executor(chosen, settings)
-        executor.load(blob)
+        executor = create_executor(backend, settings)
+        try:
+            executor.load(blob)
+        except BaseException:
+            executor.close()  # a half-loaded GPU session frees its memory for the next one
+            raise
         if settings.warmup and warmup_shape is not None:
             started = time.perf_counter()
             name = spec.input.name or executor.inputs[0].name
             with warmup_guard(spec, executor):
                 executor.infer({name: np.zeros(warmup_shape, np.float32)})
-            MODEL_WARMUP_SECONDS.labels(spec.name, chosen).observe(time.perf_counter() - started)
+            MODEL_WARMUP_SECONDS.labels(spec.name, backend).observe(time.perf_counter() - started)
     finally:
         # once loaded its memory shows in the device's `used`; the reservation only
         # covered the window in which it did not yet
         budget.release(spec.name)
-    return Session(spec, executor, chosen, blob.sha256, footprint, budget)
+    return executor, footprint, budget

@@ -129,7 +129,7 @@ def test_sixteen_declared_dimension_bombs_stay_under_a_gigabyte(tmp_path: Path) 
         # and once the flood is over, every decoded pixel has gone back to the budget
         eventually(
             lambda: (
-                'edgefleet_decode_budget_bytes{state="reserved"} 0.0' in client.get("/metrics").text
+                'ef_decode_budget_bytes{state="reserved"} 0.0' in client.get("/metrics").text
             ),
             30,
             "the decode budget given back",

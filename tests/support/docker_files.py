@@ -25,6 +25,8 @@ DOCKERFILES = {
     "x86-cloud": DOCKER / "x86" / "Dockerfile.cloud",
 }
 COMPOSE_FILES = [DOCKER / "x86" / "compose.yaml", DOCKER / "jetson" / "compose.yaml"]
+# added on top of the Jetson compose file where the device has cameras
+JETSON_CAMERAS = DOCKER / "jetson" / "compose.cameras.yaml"
 
 # Every Path-typed setting, classified. A new Path setting fails
 # test_every_path_setting_is_classified until it is added to one of these.

@@ -32,6 +32,7 @@ from tests.support.docker_files import (
     IMAGE_SPEC_IDS,
     IMAGE_SPECS,
     IMAGES,
+    JETSON_CAMERAS,
     ROOT,
     SettingsSpec,
     Stage,
@@ -397,11 +398,37 @@ def test_compose_mounts_every_image_volume_on_a_read_only_root(
     assert config["read_only"] is True
 
 
-def test_jetson_compose_runs_on_the_nvidia_runtime_with_cameras() -> None:
+def test_jetson_compose_runs_on_the_nvidia_runtime_as_a_user() -> None:
     edge = yaml.safe_load(COMPOSE_FILES[1].read_text())["services"]["edge"]
     assert edge["runtime"] == "nvidia"
-    assert any(d.startswith("/dev/video") for d in edge["devices"])
     assert edge["user"] != "0" and not edge["user"].startswith("root")
+
+
+def _bind_sources(service: dict) -> list[str]:
+    return [
+        v["source"] for v in service.get("volumes", []) if isinstance(v, dict) and "source" in v
+    ]
+
+
+def test_the_jetson_compose_file_starts_without_a_camera_and_the_cameras_file_adds_them() -> None:
+    # given the base file and the cameras file an operator adds with a second -f
+    base_text = COMPOSE_FILES[1].read_text()
+    base = yaml.safe_load(base_text)["services"]["edge"]
+    cameras_doc = yaml.safe_load(JETSON_CAMERAS.read_text())
+    # then the base names no camera device and no Argus socket (Docker refuses to start a
+    # container whose device or bind source is missing: an RTSP-only device has neither)
+    assert "/dev/video" not in yaml.safe_dump(base)
+    assert not base.get("devices")
+    assert "/tmp/argus_socket" not in _bind_sources(base)
+    # and the cameras file is a valid compose file adding both to the same service
+    assert [e.message for e in _compose_schema().iter_errors(cameras_doc)] == []
+    cameras = cameras_doc["services"]["edge"]
+    assert "/dev/video0:/dev/video0" in cameras["devices"]
+    assert "/tmp/argus_socket" in _bind_sources(cameras)
+    assert set(cameras_doc["services"]) <= set(yaml.safe_load(base_text)["services"])
+    # and both headers say how to run it with the cameras
+    usage = "-f compose.yaml -f compose.cameras.yaml up -d"
+    assert usage in base_text and usage in JETSON_CAMERAS.read_text()
 
 
 def test_x86_compose_has_the_whole_stack_and_monitoring_is_optional() -> None:

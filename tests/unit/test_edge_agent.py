@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edgefleet.edge.agent import Agent
-from edgefleet.edge.model import edge_execution, usable_cores
+from edgefleet.edge.execution import edge_execution, usable_cores
 from edgefleet.edge.settings import EdgeSettings
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.messages import (

@@ -113,3 +113,31 @@ def test_the_example_config_is_valid() -> None:
     s = load_settings(EdgeSettings, example)
     assert [st.id for st in s.streams] == ["gate", "dock", "yard"]
     assert s.policy.attach == "crop" and s.outbox.synchronous == "full"
+
+
+def test_one_execution_variable_refines_the_edge_tuning_instead_of_replacing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgefleet.edge.execution import edge_execution
+
+    # given the image's engine cache variable, and a file that asks for two workers
+    monkeypatch.setenv("EDGEFLEET_EDGE_MODEL__EXECUTION__ENGINE_CACHE_DIR", str(tmp_path / "e"))
+    config = _write(
+        tmp_path,
+        "device_id: cam-01\ndevice_key: k\npipeline: {infer_workers: 2}\n"
+        "model: {execution: {batching: {max_queue: 9}}}\n",
+    )
+    # when the settings are built
+    execution = load_settings(EdgeSettings, config).model.execution
+    # then the variable and the file's key are set, and the rest is the edge's own tuning
+    assert execution is not None
+    assert execution.engine_cache_dir == tmp_path / "e"
+    assert execution.batching.max_queue == 9
+    tuned = edge_execution(2)
+    assert not execution.spinning
+    assert execution.intra_op_threads == tuned.intra_op_threads
+    assert execution.batching.workers == 2 and execution.batching.preferred_batch_size == 1
+    # and the cloud and the fleet, which layer nothing, build as before
+    from edgefleet.cloud.settings import CloudSettings
+
+    assert CloudSettings().execution.spinning
