@@ -3,8 +3,11 @@
 The demo must run with no download, so it renders its own footage: container numbers,
 licence-plate-like strings and sign words drift across gradient, noise and texture
 backgrounds; some lines are blurred or hit by glare so that the edge model is unsure on
-them and escalates. Everything follows from the seed, so two renders are identical and
-the accuracy the demo reports is comparable between runs.
+them and escalates; some cross the frame, entering across one border and leaving across
+the other with a new text each pass (the edge sees them cut first); some are far away
+(small and soft), where the edge's model misreads what the cloud's reads. Everything
+follows from the seed, so two renders are identical and the accuracy the demo reports is
+comparable between runs.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ Background = Literal["gradient", "noise", "texture"]
 _FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX]
 # Bump whenever the same spec would render other pixels or truth: cached scenes
 # (edgefleet.demo_cache) of another version are rendered again.
-RENDERER_VERSION = 2
+RENDERER_VERSION = 3
+# A line is in a frame's truth once this share of it is in view: a reader following it
+# should then report the whole line.
+VISIBLE_TRUTH = 0.6
 
 
 class VideoSpec(Closed):
@@ -42,6 +48,13 @@ class VideoSpec(Closed):
     )
     hard_strength: float = Field(
         0.7, ge=0, le=2, description="how much blur, glare and fading the hard lines get"
+    )
+    crossing_share: float = Field(
+        0.34, ge=0, le=1, description="share of lines that cross the frame, entering across "
+        "one border and leaving across the other, with a new text each pass"
+    )
+    far_share: float = Field(
+        0.34, ge=0, le=1, description="share of lines far away: small and soft"
     )
     background: Background | None = Field(
         None, description="background style; none = chosen by the seed"
@@ -122,29 +135,50 @@ def _background(style: Background, w: int, h: int, rng: np.random.Generator) -> 
 class _Line:
     """A moving text plate; position is a float so slow lines still move smoothly."""
 
-    def __init__(self, lid: int, spec: VideoSpec, kind: Kind, hard: bool, rng: random.Random):
-        self.id, self.kind, self.hard = lid, kind, hard
-        self.text = make_text(kind, rng)
+    def __init__(
+        self,
+        lid: int,
+        spec: VideoSpec,
+        kind: Kind,
+        rng: random.Random,
+        *,
+        hard: bool = False,
+        crossing: bool = False,
+        far: bool = False,
+    ):
+        self.id, self.kind, self.hard, self.crossing, self.far = lid, kind, hard, crossing, far
+        self.rng = random.Random(rng.random())  # a crossing line's next texts
         self.font = rng.choice(_FONTS)
-        self.scale = rng.uniform(0.8, 1.15) * spec.height / 360
-        self.thickness = max(1, round(2 * spec.height / 360))
-        (tw, th), base = cv2.getTextSize(self.text, self.font, self.scale, self.thickness)
-        pad = max(4, th // 2)
-        self.w, self.h, self.base, self.pad = tw + 2 * pad, th + base + 2 * pad, base, pad
+        self.scale = rng.uniform(0.8, 1.15) * spec.height / 360 * (0.5 if far else 1.0)
+        self.thickness = max(1, round((1 if far else 2) * spec.height / 360))
+        self.text = ""
+        self._write(make_text(kind, rng))
         band = spec.height / spec.lines
         self.y = band * lid + (band - self.h) / 2
         self.x = rng.uniform(0, max(1.0, spec.width - self.w))
         speed = rng.uniform(0.05, 0.15) * spec.width  # pixels per second
         self.vx = speed / spec.fps * rng.choice([-1, 1])
         self.vy = rng.uniform(-0.02, 0.02) * spec.height / spec.fps
+        if crossing:
+            self.x = -float(self.w) if self.vx > 0 else float(spec.width)
         self.fg = (20, 20, 20) if rng.random() < 0.7 else (250, 250, 250)
         self.plate = tuple(255 - c for c in self.fg)
         self.glare_phase = rng.uniform(0, 2 * np.pi)
 
+    def _write(self, text: str) -> None:
+        self.text = text
+        (tw, th), base = cv2.getTextSize(text, self.font, self.scale, self.thickness)
+        pad = max(4, th // 2)
+        self.w, self.h, self.base, self.pad = tw + 2 * pad, th + base + 2 * pad, base, pad
+
     def step(self, spec: VideoSpec) -> None:
         self.x += self.vx
         self.y += self.vy
-        if self.x < 0 or self.x + self.w > spec.width:
+        if self.crossing:
+            if self.x > spec.width or self.x + self.w < 0:  # gone: the next one comes in
+                self._write(make_text(self.kind, self.rng))
+                self.x = -float(self.w) if self.vx > 0 else float(spec.width)
+        elif self.x < 0 or self.x + self.w > spec.width:
             self.vx = -self.vx
             self.x = min(max(self.x, 0.0), max(0.0, spec.width - self.w))
         band = spec.height / spec.lines
@@ -153,14 +187,25 @@ class _Line:
             self.vy = -self.vy
             self.y = min(max(self.y, top), max(top, bottom))
 
-    def draw(self, frame: np.ndarray, index: int, spec: VideoSpec) -> tuple[int, int, int, int]:
-        x0, y0 = round(self.x), round(self.y)
-        x1, y1 = min(spec.width, x0 + self.w), min(spec.height, y0 + self.h)
-        cv2.rectangle(frame, (x0, y0), (x1 - 1, y1 - 1), self.plate, thickness=-1)
-        origin = (x0 + self.pad, y1 - self.pad - self.base)
+    def draw(
+        self, frame: np.ndarray, index: int, spec: VideoSpec
+    ) -> tuple[tuple[int, int, int, int], float]:
+        """Draw the plate where it is; its box in the frame (clipped) and the share of it
+        in view."""
+        left, y0 = round(self.x), round(self.y)
+        x0, x1 = max(0, left), min(spec.width, left + self.w)
+        y1 = min(spec.height, y0 + self.h)
+        if x1 - x0 < 1:
+            return (x0, y0, x0, y1), 0.0
+        plate = np.empty((self.h, self.w, 3), np.uint8)
+        plate[:] = self.plate
+        origin = (self.pad, self.h - self.pad - self.base)
         cv2.putText(
-            frame, self.text, origin, self.font, self.scale, self.fg, self.thickness, cv2.LINE_AA
+            plate, self.text, origin, self.font, self.scale, self.fg, self.thickness, cv2.LINE_AA
         )
+        if self.far:  # out of the lens's focus as well as small
+            plate = cv2.GaussianBlur(plate, (0, 0), 0.7)
+        frame[y0:y1, x0:x1] = plate[: y1 - y0, x0 - left : x1 - left]
         if self.hard:
             # How hard this frame is swings with time, so the same line is sometimes
             # readable and sometimes not: the edge is unsure on a share of frames.
@@ -195,7 +240,7 @@ class _Line:
             halo = cv2.GaussianBlur(glare, (0, 0), sigma_glare)[..., None]
             window = frame[wy0:wy1, wx0:wx1]
             window[:] = np.clip(window + halo * 120 * strength, 0, 255).astype(np.uint8)
-        return x0, y0, x1, y1
+        return (x0, y0, x1, y1), (x1 - x0) / self.w
 
 
 def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
@@ -212,10 +257,16 @@ def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
     style = rng.choice(backgrounds) if spec.background is None else spec.background
     background = _background(style, spec.width, spec.height, nrng)
     kinds: list[Kind] = ["container", "plate", "sign"]
-    n_hard = round(spec.lines * spec.hard_share)
-    hard_ids = set(rng.sample(range(spec.lines), n_hard))
+    ids = range(spec.lines)
+    hard = set(rng.sample(ids, round(spec.lines * spec.hard_share)))
+    crossing = set(rng.sample(ids, round(spec.lines * spec.crossing_share)))
+    far = set(rng.sample(ids, round(spec.lines * spec.far_share)))
     lines = [
-        _Line(i, spec, kinds[(i + spec.seed) % 3], i in hard_ids, rng) for i in range(spec.lines)
+        _Line(
+            i, spec, kinds[(i + spec.seed) % 3], rng,
+            hard=i in hard, crossing=i in crossing, far=i in far,
+        )
+        for i in ids
     ]
     writer = cv2.VideoWriter(
         str(path), cv2.VideoWriter.fourcc(*fourcc), spec.fps, (spec.width, spec.height)
@@ -228,8 +279,9 @@ def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
             frame = background.copy()
             items = []
             for line in lines:
-                box = line.draw(frame, index, spec)
-                items.append(ItemTruth(line=line.id, text=line.text, box=box, hard=line.hard))
+                box, in_view = line.draw(frame, index, spec)
+                if in_view >= VISIBLE_TRUTH:
+                    items.append(ItemTruth(line=line.id, text=line.text, box=box, hard=line.hard))
                 line.step(spec)
             writer.write(frame)
             frames.append(FrameTruth(index=index, items=items))

@@ -54,7 +54,38 @@ def test_render_writes_a_decodable_video_and_its_truth(tmp_path: Path, suffix: s
     # and the truth file round-trips to the same object
     assert GroundTruth.load(truth_path(video)) == truth
     assert len(truth.frames) == 10
-    assert {item.text for item in truth.frames[0].items} == {line.text for line in truth.lines}
+    assert truth.frames[0].items  # the lines that do not cross the frame are in view
+
+
+def test_a_crossing_line_enters_cut_leaves_and_comes_back_with_another_text(
+    tmp_path: Path,
+) -> None:
+    spec = SMALL.model_copy(
+        update={"lines": 1, "crossing_share": 1.0, "duration_s": 40, "hard_share": 0.0}
+    )
+    truth = render_video(tmp_path / "cross.avi", spec)
+    in_view = [frame.items for frame in truth.frames]
+    # it starts outside the frame, and is in the truth only once mostly in view
+    assert not in_view[0] and any(in_view)
+    first = next(i for i, items in enumerate(in_view) if items)
+    box = in_view[first][0].box
+    assert box[0] == 0 or box[2] == spec.width  # still cut by a border
+    # and after a pass, another text comes in
+    texts = [items[0].text for items in in_view if items]
+    assert len(set(texts)) >= 2
+
+
+def test_far_lines_are_drawn_smaller(tmp_path: Path) -> None:
+    near = render_video(tmp_path / "near.avi", SMALL.model_copy(
+        update={"lines": 1, "far_share": 0.0, "crossing_share": 0.0}))
+    far = render_video(tmp_path / "far.avi", SMALL.model_copy(
+        update={"lines": 1, "far_share": 1.0, "crossing_share": 0.0}))
+
+    def height(truth: GroundTruth) -> int:
+        box = truth.frames[0].items[0].box
+        return box[3] - box[1]
+
+    assert height(far) < 0.7 * height(near)
 
 
 def test_same_seed_same_video_other_seed_other_video(tmp_path: Path) -> None:
@@ -140,7 +171,7 @@ def _device(tmp_path: Path, truth: GroundTruth | None, rows: list[dict]) -> Devi
 
 def test_scoring_edge_alone_and_with_the_clouds_corrections(tmp_path: Path) -> None:
     # given a clip whose frame 0 and 1 read ["AB", "CD"] (a hand-made truth)
-    truth = render_video(tmp_path / "v.avi", SMALL)
+    truth = render_video(tmp_path / "v.avi", SMALL.model_copy(update={"crossing_share": 0.0}))
     truth = truth.model_copy(
         update={
             "frames": [
