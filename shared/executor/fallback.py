@@ -97,7 +97,9 @@ def _passed_over(model: str, backend: str, reason: Why, detail: str) -> None:
         first = (backend, detail) not in _WARNED
         _WARNED.add((backend, detail))
     if first or reason == "load":
-        log.warning(
+        # not installed is what a CPU host is: noted; installed and failing is a problem
+        log.log(
+            logging.INFO if reason == "unavailable" else logging.WARNING,
             "backend %s passed over: %s",
             backend,
             detail,
