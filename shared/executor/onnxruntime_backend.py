@@ -137,9 +137,11 @@ class OnnxRuntimeExecutor:
             try:
                 self._session = self._open(blob, providers, cache)
             except ModelLoadError:
+                # ORT refused its own cached engines (cut short, another TensorRT): rebuild
                 if cache is None or not reset_folder(cache, "ort_load"):
                     raise
                 self._session = self._open(blob, providers, cache)
+        check_providers(self.name, providers, self._session.get_providers())
         self._model = blob.name
         self._inputs = [
             TensorSpec(i.name, _dims(i.shape), _NUMPY_DTYPES.get(i.type, "float32"))
@@ -169,7 +171,6 @@ class OnnxRuntimeExecutor:
             raise ModelLoadError(
                 f"{self.name} cannot load {blob.name}: {runtime_message(exc)}"
             ) from None
-        check_providers(self.name, providers, session.get_providers())
         return session
 
     @property
