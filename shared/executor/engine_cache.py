@@ -122,6 +122,9 @@ def cached_build(path: Path, key: str, build: Callable[[], bytes]) -> CachedEngi
     wait on the lock and then read what it wrote."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with key_lock(_lock_path(path)):
+        # a temporary file of this key while we hold its lock is a dead builder's
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
         data = _read_intact(path)
         if data is not None:
             ENGINE_CACHE.labels("hit").inc()

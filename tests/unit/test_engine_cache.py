@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -127,6 +129,32 @@ def test_two_processes_building_one_key_make_one_build(tmp_path: Path):
         (f"built by {first.pid}".encode(), str(path))
     }
     assert sorted(cached for _, _, cached in results) == [False, True]
+
+
+def _build_forever(path: str, started) -> None:
+    def build() -> bytes:
+        started.set()
+        threading.Event().wait()  # until killed
+        return b""
+
+    cached_build(Path(path), KEY, build)
+
+
+def test_a_builder_killed_mid_build_leaves_the_key_to_the_next(tmp_path: Path):
+    ctx = multiprocessing.get_context("fork")
+    path, log = tmp_path / "m.engine", tmp_path / "builds.log"
+    started = ctx.Event()
+    builder = ctx.Process(target=_build_forever, args=(str(path), started))
+    builder.start()
+    assert started.wait(60), "the builder never began"
+    leftover = tmp_path / ".m.engine.k2j4x9.tmp"  # what a kill inside the write leaves
+    leftover.write_bytes(b"half an eng")
+    os.kill(builder.pid, signal.SIGKILL)
+    builder.join(30)
+    # the kernel released its lock: the next caller builds, and sweeps the leftover
+    entry = cached_build(path, KEY, _builder(log))
+    assert not entry.cached and _builds(log) == 1
+    assert not leftover.exists()
 
 
 def test_a_cache_folder_that_fails_to_load_is_emptied_and_counted(tmp_path: Path):
