@@ -38,6 +38,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     folder: a reader sees the old file or the whole new one, never part of it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # as a plain write leaves it (mkstemp makes 0600): no secret
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
