@@ -19,6 +19,7 @@ from edgefleet.edge.execution import edge_execution
 from edgefleet.shared.config import Closed, EdgefleetSettings
 from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.file_access import chown_hint, unreadable_reason
 from edgefleet.shared.messages import DEVICE_ID_PATTERN
 from edgefleet.shared.mqtt import MqttSettings
 
@@ -335,6 +336,11 @@ class EdgeSettings(EdgefleetSettings):
         assert path is not None
         try:
             text = path.read_text()
+        except PermissionError as exc:
+            raise ConfigError(
+                f"cannot read device_key_file {path}: {unreadable_reason(path, exc)}",
+                hint=chown_hint(path),
+            ) from None
         except OSError as exc:
             raise ConfigError(f"cannot read device_key_file {path}: {exc.strerror}") from None
         return _key_text_to_bytes(_key_from_bundle(text, path))

@@ -360,11 +360,14 @@ def write_emqx_files(registry: DeviceRegistry, out_dir: Path, topics: Topics = T
     return out_dir
 
 
-def write_private(path: Path, text: str, *, mode: int = 0o600, gid: int | None = None) -> None:
+def write_private(
+    path: Path, text: str, *, mode: int = 0o600, gid: int | None = None, uid: int | None = None
+) -> None:
     """Atomic write with mode 0600: a reader sees the old file or the new one, never half.
 
     `mode` may add group access (0640, 0660) for a broker in another container; `gid` is
-    then that group (the writer must be root or a member of it).
+    then that group (the writer must be root or a member of it). `uid` gives the file to
+    another user (a container's), which needs root.
     """
     if mode & 0o007:
         raise ConfigError(f"{path}: mode {mode:o} would let others read or write a secret")
@@ -375,13 +378,14 @@ def write_private(path: Path, text: str, *, mode: int = 0o600, gid: int | None =
         fh.flush()
         os.fsync(fh.fileno())
     try:
-        if gid is not None:
-            os.chown(tmp, -1, gid)
+        if gid is not None or uid is not None:
+            os.chown(tmp, -1 if uid is None else uid, -1 if gid is None else gid)
         os.chmod(tmp, mode)
     except PermissionError as exc:
         tmp.unlink(missing_ok=True)
+        whom = f"uid {uid}" if uid is not None else f"group {gid}"
         raise ConfigError(
-            f"cannot give group {gid} access to {path}: {exc}",
+            f"cannot give {whom} access to {path}: {exc}",
             hint="run as root, or as a member of that group",
         ) from None
     os.replace(tmp, path)

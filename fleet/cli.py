@@ -11,6 +11,7 @@ One scheme, two kinds of command:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -87,7 +88,10 @@ class _Store:
 
         s = self.settings
         listener = BrokerListener(
-            s.broker_port, s.broker_bind, s.broker_plugin, s.broker_user,
+            s.broker_port,
+            s.broker_bind,
+            s.broker_plugin,
+            s.broker_user,
             max_queued_bytes=s.broker_max_queued_mb * 2**20,
         )
         files = write_broker_files(
@@ -147,16 +151,30 @@ def enroll(
     config: ConfigOpt = None,
     db: DbOpt = None,
     bundles: BundlesOpt = None,
+    owner: Annotated[
+        str | None,
+        typer.Option(
+            metavar="UID[:GID]",
+            help="give the bundle to this user (needs root); the edge images run as "
+            "10001:10001, which cannot read a bundle root owns",
+        ),
+    ] = None,
 ) -> None:
     """Create DEVICE: key, broker credential, REST token, ACL entry and its bundle (0600).
 
     Mount the bundle on the device; the broker's password and ACL files are rewritten.
 
-    Example: edgefleet fleet enroll cam-01 --group dock
+    Example: sudo edgefleet fleet enroll cam-01 --group dock --owner 10001:10001
     """
     from edgefleet.fleet.broker_control import BrokerRefused
-    from edgefleet.fleet.bundle import write_bundle
+    from edgefleet.fleet.bundle import Owner, write_bundle
 
+    try:
+        bundle_owner = Owner.parse(owner) if owner is not None else None
+        if bundle_owner is not None:
+            bundle_owner.check_can_give()
+    except EdgefleetError as exc:
+        raise _fail(exc) from None
     with _open_store(config, db) as store:
         enrollment = store.registry.enroll(device, group=group)
         try:
@@ -177,6 +195,7 @@ def enroll(
             broker_port=s.broker_port,
             public_url=s.public_url,
             mount=s.bundle_mount,
+            owner=bundle_owner,
         )
     console.print(f"[green]enrolled[/] {device} in group [bold]{group}[/]")
     if s.master_key() is None:
@@ -187,6 +206,11 @@ def enroll(
             err=True,
         )
     console.print(f"bundle: {out} (mount it at {s.bundle_mount} in the edge container)")
+    if bundle_owner is None:
+        console.print(
+            f"owner: uid {os.geteuid()}; the edge images run as 10001 and cannot read it: "
+            f"`sudo chown -R 10001:10001 {out}` or enroll with --owner 10001:10001"
+        )
     console.print(f"broker: {live}")
 
 

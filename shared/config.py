@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.file_access import chown_hint, unreadable_reason
 
 S = TypeVar("S", bound="EdgefleetSettings")
 
@@ -80,6 +81,11 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     if path is not None:
         try:
             text = Path(path).read_text(encoding="utf-8")
+        except PermissionError as exc:
+            raise ConfigError(
+                f"cannot read config file {path}: {unreadable_reason(Path(path), exc)}",
+                hint=chown_hint(Path(path)),
+            ) from None
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
         except UnicodeDecodeError as exc:

@@ -59,3 +59,16 @@ BACKEND_FALLBACKS = Counter(
     "or run on it), load (the model itself did not load on it)",
     ["backend", "reason"],
 )
+ENGINE_CACHE = Counter(
+    "ef_engine_cache_total",
+    "Engine cache look-ups by result: hit (an intact engine was read), built (it was absent "
+    "or corrupt and was built)",
+    ["result"],
+)
+ENGINE_CACHE_CORRUPT = Counter(
+    "ef_engine_cache_corrupt_total",
+    "Cached engines deleted to be built again, by reason: no_record or bad_record (a build "
+    "cut short), digest (the bytes changed), deserialise (TensorRT refused it), ort_load "
+    "(ONNX Runtime's TensorRT cache folder failed to load)",
+    ["reason"],
+)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,8 +20,15 @@ from edgefleet.shared.executor.base import (
     TensorSpec,
     runtime_message,
 )
+from edgefleet.shared.executor.engine_cache import key_lock, reset_folder
 from edgefleet.shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
 from edgefleet.shared.executor.settings import ExecutionSettings
+from edgefleet.shared.executor.tensorrt_plan import (
+    EngineKey,
+    ProfileShape,
+    calibration_digest,
+    image_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +89,19 @@ class OnnxRuntimeExecutor:
         opts.log_severity_level = 3
         return opts
 
-    def _provider_options(self) -> list[dict]:
+    def trt_cache_dir(self, blob: ModelBlob) -> Path:
+        """This model's own TensorRT-provider cache folder on this host."""
+        import onnxruntime as ort
+
+        gpu, cc = _gpu_identity(self.settings.gpu_index)
+        key = ort_trt_key(blob, self.settings, f"ort{ort.__version__}-trt{_trt_version()}", gpu, cc)
+        return self.settings.engine_cache_dir / "ort-trt" / key.stem(blob.name)
+
+    def _provider_options(self, cache: Path | None) -> list[dict]:
         s = self.settings
         out: list[dict] = []
         for provider in _PROVIDERS[self.device]:
-            if provider == "TensorrtExecutionProvider":
-                cache = s.engine_cache_dir / "ort-trt"
+            if provider == "TensorrtExecutionProvider" and cache is not None:
                 out.append(
                     {
                         "device_id": s.gpu_index,
@@ -114,17 +131,16 @@ class OnnxRuntimeExecutor:
                 f"{self.name}: ONNX Runtime lacks {', '.join(missing)}",
                 hint="install onnxruntime-gpu for CUDA/TensorRT providers",
             )
-        try:
-            self._session = ort.InferenceSession(
-                blob.data,
-                sess_options=self._session_options(),
-                providers=providers,
-                provider_options=self._provider_options(),
-            )
-        except Exception as exc:  # ORT raises its own (non-typed) errors on bad graphs
-            raise ModelLoadError(
-                f"{self.name} cannot load {blob.name}: {runtime_message(exc)}"
-            ) from None
+        cache = self.trt_cache_dir(blob) if self.device == "tensorrt" else None
+        # one process builds a key's engines at a time; the others wait, then read them
+        with key_lock(cache / ".lock") if cache is not None else contextlib.nullcontext():
+            try:
+                self._session = self._open(blob, providers, cache)
+            except ModelLoadError:
+                # ORT refused its own cached engines (cut short, another TensorRT): rebuild
+                if cache is None or not reset_folder(cache, "ort_load"):
+                    raise
+                self._session = self._open(blob, providers, cache)
         check_providers(self.name, providers, self._session.get_providers())
         self._model = blob.name
         self._inputs = [
@@ -140,6 +156,22 @@ class OnnxRuntimeExecutor:
             "model session ready",
             extra={"model": blob.name, "backend": self.name, "providers": providers},
         )
+
+    def _open(self, blob: ModelBlob, providers: list[str], cache: Path | None) -> Any:
+        import onnxruntime as ort
+
+        try:
+            session = ort.InferenceSession(
+                blob.data,
+                sess_options=self._session_options(),
+                providers=providers,
+                provider_options=self._provider_options(cache),
+            )
+        except Exception as exc:  # ORT raises its own (non-typed) errors on bad graphs
+            raise ModelLoadError(
+                f"{self.name} cannot load {blob.name}: {runtime_message(exc)}"
+            ) from None
+        return session
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -196,3 +228,45 @@ def check_providers(backend: str, requested: list[str], got: list[str]) -> None:
             f"{backend}: ONNX Runtime did not start {requested[0]} (it has {', '.join(got)})",
             hint="check the CUDA/TensorRT libraries ONNX Runtime's log names",
         )
+
+
+def ort_trt_key(
+    blob: ModelBlob, settings: ExecutionSettings, runtime: str, gpu_name: str, cc: str
+) -> EngineKey:
+    """What an ONNX Runtime TensorRT engine depends on. ORT names its cached engines after
+    graph and node names, not weights: a fine-tuned model of the same architecture would
+    load the old engine, so each key gets its own folder."""
+    ts, batching = settings.tensorrt, settings.batching
+    bounds = ProfileShape(
+        "*",
+        (1, *ts.min_hw),
+        (batching.preferred_batch_size, *ts.opt_hw),
+        (batching.max_batch_size, *ts.max_hw),
+    )
+    calibration = ""
+    if settings.precision == "int8" and settings.calibration_dir is not None:
+        files = image_files(settings.calibration_dir)[: ts.calibration_images]
+        calibration = calibration_digest(files)
+    return EngineKey(blob.sha256, runtime, gpu_name, cc, settings.precision, (bounds,), calibration)
+
+
+def _trt_version() -> str:
+    """The TensorRT libraries ONNX Runtime will load (the wheel that ships them)."""
+    for dist in ("tensorrt", "tensorrt-cu12-libs", "tensorrt-libs", "tensorrt-cu11-libs"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(dist)
+    try:  # JetPack's TensorRT comes from apt, with no distribution metadata
+        import tensorrt
+
+        return str(tensorrt.__version__)
+    except Exception:  # absent, or present but unable to load: ORT would say why
+        return "none"
+
+
+def _gpu_identity(gpu_index: int) -> tuple[str, str]:
+    from edgefleet.shared.executor.tensorrt_backend import gpu_identity
+
+    try:
+        return gpu_identity(gpu_index)
+    except Exception:  # neither NVML nor cuda-python here: ORT still knows its own GPU
+        return "unknown", "unknown"

@@ -12,18 +12,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 from edgefleet.shared.executor.base import Capabilities, InferenceFailed, ModelBlob, TensorSpec
+from edgefleet.shared.executor.engine_cache import cached_build, invalidate, write_atomic
 from edgefleet.shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.executor.tensorrt_plan import (
     EngineKey,
     calibration_batches,
+    calibration_digest,
     image_files,
     letterbox_loader,
     plan_profile,
@@ -96,6 +98,7 @@ class BuildResult:
     key: EngineKey
     cached: bool
     build_s: float
+    data: bytes = field(repr=False, default=b"")
 
 
 def _network_inputs(network) -> list[TensorSpec]:
@@ -138,61 +141,71 @@ def build_or_load_engine(
         opt_hw=hw,
         max_hw=(max(ts.max_hw[0], hw[0]), max(ts.max_hw[1], hw[1])),
     )
-    gpu_name, cc = gpu_identity(settings.gpu_index)
-    key = EngineKey(
-        blob.sha256, trt.__version__, gpu_name, cc, settings.precision, tuple(profile_plan)
-    )
-    cache_dir = settings.engine_cache_dir
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / key.filename(blob.name)
-    if path.exists():
-        log.info("engine cache hit", extra={"model": blob.name, "engine": str(path)})
-        return BuildResult(path, key, True, 0.0)
-
-    started = time.perf_counter()
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.memory.workspace_mb << 20)
-    config.builder_optimization_level = ts.builder_optimization_level
-    profile = builder.create_optimization_profile()
-    for p in profile_plan:
-        profile.set_shape(p.name, p.min, p.opt, p.max)
-    config.add_optimization_profile(profile)
-    if settings.precision in {"fp16", "int8"}:
-        config.set_flag(trt.BuilderFlag.FP16)
-    calibrator = None
+    calibration: list[Path] = []
     if settings.precision == "int8":
         if settings.calibration_dir is None:
             raise ConfigError("INT8 needs `calibration_dir`: a folder of real images")
-        first = profile_plan[0]
-        calibrator = make_entropy_calibrator(
-            calibration_batches(
-                image_files(settings.calibration_dir),
-                first.opt[0],
-                letterbox_loader((first.opt[2], first.opt[3]), blob.mean, blob.std, blob.bgr),
-                max_images=ts.calibration_images,
-            ),
-            batch_size=first.opt[0],
-            cache_path=cache_dir / key.calibration_cache_name(blob.name),
-        )
-        config.set_flag(trt.BuilderFlag.INT8)
-        config.int8_calibrator = calibrator
-        config.set_calibration_profile(profile)
+        calibration = image_files(settings.calibration_dir)[: ts.calibration_images]
+    gpu_name, cc = gpu_identity(settings.gpu_index)
+    key = EngineKey(
+        blob.sha256,
+        trt.__version__,
+        gpu_name,
+        cc,
+        settings.precision,
+        tuple(profile_plan),
+        calibration_digest(calibration) if calibration else "",
+    )
+    cache_dir = settings.engine_cache_dir
     timing_path = cache_dir / key.timing_cache_name()
-    timing = config.create_timing_cache(timing_path.read_bytes() if timing_path.exists() else b"")
-    config.set_timing_cache(timing, ignore_mismatch=True)
-    if on_progress is not None and hasattr(trt, "IProgressMonitor"):
-        config.progress_monitor = _progress_monitor(trt, on_progress)
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise EngineBuildError(f"{blob.name}: TensorRT failed to build the engine")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(bytes(serialized))
-    tmp.replace(path)  # atomic: a crash never leaves half an engine under the real name
-    path.with_suffix(".json").write_text(key.canonical())
-    timing_path.write_bytes(bytes(config.get_timing_cache().serialize()))
-    build_s = time.perf_counter() - started
-    log.info("engine built", extra={"model": blob.name, "engine": str(path), "seconds": build_s})
-    return BuildResult(path, key, False, build_s)
+
+    def build() -> bytes:
+        config = builder.create_builder_config()
+        config.set_memory_pool_limit(
+            trt.MemoryPoolType.WORKSPACE, settings.memory.workspace_mb << 20
+        )
+        config.builder_optimization_level = ts.builder_optimization_level
+        profile = builder.create_optimization_profile()
+        for p in profile_plan:
+            profile.set_shape(p.name, p.min, p.opt, p.max)
+        config.add_optimization_profile(profile)
+        if settings.precision in {"fp16", "int8"}:
+            config.set_flag(trt.BuilderFlag.FP16)
+        if calibration:
+            first = profile_plan[0]
+            config.set_flag(trt.BuilderFlag.INT8)
+            config.int8_calibrator = make_entropy_calibrator(
+                calibration_batches(
+                    calibration,
+                    first.opt[0],
+                    letterbox_loader((first.opt[2], first.opt[3]), blob.mean, blob.std, blob.bgr),
+                    max_images=ts.calibration_images,
+                ),
+                batch_size=first.opt[0],
+                cache_path=cache_dir / key.calibration_cache_name(blob.name),
+            )
+            config.set_calibration_profile(profile)
+        timing = config.create_timing_cache(
+            timing_path.read_bytes() if timing_path.exists() else b""
+        )
+        config.set_timing_cache(timing, ignore_mismatch=True)
+        if on_progress is not None and hasattr(trt, "IProgressMonitor"):
+            config.progress_monitor = _progress_monitor(trt, on_progress)
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise EngineBuildError(f"{blob.name}: TensorRT failed to build the engine")
+        write_atomic(timing_path, bytes(config.get_timing_cache().serialize()))
+        return bytes(serialized)
+
+    started = time.perf_counter()
+    entry = cached_build(cache_dir / key.filename(blob.name), key.canonical(), build)
+    build_s = 0.0 if entry.cached else time.perf_counter() - started
+    if not entry.cached:
+        log.info(
+            "engine built",
+            extra={"model": blob.name, "engine": str(entry.path), "seconds": build_s},
+        )
+    return BuildResult(entry.path, key, entry.cached, build_s, entry.data)
 
 
 def _progress_monitor(trt, on_progress: ProgressFn):
@@ -256,7 +269,7 @@ def make_entropy_calibrator(batches: Iterator[np.ndarray], *, batch_size: int, c
             return cache_path.read_bytes() if cache_path.exists() else None
 
         def write_calibration_cache(self, cache) -> None:
-            cache_path.write_bytes(bytes(cache))
+            write_atomic(cache_path, bytes(cache))
 
     return EntropyCalibrator()
 
@@ -283,18 +296,23 @@ class TensorRTExecutor:
         import tensorrt as trt
 
         started = time.perf_counter()
-        if blob.format == "onnx":
-            data = build_or_load_engine(blob, self.settings).path.read_bytes()
-        elif blob.format == "tensorrt-engine":
-            data = blob.data
-        else:
+        if blob.format not in {"onnx", "tensorrt-engine"}:
             raise EdgefleetError(f"tensorrt runs ONNX or engine files, not {blob.format}")
         cudart = _cudart()
         _check(cudart.cudaSetDevice(self.settings.gpu_index))
         # the logger and runtime must outlive the engine: keep references
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
-        engine = self._runtime.deserialize_cuda_engine(data)
+        if blob.format == "onnx":
+            built = build_or_load_engine(blob, self.settings)
+            engine = self._runtime.deserialize_cuda_engine(built.data)
+            if engine is None and built.cached:
+                # intact on disk but refused by this runtime: build it again, once
+                invalidate(built.path, built.data, "deserialise")
+                built = build_or_load_engine(blob, self.settings)
+                engine = self._runtime.deserialize_cuda_engine(built.data)
+        else:
+            engine = self._runtime.deserialize_cuda_engine(blob.data)
         if engine is None:
             raise EngineBuildError(
                 f"{blob.name}: the engine does not deserialise on this TensorRT/GPU",

@@ -3,8 +3,8 @@ calibration batches. Unit-tested on any host; `tensorrt_backend` uses it where T
 
 An engine is valid only for the TensorRT version and GPU it was built on, so the cache
 key is (ONNX sha256, TensorRT version, GPU name, compute capability, precision,
-profile): a device never rebuilds an engine it already has, and never loads one built
-for another GPU.
+profile, INT8 calibration set): a device never rebuilds an engine it already has, and
+never loads one built for another GPU or calibrated on other images.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ class EngineKey:
     compute_capability: str
     precision: Precision
     profile: tuple[ProfileShape, ...]
+    calibration_sha256: str = ""  # the INT8 calibration set's digest; empty otherwise
 
     def canonical(self) -> str:
         data = asdict(self)
@@ -111,7 +112,11 @@ class EngineKey:
         return hashlib.sha256(self.canonical().encode()).hexdigest()
 
     def filename(self, model: str) -> str:
-        return f"{_safe(model)}-{self.precision}-{self.digest()[:16]}.engine"
+        return f"{self.stem(model)}.engine"
+
+    def stem(self, model: str) -> str:
+        """The model, precision and digest: an engine's name, or a runtime's cache folder."""
+        return f"{_safe(model)}-{self.precision}-{self.digest()[:16]}"
 
     def timing_cache_name(self) -> str:
         """Timing caches are per TensorRT version and GPU, shared across models."""
@@ -120,7 +125,8 @@ class EngineKey:
 
     def calibration_cache_name(self, model: str) -> str:
         """INT8 scales depend on the model and the data, not on the GPU."""
-        return f"{_safe(model)}-{self.onnx_sha256[:16]}.calib"
+        data = self.calibration_sha256[:16] or "none"
+        return f"{_safe(model)}-{self.onnx_sha256[:16]}-{data}.calib"
 
 
 def image_files(folder: Path) -> list[Path]:
@@ -131,6 +137,16 @@ def image_files(folder: Path) -> list[Path]:
     if not files:
         raise ConfigError(f"calibration folder {folder} holds no images")
     return files
+
+
+def calibration_digest(files: Sequence[Path]) -> str:
+    """sha256 over the calibration images' names and bytes, in order: other images give
+    other INT8 scales, so another engine."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def calibration_batches(

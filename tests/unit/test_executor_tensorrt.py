@@ -15,6 +15,7 @@ from edgefleet.shared.executor.tensorrt_plan import (
     EngineKey,
     ProfileShape,
     calibration_batches,
+    calibration_digest,
     image_files,
     letterbox_loader,
     plan_profile,
@@ -76,6 +77,7 @@ def test_engine_key_is_stable_and_sensitive_to_every_field():
         _key(compute_capability="9.0"),
         _key(precision="int8"),
         _key(profile=(ProfileShape("x", (1, 3, 32, 32), (8, 3, 640, 640), (8, 3, 960, 960)),)),
+        _key(calibration_sha256="ef" * 32),
     ]
     digests = {v.digest() for v in variants}
     assert key.digest() not in digests and len(digests) == len(variants)
@@ -90,6 +92,18 @@ def test_engine_cache_file_names():
     # calibration depends on the model and data only: same across GPUs and precisions
     other_gpu = _key(gpu_name="NVIDIA H200", compute_capability="9.0", precision="int8")
     assert key.calibration_cache_name("m") == other_gpu.calibration_cache_name("m")
+    other_images = _key(calibration_sha256="ef" * 32)
+    assert key.calibration_cache_name("m") != other_images.calibration_cache_name("m")
+
+
+def test_calibration_digest_follows_the_images(tmp_path: Path):
+    _write_images(tmp_path, 3)
+    files = image_files(tmp_path)
+    digest = calibration_digest(files)
+    assert digest == calibration_digest(image_files(tmp_path))
+    assert digest != calibration_digest(files[:2])
+    cv2.imwrite(str(files[0]), np.full((8, 8, 3), 255, np.uint8))
+    assert digest != calibration_digest(files)
 
 
 def _write_images(folder: Path, count: int) -> None:

@@ -261,3 +261,18 @@ def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
             proc.wait()
         reader.join(timeout=10)
         db.close()
+
+
+def test_enroll_refuses_an_owner_that_is_not_uid_gid_before_enrolling(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/cloud.db"
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text(f"data_dir: {tmp_path}\nca_dir: {tmp_path / 'ca'}\n")
+    env = ["-c", str(cfg), "--db", db, "--bundles", str(tmp_path / "bundles")]
+    for bad in ("edgefleet", "10001:", "-1", "10001:10001:1", "4294967295"):
+        refused = run("enroll", "cam-01", "--owner", bad, *env)
+        assert refused.exit_code == 2 and "--owner" in refused.output, (bad, refused.output)
+    # nothing was enrolled on the way: the same id enrolls now, the group defaulting to the uid
+    owned = run("enroll", "cam-01", "--owner", str(os.geteuid()), *env)
+    assert owned.exit_code == 0, owned.output
+    bundle = tmp_path / "bundles" / "cam-01" / "secrets.yaml"
+    assert (bundle.stat().st_uid, bundle.stat().st_gid) == (os.geteuid(), os.geteuid())

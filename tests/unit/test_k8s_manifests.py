@@ -9,6 +9,8 @@ that the real CloudSettings accepts, and an HPA fed by a metric the cloud really
 from __future__ import annotations
 
 import importlib
+import shutil
+import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -174,6 +176,10 @@ def test_service_and_pdb_select_the_orchestrator_pods() -> None:
         v["persistentVolumeClaim"]["claimName"] for v in volumes if "persistentVolumeClaim" in v
     }
     assert used == claims
+    # every mount is a volume of the pod or one of the replica's own claims
+    templates = {t["metadata"]["name"] for t in _one("StatefulSet")["spec"]["volumeClaimTemplates"]}
+    names = {v["name"] for v in volumes} | templates
+    assert {m["name"] for m in _container()["volumeMounts"]} == names
 
 
 def test_a_replica_keeps_its_mqtt_identity_across_a_restart() -> None:
@@ -186,3 +192,67 @@ def test_a_replica_keeps_its_mqtt_identity_across_a_restart() -> None:
     governing = _one("Service", stateful["spec"]["serviceName"])
     assert governing["spec"]["clusterIP"] == "None"
     assert _one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+
+
+def _claims(docs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Every claim (PVCs and StatefulSet claim templates) -> its access modes."""
+    out = {}
+    for doc in docs:
+        if doc["kind"] == "PersistentVolumeClaim":
+            out[doc["metadata"]["name"]] = doc["spec"]["accessModes"]
+        for template in doc.get("spec", {}).get("volumeClaimTemplates", []):
+            out[f"{template['metadata']['name']} (per replica)"] = template["spec"]["accessModes"]
+    return out
+
+
+def test_no_claim_asks_read_write_many_by_default() -> None:
+    # default storage classes (EBS, PD, Azure Disk, local-path) offer ReadWriteOnce only: a
+    # ReadWriteMany claim stays Pending and the pods never start
+    claims = _claims([d for _, d in DOCS])
+    assert claims, "the orchestrator keeps no data"
+    assert {name: modes for name, modes in claims.items() if "ReadWriteMany" in modes} == {}
+    # each replica its own store files and engine cache, kept across restarts
+    mounts = {m["name"]: m["mountPath"] for m in _container()["volumeMounts"]}
+    assert mounts["data"] == "/var/lib/edgefleet/data"
+    assert mounts["engines"] == "/var/cache/edgefleet/engines"
+    assert set(claims) >= {"data (per replica)", "engines (per replica)"}
+
+
+def _kustomize(folder: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("needs kubectl (kustomize) to render the component")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(folder)], check=True, capture_output=True, text=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def test_the_shared_rwx_component_puts_images_and_models_on_one_shared_claim(
+    tmp_path: Path,
+) -> None:
+    base = _kustomize(K8S)
+    assert not [m for m in _claims(base).values() if "ReadWriteMany" in m]
+    # given the component switched on as the kustomization's comment says
+    overlay = tmp_path / "k8s"
+    shutil.copytree(K8S, overlay)
+    text = (overlay / "kustomization.yaml").read_text()
+    text = text.replace("# components:\n#   - shared-rwx", "components:\n  - shared-rwx")
+    (overlay / "kustomization.yaml").write_text(text)
+    docs = _kustomize(overlay)
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    assert _claims(docs)["edgefleet-cloud-shared"] == ["ReadWriteMany"]
+    stateful = next(d for d in docs if d["kind"] == "StatefulSet")
+    pod = stateful["spec"]["template"]["spec"]
+    shared = {
+        v["name"]
+        for v in pod["volumes"]
+        if v.get("persistentVolumeClaim", {}).get("claimName") == "edgefleet-cloud-shared"
+    }
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    # the cloud's data_dir/images and data_dir/models, shared; the rest stays per replica
+    data_dir = PurePosixPath(final_env("x86-cloud")["EDGEFLEET_CLOUD_DATA_DIR"])
+    assert mounts[str(data_dir / "images")] in shared
+    assert mounts[str(data_dir / "models")] in shared
+    assert mounts[str(data_dir)] == "data"
