@@ -97,6 +97,10 @@ class TrackSettings(Closed):
     keep_ended: int = Field(
         2000, ge=1, description="ended tracks remembered, so that late verdicts still land"
     )
+    revive_frames: int = Field(
+        30, ge=0, description="an ended track seen again within this many frames, near "
+        "where it was and reading alike, is taken up again with its answer (0: never)"
+    )
     border_px: int = Field(
         2, ge=0, description="a line this close to the frame's edge is cut by it: not whole"
     )

@@ -6,13 +6,14 @@ confidence-weighted vote over the frames where its line shows whole (a line cut 
 frame's border reads as a part of itself: until it shows whole, its latest read), or the
 cloud's answer once it came, unless the vote is surer than the answer; it keeps its few
 best crops (whole before cut, then sharpest x largest) for the cloud; it ends when unseen
-for `max_gap` frames. Ended tracks are kept (bounded) so that a late verdict still lands
-on its track. A crop's rank is the edge's confidence on it x its sharpness x its area:
-glare and blur lower the first two.
+for `max_gap` frames, and is taken up again if it comes back soon, near where it was and
+reading alike (`revive_frames`). Ended tracks are kept (bounded) so that a late verdict
+still lands on its track. A crop's rank is the edge's confidence on it x its sharpness x
+its area: glare and blur lower the first two.
 
 An answer is for the track as it was when its case was sent (`Asked`). It stands only
 while it still fits what the track sees now: when the line has come whole since, grown
-past the answer, or reads as something else, the answer is retired (`Tracker.review`) and
+past the answer, or reads as something else, the answer is retired (`Tracker._review`) and
 the track may be asked again, up to `max_cases`.
 """
 
@@ -22,7 +23,7 @@ import difflib
 import itertools
 import secrets
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import cv2
@@ -199,6 +200,7 @@ class Tracker:
         self.settings = settings
         self._open: dict[str, list[Track]] = {}
         self._ended: OrderedDict[str, Track] = OrderedDict()
+        self._lost: dict[str, deque[Track]] = {}  # ended unseen, lately: may come back
         self._by_id: dict[str, Track] = {}
         self._ids = itertools.count(1)
         # ids differ between runs: a verdict for a case sent before a restart can never
@@ -238,6 +240,9 @@ class Tracker:
                     fit = overlap + alike
                     if fit > best_fit:
                         best, best_fit = k, fit
+                if best is None and (revived := self._revive(stream_id, det, frame_index)):
+                    tracks.append(revived)
+                    best = len(tracks) - 1
                 if best is None:
                     track = Track(
                         track_id=f"{stream_id[:40]}-{self._run}-{next(self._ids)}",
@@ -318,6 +323,33 @@ class Tracker:
         for track in [t for t in tracks if frame_index - t.last_frame > self.settings.max_gap]:
             tracks.remove(track)
             self._retire(track)
+            if self.settings.revive_frames:
+                self._lost.setdefault(stream_id, deque(maxlen=64)).append(track)
+
+    def _revive(self, stream_id: StreamId, det: Detection, frame_index: int) -> Track | None:
+        """A track that ended lately, near this line and reading alike, taken up again: a
+        hard line the model missed for a while keeps its reads and its answer, and is not
+        asked about again. Under the lock."""
+        lost = self._lost.get(stream_id)
+        s = self.settings
+        while lost and frame_index - lost[0].last_frame > s.revive_frames:
+            lost.popleft()
+        if not lost or det.box is None:
+            return None
+        for track in reversed(lost):
+            x1, y1, x2, y2 = track.box
+            w, h = x2 - x1, y2 - y1
+            if iou(det.box, (x1 - w, y1 - h, x2 + w, y2 + h)) <= 0:
+                continue
+            known = (track.result()[0], track.reading()[0])
+            if max(similarity(det.text or "", t) for t in known) < s.min_similarity:
+                continue
+            lost.remove(track)
+            self._ended.pop(track.track_id, None)
+            self._by_id[track.track_id] = track
+            track.ended = False
+            return track
+        return None
 
     def _retire(self, track: Track) -> None:
         track.ended = True
@@ -330,6 +362,7 @@ class Tracker:
     def end_stream(self, stream_id: StreamId) -> list[Track]:
         """End every open track of a stream (it stopped); returns them."""
         with self._lock:
+            self._lost.pop(stream_id, None)
             tracks = self._open.pop(stream_id, [])
             for track in tracks:
                 self._retire(track)

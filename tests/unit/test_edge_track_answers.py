@@ -147,3 +147,33 @@ def test_an_answer_that_fits_stands_and_one_for_text_that_changed_does_not() -> 
                                                                box=box)])
     assert track.reading()[0] == "EXIT"
     assert _retired("changed") == before + 1 and report(track).text == "EXIT"
+
+
+def test_a_line_the_model_missed_for_a_while_keeps_its_track_and_its_answer() -> None:
+    # given an answered track of a hard line
+    policy = _policy(ready_frames=2, max_gap=2, revive_frames=20)
+    book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
+    cases = []
+
+    def seen(index: int, text: str, x: float) -> list:
+        det = Detection(text=text, score=0.3, box=(x, 100.0, x + 90.0, 118.0))
+        cases.extend(policy.decide_all("s", index, _frame(index), [det]))
+        return policy.tracker.live("s")
+
+    for index in range(4):
+        seen(index, "HG 625 KM", 100.0 + 3 * index)
+    (track,) = policy.tracker.live("s")
+    book.receive(_verdict("case-hard-001", track.track_id, "HG 625 KM"))
+    # when the model misses it for ten frames (the track ends) and reads it again, moved on
+    for index in range(4, 14):
+        policy.decide_all("s", index, _frame(index), [])
+    assert track.ended and policy.tracker.live("s") == []
+    (again,) = seen(14, "HG 625 RM", 142.0)
+    # then it is the same track, with its answer, and no new case was sent
+    assert again is track and not track.ended and report(track).text == "HG 625 KM"
+    assert len(cases) == 1
+    # but a different text there after the gap is a new track
+    for index in range(15, 30):
+        policy.decide_all("s", index, _frame(index), [])
+    (other,) = seen(30, "EXIT", 142.0)
+    assert other is not track
