@@ -56,7 +56,10 @@ class EscalationBudget:
         st = self._streams.get(stream_id)
         if st is None:
             w = self.settings.window_frames
-            st = _Stream(0.0, self._clock(), deque(maxlen=w), deque(maxlen=w))
+            # a new stream starts with its burst, as a token bucket does: the tracks of its
+            # first frames are not left unasked while credit builds up
+            credit = float(self.settings.burst)
+            st = _Stream(credit, self._clock(), deque(maxlen=w), deque(maxlen=w))
             self._streams[stream_id] = st
         return st
 
