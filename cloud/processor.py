@@ -610,6 +610,7 @@ class CaseProcessor:
             track_id=None if v1 else case.track_id,
             queue_depth=None if v1 else self.depth,
             expected_wait_s=None if v1 else round(self.expected_wait_s(), 3),
+            lines_unread=None if v1 or not outcome.lines_unread else outcome.lines_unread,
         )
 
     def _answered(self, job: Job, verdict: CloudVerdict) -> None:
