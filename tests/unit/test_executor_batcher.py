@@ -458,9 +458,8 @@ def test_a_tenant_over_its_share_is_refused_and_the_others_still_queue():
         other = batcher.submit(4, tenant="cam-b")
         untenanted = [batcher.submit(i) for i in (5, 6, 7)]
         run.gate.set()
-        assert [p.result() for p in [first, *held, other, *untenanted]] == [
-            0, 10, 20, 40, 50, 60, 70
-        ]
+        answers = [p.result() for p in [first, *held, other, *untenanted]]
+        assert answers == [0, 10, 20, 40, 50, 60, 70]
         # and once its requests ran, the tenant has its share again
         assert batcher.submit(8, tenant="cam-a").result() == 80
 
