@@ -188,7 +188,7 @@ def test_recent_cases_list_an_escalation_with_its_image(env: Env) -> None:
     assert listed["ts"].endswith("Z")
     assert listed["verdict"]["route"] == answered.json()["route"]
     assert [d["text"] for d in listed["verdict"]["result"]] == ["DOCK-7"]
-    assert listed["image_url"] == f"/v1/escalations/{case.case_id}/image"
+    assert listed["image_url"] == f"/v1/escalations/{case.case_id}/image?device={case.device_id}"
 
     # and the image URL returns the JPEG to the operator and to the owning device
     for token in (OP_KEY, env.token):
