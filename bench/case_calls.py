@@ -69,10 +69,19 @@ class InstantModel:
 
         self.info = ModelInfo(name="ppocr", version="instant")
 
-    def predict(self, image_rgb, *, priority: int = 0, timeout_s: float | None = None):
+    def predict(
+        self,
+        image_rgb,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        tenant: str | None = None,
+    ):
         return []
 
-    async def predict_async(self, image_rgb, *, priority: int = 0, timeout_s=None):
+    async def predict_async(
+        self, image_rgb, *, priority: int = 0, timeout_s=None, tenant: str | None = None
+    ):
         return []
 
     @property

@@ -33,6 +33,7 @@ class Cached:
     result: tuple[Detection, ...]
     model: str
     fallback_level: int
+    lines_unread: int = 0
 
 
 def _entry_bytes(key: CacheKey, value: Cached) -> int:

@@ -28,6 +28,7 @@ from edgefleet.cloud.router import BUSY, RULES, Route
 from edgefleet.cloud.tiles import read_tiles
 from edgefleet.shared.errors import EdgefleetError, InferenceTimeout, ModelNotFound
 from edgefleet.shared.messages import Detection, EscalationCase, ModelInfo, Sha256
+from edgefleet.shared.models.base import Capped
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,23 @@ class CloudModel(Protocol):
     info: ModelInfo
 
     def predict(
-        self, image_rgb: np.ndarray, *, priority: int = 0, timeout_s: float | None = None
+        self,
+        image_rgb: np.ndarray,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        tenant: str | None = None,
     ) -> list[Detection]:
-        """Detections for one RGB image, queued by priority, failed past its deadline."""
+        """Detections for one RGB image, queued by priority (tenants taking turns), failed
+        past its deadline."""
 
     async def predict_async(
-        self, image_rgb: np.ndarray, *, priority: int = 0, timeout_s: float | None = None
+        self,
+        image_rgb: np.ndarray,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        tenant: str | None = None,
     ) -> list[Detection]:
         """The same, awaited."""
 
@@ -161,26 +173,40 @@ class ModelPool:
         return out
 
     def call(
-        self, name: str, image: np.ndarray, timeout_s: float, *, priority: int = 0
+        self,
+        name: str,
+        image: np.ndarray,
+        timeout_s: float,
+        *,
+        priority: int = 0,
+        tenant: str | None = None,
     ) -> list[Detection]:
         """One prediction, waited for on this thread until its deadline (InferenceTimeout)."""
         model = self.get(name)
         self._slots[name].calls.append(time.monotonic())
         started = time.perf_counter()
         try:
-            return model.predict(image, priority=priority, timeout_s=timeout_s)
+            return model.predict(image, priority=priority, timeout_s=timeout_s, tenant=tenant)
         finally:
             MODEL_LATENCY.labels(name).observe(time.perf_counter() - started)
 
     async def call_async(
-        self, name: str, image: np.ndarray, timeout_s: float, *, priority: int = 0
+        self,
+        name: str,
+        image: np.ndarray,
+        timeout_s: float,
+        *,
+        priority: int = 0,
+        tenant: str | None = None,
     ) -> list[Detection]:
         """The same for the event loop: batched with concurrent requests, never blocking."""
         model = self.get(name) if self.loaded(name) else await asyncio.to_thread(self.get, name)
         self._slots[name].calls.append(time.monotonic())
         started = time.perf_counter()
         try:
-            return await model.predict_async(image, priority=priority, timeout_s=timeout_s)
+            return await model.predict_async(
+                image, priority=priority, timeout_s=timeout_s, tenant=tenant
+            )
         finally:
             MODEL_LATENCY.labels(name).observe(time.perf_counter() - started)
 
@@ -197,6 +223,7 @@ class Outcome:
     model: str  # name@version, `rules` or `busy`
     fallback_level: int
     cached: bool = False
+    lines_unread: int = 0  # text lines the model found but its per-image cap left unread
 
 
 def rule_based(case: EscalationCase, min_score: float) -> list[Detection]:
@@ -275,7 +302,13 @@ class Cascade:
             key = CacheKey(image_sha256, f"{name}@{loaded.info.version}", route.name)
             hit = self.cache.get(key)
             if hit is not None:
-                return Outcome(list(hit.result), hit.model, hit.fallback_level, cached=True)
+                return Outcome(
+                    list(hit.result),
+                    hit.model,
+                    hit.fallback_level,
+                    cached=True,
+                    lines_unread=hit.lines_unread,
+                )
         deadline = time.monotonic() + timeout_s
         try:
             if case.tiles:  # several crops of one track: read each, fuse
@@ -287,10 +320,13 @@ class Cascade:
                         tile,
                         max(0.001, deadline - time.monotonic()),
                         priority=route.priority,
+                        tenant=case.device_id,
                     ),
                 )
             else:
-                result = self.pool.call(name, image, timeout_s, priority=route.priority)
+                result = self.pool.call(
+                    name, image, timeout_s, priority=route.priority, tenant=case.device_id
+                )
         except InferenceTimeout:
             LEVEL_FAILURES.labels(name, "timeout").inc()
             log.warning("model %s timed out; falling back", name, extra={"route": route.name})
@@ -305,7 +341,9 @@ class Cascade:
             return None
         model = self.pool.get(name)
         label = f"{name}@{model.info.version}"
+        unread = result.unread if isinstance(result, Capped) else 0
         self.cache.put(
-            CacheKey(image_sha256, label, route.name), Cached(tuple(result), label, level)
+            CacheKey(image_sha256, label, route.name),
+            Cached(tuple(result), label, level, unread),
         )
-        return Outcome(result, label, level)
+        return Outcome(result, label, level, lines_unread=unread)

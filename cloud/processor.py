@@ -42,7 +42,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from edgefleet.cloud.cascade import Cascade
 from edgefleet.cloud.held import HeldRedeliveries
 from edgefleet.cloud.router import Route, Router
-from edgefleet.cloud.store import Claim, ClaimState, FeedbackStore
+from edgefleet.cloud.store import CaseKey, Claim, ClaimState, FeedbackStore, case_key
 from edgefleet.shared.db import StoreUnavailable
 from edgefleet.shared.errors import Conflict, EdgefleetError, Overloaded
 from edgefleet.shared.logs import trace_id_var
@@ -154,10 +154,11 @@ class CaseProcessor:
         self._slots: dict[str, int] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
         self._served = 0
-        self._held: set[CaseId] = set()  # claimed at admission, not answered yet: not stale
-        self._queued: collections.Counter[CaseId] = collections.Counter()  # in the queue
+        # cases by (device, case_id): a case id is its device's own
+        self._held: set[CaseKey] = set()  # claimed at admission, not answered yet: not stale
+        self._queued: collections.Counter[CaseKey] = collections.Counter()  # in the queue
         # MQTT redeliveries of cases someone else owns, waiting to be checked again
-        self._redeliveries: HeldRedeliveries[CaseId, Job] = HeldRedeliveries(max_entries=max_held)
+        self._redeliveries: HeldRedeliveries[CaseKey, Job] = HeldRedeliveries(max_entries=max_held)
         self._stopping = threading.Event()
         self._service_s = 0.0
         self.publish_status: StatusPublisher | None = None
@@ -236,7 +237,7 @@ class CaseProcessor:
             )
         job.claimed = True
         with self._fair_lock:
-            self._held.add(case.case_id)
+            self._held.add(case_key(case))
         self._put(job)
         QUEUE_DEPTH.set(self._queue.qsize())
         return job.future
@@ -247,7 +248,12 @@ class CaseProcessor:
             return
         job.delivered = True
         try:
-            self.store.record_delivery(job.case.case_id, source=job.source, replica=self.replica)
+            self.store.record_delivery(
+                job.case.case_id,
+                source=job.source,
+                replica=self.replica,
+                device_id=job.case.device_id,
+            )
         except Exception:  # the record only counts deliveries: the refusal goes on
             log.exception("recording the delivery of %s failed", job.case.case_id)
 
@@ -331,14 +337,15 @@ class CaseProcessor:
 
     def _put(self, job: Job) -> None:
         with self._fair_lock:
-            self._queued[job.case.case_id] += 1
+            self._queued[case_key(job.case)] += 1
         self._queue.put(job)
 
     def _taken(self, job: Job) -> None:
         with self._fair_lock:
-            self._queued[job.case.case_id] -= 1
-            if self._queued[job.case.case_id] <= 0:
-                del self._queued[job.case.case_id]
+            key = case_key(job.case)
+            self._queued[key] -= 1
+            if self._queued[key] <= 0:
+                del self._queued[key]
             self._served = max(self._served, job.sort_key[1])
             self._waiting[job.case.device_id] -= 1
             if self._waiting[job.case.device_id] <= 0:
@@ -355,7 +362,7 @@ class CaseProcessor:
         """Put a job back in its old place (its slot is kept: it had its turn already)."""
         with self._fair_lock:
             self._waiting[job.case.device_id] += 1
-            self._queued[job.case.case_id] += 1
+            self._queued[case_key(job.case)] += 1
         self._queue.put(job)
 
     def sweep(self) -> int:
@@ -371,11 +378,12 @@ class CaseProcessor:
         fresh = []
         with self._fair_lock:
             for case, image in stale:
-                taken = case.case_id in self._held or case.case_id in self._queued
-                if taken or self._redeliveries.holds(case.case_id):
+                key = case_key(case)
+                taken = key in self._held or key in self._queued
+                if taken or self._redeliveries.holds(key):
                     SWEPT.labels("already_queued").inc()
                     continue
-                self._queued[case.case_id] += 1  # reserved now: a second sweep skips it
+                self._queued[key] += 1  # reserved now: a second sweep skips it
                 fresh.append((case, image))
         for case, image in fresh:
             log.warning("re-running stale case %s", case.case_id, extra={"case_id": case.case_id})
@@ -544,7 +552,7 @@ class CaseProcessor:
         """Answered or failed: a sweep may take the case up again."""
         if job.claimed:
             with self._fair_lock:
-                self._held.discard(job.case.case_id)
+                self._held.discard(case_key(job.case))
 
     def _retrying(self, step: Callable[[], _T]) -> _T:
         """A store outage is waited out (at-least-once); anything else fails the step."""
@@ -562,7 +570,7 @@ class CaseProcessor:
         """Claim the case and count the run it wins; a case claimed before (when it was
         accepted by REST, or by a batch that failed later) only has its run counted."""
         if job.claimed:
-            self.store.mark_attempt(job.case.case_id)
+            self.store.mark_attempt(case_key(job.case))
             return Claim(ClaimState.CLAIMED)
         return self.admit(job, attempt=True)
 
@@ -610,6 +618,7 @@ class CaseProcessor:
             track_id=None if v1 else case.track_id,
             queue_depth=None if v1 else self.depth,
             expected_wait_s=None if v1 else round(self.expected_wait_s(), 3),
+            lines_unread=None if v1 or not outcome.lines_unread else outcome.lines_unread,
         )
 
     def _answered(self, job: Job, verdict: CloudVerdict) -> None:
@@ -633,7 +642,7 @@ class CaseProcessor:
         owner may answer first, and a takeover decodes again); False at the bound."""
         job.rgb = None
         size = len(job.image) + len(job.meta or b"")
-        if self._redeliveries.hold(job.case.case_id, job, size=size, after_s=self.recheck_s):
+        if self._redeliveries.hold(case_key(job.case), job, size=size, after_s=self.recheck_s):
             return True
         log.warning(
             "case %s redelivered while held elsewhere; %d redeliveries already held, so it "
@@ -682,12 +691,17 @@ class CaseProcessor:
             log.exception("publishing the cloud status for %s failed", device_id)
 
     def wait_verdict(
-        self, case_id: CaseId, timeout_s: float, poll_s: float = 0.05
+        self,
+        case_id: CaseId,
+        timeout_s: float,
+        poll_s: float = 0.05,
+        *,
+        device_id: str | None = None,
     ) -> CloudVerdict | None:
         """Poll the store (another replica may own the case) until a verdict or timeout."""
         deadline = time.monotonic() + timeout_s
         while True:
-            verdict = self.store.verdict(case_id)
+            verdict = self.store.verdict(case_id, device_id=device_id)
             if verdict is not None or time.monotonic() >= deadline:
                 return verdict
             time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))

@@ -244,12 +244,22 @@ class CloudVerdict(Message):
     expected_wait_s: float | None = Field(
         default=None, ge=0, description="v2: how long a case sent now would wait for its verdict"
     )
+    lines_unread: int | None = Field(
+        default=None,
+        ge=1,
+        description="v2: text lines the model found but left unread (its cap on lines per "
+        "image, a bound on one case's cost): the result is partial; absent when all were read",
+        # left out when absent: a verdict of a case read whole is what earlier devices parse
+        exclude_if=lambda unread: unread is None,
+    )
 
     @model_validator(mode="after")
     def _version(self) -> CloudVerdict:
-        v2_only = (self.track_id, self.queue_depth, self.expected_wait_s)
+        v2_only = (self.track_id, self.queue_depth, self.expected_wait_s, self.lines_unread)
         if self.schema_id == "ef.verdict/1" and any(v is not None for v in v2_only):
-            raise ValueError("track_id, queue_depth and expected_wait_s need ef.verdict/2")
+            raise ValueError(
+                "track_id, queue_depth, expected_wait_s and lines_unread need ef.verdict/2"
+            )
         return self
 
 

@@ -4,6 +4,7 @@ GET /v1/escalations/{id}/image (the stored crop, for the dashboard's recent case
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import Future
 from typing import Annotated, Any, Literal
 
@@ -125,7 +126,11 @@ async def post_escalation(
         verdict = None
     if verdict is None:
         left = max(0.0, max_wait - (loop.time() - started))
-        verdict = await run_in_threadpool(svc.processor.wait_verdict, case.case_id, left)
+        verdict = await run_in_threadpool(
+            functools.partial(svc.processor.wait_verdict, device_id=case.device_id),
+            case.case_id,
+            left,
+        )
     if verdict is None:
         return JSONResponse(
             accepted.model_copy(update={"status": "processing"}).model_dump(), status_code=202
@@ -162,15 +167,37 @@ async def _admit(
     return case, future
 
 
-@router.get("/{case_id}", summary="the case, its edge result, verdict and feedback")
+DeviceQuery = Annotated[
+    str | None,
+    Query(
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+        description="the device that sent the case (case ids are per device); an operator "
+        "names it when several devices sent the same id; a device sees only its own",
+    ),
+]
+
+
+def _scope(principal: Principal, device: str | None) -> str | None:
+    """The device whose case a caller may read: a device's own, whatever it names (another
+    device's id is the same 404 as an unknown one), or the one an operator names."""
+    return principal.id if principal.kind == "device" else device
+
+
+@router.get(
+    "/{case_id}",
+    summary="the case, its edge result, verdict and feedback",
+    responses=error_responses(
+        e404="no such case (for a device: none of its own)",
+        e409="an operator's case id sent by several devices; name one with ?device=",
+    ),
+)
 def get_escalation(
     request: Request,
     case_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{8,64}$")],
     principal: Annotated[Principal, Depends(require_device_or_operator)],
+    device: DeviceQuery = None,
 ) -> dict[str, Any]:
-    record = services(request).store.case(case_id)
-    require_device_scope(principal, record["device_id"])
-    return record
+    return services(request).store.case(case_id, device_id=_scope(principal, device))
 
 
 @router.get(
@@ -183,9 +210,11 @@ def get_escalation_image(
     request: Request,
     case_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{8,64}$")],
     principal: Annotated[Principal, Depends(require_device_or_operator)],
+    device: DeviceQuery = None,
 ) -> FileResponse:
-    device_id, path, content_type = services(request).store.case_image(case_id)
-    require_device_scope(principal, device_id)
+    _, path, content_type = services(request).store.case_image(
+        case_id, device_id=_scope(principal, device)
+    )
     if not path.is_file():
         raise NotFound(
             f"the image of case {case_id} is missing from the store",

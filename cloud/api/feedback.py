@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
@@ -15,11 +16,10 @@ from edgefleet.cloud.auth import (
     SIGNATURE_HEADER,
     Principal,
     require_device_or_operator,
-    require_device_scope,
     require_operator,
 )
 from edgefleet.shared.errors import NotFound
-from edgefleet.shared.messages import CaseId, Feedback, TraceId
+from edgefleet.shared.messages import CaseId, DeviceId, Feedback, TraceId
 
 router = APIRouter(tags=["feedback"])
 
@@ -34,6 +34,11 @@ class FeedbackIn(BaseModel):
     correct: bool = Field(description="whether the cloud verdict was right")
     author: str | None = Field(None, max_length=128)
     trace_id: TraceId | None = None
+    device_id: DeviceId | None = Field(
+        None,
+        description="the device that sent the case (case ids are per device): an operator "
+        "names it when several devices sent the same id; a device's feedback is on its own",
+    )
 
 
 class FeedbackStored(BaseModel):
@@ -70,10 +75,13 @@ async def post_feedback(
     body = await request.body()
     signature = svc.auth.verify_body(principal, body, request.headers.get(SIGNATURE_HEADER))
     data = validate_model(FeedbackIn, parse_json_object(body, "body"), "body")
-    device_id = await run_in_threadpool(svc.store.case_device, data.case_id)
+    # a device gives feedback on its own cases only: another's id is the same 404 as none
+    scope = principal.id if principal.kind == "device" else data.device_id
+    device_id = await run_in_threadpool(
+        functools.partial(svc.store.case_device, device_id=scope), data.case_id
+    )
     if device_id is None:
         raise NotFound(f"no case {data.case_id!r}")
-    require_device_scope(principal, device_id)
     feedback = Feedback(
         device_id=device_id,
         case_id=data.case_id,

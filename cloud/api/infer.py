@@ -73,6 +73,8 @@ async def infer(
         rgb,
         timeout_s or svc.settings.models.timeout_s,
         priority=svc.settings.models.infer_priority,
+        # a device's calls share its turn and its share of the queue with its escalations
+        tenant=principal.id if principal.kind == "device" else principal.label,
     )
     info = svc.pool.get(model).info
     return InferResult(

@@ -1,10 +1,15 @@
 """One Triton-style scheduler per model: priority, a queue bound, one deadline per request
 and dynamic batching. Written by hand because it is the product.
 
-- Priority: higher runs first; within one priority, arrival order.
+- Priority: higher runs first; within one priority, tenants (at the cloud, devices) take
+  turns, one request each, and each tenant's requests run in arrival order: one tenant's
+  flood delays another's request by one request per tenant, not by the whole flood.
 - Queue bound: with `max_queue` requests waiting, a newcomer is refused with `Overloaded`,
-  unless it outranks the lowest-priority request waiting: that one (the newest of its
-  priority) is refused instead, so a flood of low-priority work never locks out urgent work.
+  unless it outranks the lowest-priority request waiting: that one (the newest of the
+  tenant holding most at that priority) is refused instead, so a flood of low-priority work
+  never locks out urgent work. A batch holds at most `max_batch_per_tenant` requests of
+  one tenant. A tenant with `max_queue_per_tenant` requests waiting has
+  its next one refused, so one tenant cannot fill the queue for the others.
 - Deadline: a request whose deadline passes while it waits is dropped before it reaches
   the model and answered with `InferenceTimeout`; its caller, who waits on the same
   deadline, is freed even if the model hangs on an earlier batch.
@@ -19,6 +24,7 @@ their own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import heapq
 import itertools
@@ -69,6 +75,7 @@ class _Request(Generic[T]):
     enqueued: float
     deadline: float
     timeout_s: float
+    tenant: str | None = None  # who it is for (a device); None: shares one turn, no quota
     waiting: bool = True  # False once taken, expired, shed or failed
 
 
@@ -129,9 +136,11 @@ class DynamicBatcher(Generic[T, R]):
         self._run_batch = run_batch
         self._max_batch = max_batch
         self._seq = itertools.count()
-        # one FIFO lane per priority; entries that left early stay until skipped
-        self._lanes: dict[int, deque[_Request[T]]] = {}
+        # per priority, one FIFO per tenant in turn order (a tenant served goes to the back);
+        # entries that left early stay until skipped
+        self._lanes: dict[int, dict[str, deque[_Request[T]]]] = {}
         self._counts: dict[int, int] = {}  # requests waiting, per priority
+        self._tenants: collections.Counter[str] = collections.Counter()  # waiting, per tenant
         # heap; stale entries too. Weak: an answered request (and its input, e.g. decoded
         # pixels) is freed when its caller is done, not when its deadline comes round.
         self._deadlines: list[tuple[float, int, weakref.ref[_Request[T]]]] = []
@@ -149,43 +158,78 @@ class DynamicBatcher(Generic[T, R]):
 
     # --- submitting -----------------------------------------------------------------------
 
-    def submit(self, item: T, *, priority: int = 0, timeout_s: float | None = None) -> Pending[R]:
+    def submit(
+        self,
+        item: T,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        tenant: str | None = None,
+    ) -> Pending[R]:
         """Queue one request; its `Pending` resolves to the result or a typed error.
 
-        Raises `Overloaded` when the queue is full of work at least as urgent, and
-        `BatcherClosed` after `close`.
+        Raises `Overloaded` when the queue is full of work at least as urgent or the
+        tenant's share is full, and `BatcherClosed` after `close`.
         """
         now = self.clock()
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
         request: _Request[T] = _Request(
-            item, Future(), priority, next(self._seq), now, now + timeout, timeout
+            item, Future(), priority, next(self._seq), now, now + timeout, timeout, tenant
         )
         with self._cond:
             if self._closed:
                 raise BatcherClosed(f"batcher {self.name} is closed")
-            if self.depth_locked() >= self.settings.max_queue:
-                self._expire(now)  # only live requests count against the bound
+            if self.depth_locked() >= self.settings.max_queue or self._over_share(tenant):
+                self._expire(now)  # only live requests count against the bounds
+            if self._over_share(tenant):
+                _rejected(self.name, "tenant_share").inc()
+                raise Overloaded(
+                    f"{self.name}: {tenant} already has {self._tenants[tenant or '']} requests "
+                    f"waiting (max_queue_per_tenant={self.settings.max_queue_per_tenant})",
+                    retry_after_s=self._retry_after_s(),
+                )
             if self.depth_locked() >= self.settings.max_queue:
                 self._shed_for(request)
-            self._lanes.setdefault(priority, deque()).append(request)
-            self._count(priority, +1)
+            lane = self._lanes.setdefault(priority, {})
+            lane.setdefault(tenant or "", deque()).append(request)
+            self._count(request, +1)
             heapq.heappush(self._deadlines, (request.deadline, request.seq, weakref.ref(request)))
             self._cond.notify()
         return Pending(request, self)
 
-    def __call__(self, item: T, *, priority: int = 0, timeout_s: float | None = None) -> R:
+    def __call__(
+        self,
+        item: T,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        tenant: str | None = None,
+    ) -> R:
         """Submit and wait (from a thread); raises InferenceTimeout past the deadline."""
-        return self.submit(item, priority=priority, timeout_s=timeout_s).result()
+        return self.submit(item, priority=priority, timeout_s=timeout_s, tenant=tenant).result()
 
     async def submit_async(
-        self, item: T, *, priority: int = 0, timeout_s: float | None = None
+        self,
+        item: T,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        tenant: str | None = None,
     ) -> R:
         """Submit from asyncio and await the result without blocking the event loop."""
-        return await self.submit(item, priority=priority, timeout_s=timeout_s)
+        return await self.submit(item, priority=priority, timeout_s=timeout_s, tenant=tenant)
+
+    def _over_share(self, tenant: str | None) -> bool:
+        """Whether a named tenant already has its share of the queue waiting (lock held)."""
+        share = self.settings.max_queue_per_tenant
+        return tenant is not None and share is not None and self._tenants[tenant] >= share
+
+    def _retry_after_s(self) -> float:
+        return max(0.05, self.settings.max_delay_ms / 1000 * 2)
 
     def _shed_for(self, newcomer: _Request[T]) -> None:
         """Make room for `newcomer` in a full queue, or refuse it (lock held)."""
-        retry = max(0.05, self.settings.max_delay_ms / 1000 * 2)
+        retry = self._retry_after_s()
         lowest = min(p for p, n in self._counts.items() if n > 0)
         if lowest >= newcomer.priority:
             _rejected(self.name, "overloaded").inc()
@@ -194,10 +238,11 @@ class DynamicBatcher(Generic[T, R]):
                 f"(max_queue={self.settings.max_queue})",
                 retry_after_s=retry,
             )
-        lane = self._lanes[lowest]
-        while not lane[-1].waiting:
-            lane.pop()
-        victim = lane.pop()
+        # the newest request of the tenant that holds most at that priority
+        fifo = max(self._lanes[lowest].values(), key=lambda q: sum(r.waiting for r in q))
+        while not fifo[-1].waiting:
+            fifo.pop()
+        victim = fifo.pop()
         self._leave(victim)
         _rejected(self.name, "shed").inc()
         victim.future.set_exception(
@@ -229,15 +274,19 @@ class DynamicBatcher(Generic[T, R]):
     def depth_locked(self) -> int:
         return sum(self._counts.values())
 
-    def _count(self, priority: int, delta: int) -> None:
-        count = self._counts.get(priority, 0) + delta
-        self._counts[priority] = count
-        _depth(self.name, priority).set(count)
+    def _count(self, request: _Request[T], delta: int) -> None:
+        count = self._counts.get(request.priority, 0) + delta
+        self._counts[request.priority] = count
+        _depth(self.name, request.priority).set(count)
+        if request.tenant is not None:
+            self._tenants[request.tenant] += delta
+            if self._tenants[request.tenant] <= 0:
+                del self._tenants[request.tenant]
 
     def _leave(self, request: _Request[T]) -> None:
         """Mark a request as no longer waiting (lock held); its lane entry is skipped later."""
         request.waiting = False
-        self._count(request.priority, -1)
+        self._count(request, -1)
 
     # --- the worker -----------------------------------------------------------------------
 
@@ -271,30 +320,53 @@ class DynamicBatcher(Generic[T, R]):
         self._deadlines = [e for e in self._deadlines if _waiting(e[2])]
         heapq.heapify(self._deadlines)
         for priority, lane in list(self._lanes.items()):
-            kept = deque(r for r in lane if r.waiting)
-            if kept:
-                self._lanes[priority] = kept
-            else:
+            for tenant, fifo in list(lane.items()):
+                kept = deque(r for r in fifo if r.waiting)
+                if kept:
+                    lane[tenant] = kept  # same key: its turn is kept
+                else:
+                    del lane[tenant]
+            if not lane:
                 del self._lanes[priority]
 
-    def _head(self, lane: deque[_Request[T]]) -> _Request[T] | None:
-        while lane and not lane[0].waiting:
-            lane.popleft()
-        return lane[0] if lane else None
+    def _head(self, fifo: deque[_Request[T]]) -> _Request[T] | None:
+        while fifo and not fifo[0].waiting:
+            fifo.popleft()
+        return fifo[0] if fifo else None
 
     def _oldest(self) -> _Request[T] | None:
-        heads = [h for h in map(self._head, self._lanes.values()) if h is not None]
+        fifos = (fifo for lane in self._lanes.values() for fifo in lane.values())
+        heads = [h for h in map(self._head, fifos) if h is not None]
         return min(heads, key=lambda r: r.seq, default=None)
 
     def _pop_batch(self, cap: int) -> list[_Request[T]]:
-        """The `cap` most urgent waiting requests (lock held)."""
+        """The `cap` most urgent waiting requests, tenants taking turns within a priority,
+        each named tenant at most `max_batch_per_tenant` of them (lock held): a batch runs
+        as long as its slowest image, so one tenant's heavy images must not fill the batch
+        another tenant's request rides in."""
+        share = self.settings.max_batch_per_tenant
+        taken: collections.Counter[str] = collections.Counter()
         batch: list[_Request[T]] = []
         for priority in sorted(self._lanes, reverse=True):
             lane = self._lanes[priority]
-            while len(batch) < cap and self._head(lane) is not None:
-                request = lane.popleft()
+            served: dict[str, deque[_Request[T]]] = {}  # had their share of this batch
+            while len(batch) < cap and lane:
+                tenant, fifo = next(iter(lane.items()))
+                del lane[tenant]
+                request = self._head(fifo)
+                if request is None:
+                    continue
+                fifo.popleft()
                 self._leave(request)
                 batch.append(request)
+                taken[tenant] += 1
+                if not fifo:
+                    continue
+                if request.tenant is not None and share is not None and taken[tenant] >= share:
+                    served[tenant] = fifo
+                else:
+                    lane[tenant] = fifo  # to the back of the turn order
+            lane.update(served)  # at the back of the turn order, for the next batch
             if not lane:
                 del self._lanes[priority]
             if len(batch) == cap:
@@ -379,7 +451,7 @@ class DynamicBatcher(Generic[T, R]):
             self._closed = True
             if not drain:
                 for lane in self._lanes.values():
-                    for request in lane:
+                    for request in (r for fifo in lane.values() for r in fifo):
                         if request.waiting:
                             self._leave(request)
                             request.future.set_exception(

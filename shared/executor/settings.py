@@ -45,6 +45,24 @@ class BatcherSettings(Closed):
         description="requests waiting beyond this are refused (overloaded), unless they "
         "outrank the lowest priority waiting, whose newest request is refused instead",
     )
+    max_queue_per_tenant: int | None = Field(
+        16,
+        ge=1,
+        le=100_000,
+        description="requests one tenant (at the cloud, a device) may have waiting; its next "
+        "is refused (overloaded), so one device's flood cannot fill the queue for the others; "
+        "requests that name no tenant (the edge's own) are not bounded by it; none = no bound",
+    )
+    max_batch_per_tenant: int | None = Field(
+        1,
+        ge=1,
+        le=256,
+        description="requests of one tenant (at the cloud, a device) in one batch: a batch "
+        "takes as long as its slowest image, so one device's heavy images must not fill the "
+        "batch another device's case rides in; raise it where one device's cases should "
+        "batch together (a GPU); requests that name no tenant are not bounded by it; "
+        "none = no bound",
+    )
     timeout_s: float = Field(
         30.0,
         gt=0,

@@ -32,6 +32,15 @@ class ModelClosed(EdgefleetError):
     hint = "the model was unloaded or replaced; retry the request"
 
 
+class Capped(list[Detection]):
+    """One image's detections, and how many more it held that a cost bound (a model's cap
+    on lines per image) left unread: the verdict says the answer is partial."""
+
+    def __init__(self, detections: list[Detection], unread: int = 0) -> None:
+        super().__init__(detections)
+        self.unread = unread
+
+
 class Model(abc.ABC):
     """A loaded, warmed-up model. `predict` is thread-safe and goes through the batcher.
 
@@ -132,10 +141,11 @@ class Model(abc.ABC):
         fmt: str = "rgb",
         priority: int = 0,
         timeout_s: float | None = None,
+        tenant: str | None = None,
     ) -> list[Detection]:
         """Detections for one image (uint8 RGB or BGR HxWx3, NV12/I420 (H*3/2)xW); batched
-        with concurrent callers, the higher `priority` first, answered or failed by the
-        request's deadline.
+        with concurrent callers, the higher `priority` first, `tenant`s taking turns within
+        a priority, answered or failed by the request's deadline.
 
         Raises InvalidInput, Overloaded (queue full or memory watermark: retry later) or
         InferenceTimeout. Without batching the image runs at once on the caller's thread.
@@ -144,7 +154,7 @@ class Model(abc.ABC):
         if batcher is None:
             return self.predict_frames([frame])[0]
         try:
-            return batcher(frame, priority=priority, timeout_s=timeout_s)
+            return batcher(frame, priority=priority, timeout_s=timeout_s, tenant=tenant)
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
 
@@ -155,6 +165,7 @@ class Model(abc.ABC):
         fmt: str = "rgb",
         priority: int = 0,
         timeout_s: float | None = None,
+        tenant: str | None = None,
     ) -> list[Detection]:
         """`predict` for asyncio callers (the event loop is never blocked)."""
         frame, batcher = self._admit(image, fmt)
@@ -163,7 +174,9 @@ class Model(abc.ABC):
 
             return (await asyncio.to_thread(self.predict_frames, [frame]))[0]
         try:
-            return await batcher.submit_async(frame, priority=priority, timeout_s=timeout_s)
+            return await batcher.submit_async(
+                frame, priority=priority, timeout_s=timeout_s, tenant=tenant
+            )
         except BatcherClosed:
             raise ModelClosed(f"model {self.spec.name} is closed") from None
 

@@ -10,6 +10,7 @@ run was decided by measurement (BENCHMARKS.md, "OCR ladder").
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
 from edgefleet.shared import kernels
 from edgefleet.shared.errors import ConfigError
@@ -30,7 +31,7 @@ from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.kernels.crops import crop_windows, sub_frame
 from edgefleet.shared.messages import Detection
-from edgefleet.shared.models.base import Model
+from edgefleet.shared.models.base import Capped, Model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
@@ -40,6 +41,8 @@ from edgefleet.shared.models.preprocess import det_plan, kernel_batch, round_to,
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
 from edgefleet.shared.models.session import Session, open_session
 
+log = logging.getLogger(__name__)
+
 KEYS_FILE = Path(__file__).with_name("ppocr_keys_v4.txt")
 OCR_STAGE = Histogram(
     "ef_ocr_stage_seconds",
@@ -47,6 +50,11 @@ OCR_STAGE = Histogram(
     "rec_infer, ctc",
     ["model", "stage"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)
+LINES_UNREAD = Counter(
+    "ef_ocr_lines_unread_total",
+    "Text lines found but left unread by the pipeline's max_lines cap (dense images)",
+    ["model"],
 )
 DET_PAD = 114  # the detector's canvas outside the image: mid-grey, no edges
 # Lines are read half a pixel up and left of the detector's quads, where PP-OCR's
@@ -132,6 +140,15 @@ def readable(quads: list[np.ndarray], plan: LetterboxTransform) -> np.ndarray:
             kept.append(src)
     out = np.array(kept, np.float32).reshape(-1, 4, 2)
     return out[kernels.line_sizes(out)[1]]
+
+
+def capped(quads: np.ndarray, max_lines: int | None) -> tuple[np.ndarray, int]:
+    """The `max_lines` largest of these line quads, in their order, and how many were left."""
+    if max_lines is None or len(quads) <= max_lines:
+        return quads, 0
+    sizes, _ = kernels.line_sizes(quads)
+    largest = np.sort(np.argsort(-(sizes[:, 0] * sizes[:, 1]), kind="stable")[:max_lines])
+    return quads[largest], len(quads) - max_lines
 
 
 Read = tuple[str, float, float]  # text, vote score, surest read's confidence
@@ -361,33 +378,51 @@ class OcrModel(Model):
         return maps
 
     def post_process(self, raw: list[np.ndarray], prepared: _DetBatch) -> list[list[Detection]]:
-        frames, found, probs = prepared.frames, [], []
+        frames, found, probs, unread = prepared.frames, [], [], []
         for i, plan in enumerate(prepared.plans):
             probs.append(raw[i][: plan.dst_h, : plan.dst_w])
             with self._stage("db_boxes"):
                 quads, _ = db_boxes(probs[-1], self._db)
-            found.append(readable([plan.points_to_source(q) for q in quads], plan))
+            biggest, left = capped(
+                readable([plan.points_to_source(q) for q in quads], plan), self.opts.max_lines
+            )
+            found.append(biggest)
+            unread.append(left)
         reads = self.read_lines(frames, found)
         if self.opts.det_zoom:
             with self._stage("zoom"):
-                zoomed = [
-                    self._zoom(frame, plan, prob, quads, lines, self.opts.det_zoom)
-                    for frame, plan, prob, quads, lines in zip(
-                        frames, prepared.plans, probs, found, reads, strict=True
-                    )
-                ]
+                zoomed = []
+                for i, (frame, plan, prob) in enumerate(
+                    zip(frames, prepared.plans, probs, strict=True)
+                ):
+                    if unread[i]:  # dense already: the zoom looks for faint text, not more
+                        zoomed.append(np.zeros((0, 4, 2), np.float32))
+                        continue
+                    more = self._zoom(frame, plan, prob, found[i], reads[i], self.opts.det_zoom)
+                    more, unread[i] = capped(more, self.opts.max_lines)
+                    zoomed.append(more)
             rezoomed = self.read_lines(frames, zoomed)
             for i in range(len(frames)):
                 found[i], reads[i] = surer(found[i], reads[i], zoomed[i], rezoomed[i])
         results: list[list[Detection]] = []
-        for quads, lines in zip(found, reads, strict=True):
+        for quads, lines, left in zip(found, reads, unread, strict=True):
             kept = [
                 _line(quad, text.strip(), score)
                 for quad, (text, score, surest) in zip(quads, lines, strict=True)
                 if text.strip() and surest >= self.opts.text_score
             ]
             kept.sort(key=_reading_order)
-            results.append(kept)
+            if left:
+                LINES_UNREAD.labels(self.spec.name).inc(left)
+                log.info(
+                    "text lines over max_lines left unread",
+                    extra={
+                        "model": self.spec.name,
+                        "unread": left,
+                        "max_lines": self.opts.max_lines,
+                    },
+                )
+            results.append(Capped(kept, left))
         return results
 
     def read_lines(self, frames: list[FrameIn], quads: list[np.ndarray]) -> list[list[Read]]:

@@ -91,6 +91,14 @@ class OcrOptions(Closed):
     box_thresh: float = Field(0.5, gt=0, lt=1, description="minimum mean score of a text box")
     unclip_ratio: float = Field(1.6, gt=0, description="DB unclip ratio (box expansion)")
     max_candidates: int = Field(1000, ge=1, description="contours considered per image")
+    max_lines: int | None = Field(
+        None,
+        ge=1,
+        description="text lines read per image, the largest first (and no zoomed pass once "
+        "an image has more): an image dense with text costs the model a bounded time, not "
+        "one read per line it holds; the lines left are counted (ef_ocr_lines_unread_total) "
+        "and noted on the cloud's verdict (`lines_unread`); none = every line",
+    )
     rec_height: int = Field(48, ge=8, description="recogniser input height")
     rec_min_width: int = Field(320, ge=16, description="recogniser minimum input width")
     rec_max_width: int = Field(1600, ge=16, description="recogniser maximum input width")

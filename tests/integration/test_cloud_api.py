@@ -198,11 +198,11 @@ def test_rest_escalation_gives_verdict_and_results_message(env: Env) -> None:
     record = httpx.get(f"{env.url}/v1/escalations/{case.case_id}", headers=env.auth()).json()
     assert record["trace_id"] == trace and record["attempts"] == 1
     assert record["verdict"]["case_id"] == case.case_id
-    # another device may not read it
+    # another device may not read it: for it there is no such case (ids are per device)
     denied = httpx.get(
         f"{env.url}/v1/escalations/{case.case_id}", headers=env.auth(env.other_token)
     )
-    assert denied.status_code == 403 and denied.json()["error"]["code"] == "forbidden"
+    assert denied.status_code == 404 and denied.json()["error"]["code"] == "not_found"
 
 
 def test_mqtt_escalation_twice_is_processed_once(env: Env) -> None:

@@ -47,11 +47,13 @@ class HangingModel:
         self.release.wait()
         return [[] for _ in images]
 
-    def predict(self, image_rgb, *, priority=0, timeout_s=None) -> list[Detection]:
+    def predict(self, image_rgb, *, priority=0, timeout_s=None, tenant=None) -> list[Detection]:
         self.priorities.append(priority)
         return self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s).result()
 
-    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None) -> list[Detection]:
+    async def predict_async(
+        self, image_rgb, *, priority=0, timeout_s=None, tenant=None
+    ) -> list[Detection]:
         self.priorities.append(priority)
         return await self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s)
 

@@ -188,7 +188,7 @@ def test_recent_cases_list_an_escalation_with_its_image(env: Env) -> None:
     assert listed["ts"].endswith("Z")
     assert listed["verdict"]["route"] == answered.json()["route"]
     assert [d["text"] for d in listed["verdict"]["result"]] == ["DOCK-7"]
-    assert listed["image_url"] == f"/v1/escalations/{case.case_id}/image"
+    assert listed["image_url"] == f"/v1/escalations/{case.case_id}/image?device={case.device_id}"
 
     # and the image URL returns the JPEG to the operator and to the owning device
     for token in (OP_KEY, env.token):
@@ -207,7 +207,8 @@ def test_recent_cases_list_an_escalation_with_its_image(env: Env) -> None:
         headers={"Authorization": f"Bearer {env.other_token}"},
         timeout=30,
     )
-    assert other.status_code == 403, other.text
+    # (another device's case is the same 404 as an unknown one: ids are per device)
+    assert other.status_code == 404, other.text
     assert httpx.get(env.url + listed["image_url"], timeout=30).status_code == 401
     unknown = httpx.get(
         f"{env.url}/v1/escalations/no-such-case-0001/image", headers=env.op(), timeout=30

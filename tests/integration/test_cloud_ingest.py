@@ -39,12 +39,12 @@ class GateModel:
         self.gate = threading.Event()
         self.calls = 0
 
-    def predict(self, image_rgb, *, priority=0, timeout_s=None):
+    def predict(self, image_rgb, *, priority=0, timeout_s=None, tenant=None):
         self.calls += 1
         self.gate.wait()
         return []
 
-    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None):
+    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None, tenant=None):
         return self.predict(image_rgb)
 
     @property

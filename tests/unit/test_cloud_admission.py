@@ -135,3 +135,29 @@ def test_rest_metadata_is_parsed_once_and_kept_as_sent_when_complete() -> None:
         read_case("{not json", **request)
     with pytest.raises(InvalidInput, match="frame_index"):
         read_case(json.dumps({**fields, "frame_index": "one"}), **request)
+
+
+def test_an_mqtt_case_under_another_devices_id_is_its_own_case(tmp_path: Path) -> None:
+    svc = rules_only_services(tmp_path)
+    sent: list[CloudVerdict] = []
+    svc.processor.publish = sent.append
+    try:
+        # given cam-a's case, answered over MQTT
+        theirs = escalation_case("cam-a", edge=[("CAM-A", 0.9)], case_id="same-id-0001")
+        first = svc.processor.submit(theirs, PNG, source="mqtt", flow_controlled=True)
+        assert first.result(timeout=60).device_id == "cam-a"
+        # when cam-b sends a case under the same id
+        mine = escalation_case("cam-b", edge=[("CAM-B", 0.9)], case_id="same-id-0001")
+        second = svc.processor.submit(mine, PNG, source="mqtt", flow_controlled=True)
+        # then it is run as cam-b's own case: cam-b gets its verdict, not cam-a's re-sent
+        verdict = second.result(timeout=60)
+        assert verdict.device_id == "cam-b" and [d.text for d in verdict.result] == ["CAM-B"]
+        assert [(v.device_id, v.result[0].text) for v in sent] == [
+            ("cam-a", "CAM-A"),
+            ("cam-b", "CAM-B"),
+        ]
+        # and a redelivery of cam-b's case is answered from cam-b's verdict
+        again = svc.processor.submit(mine, PNG, source="mqtt", flow_controlled=True)
+        assert again.result(timeout=60) == verdict
+    finally:
+        svc.close()

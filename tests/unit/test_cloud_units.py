@@ -142,11 +142,11 @@ class ScriptedModel:
             raise RuntimeError("model crashed")
         return [self.answer for _ in images]
 
-    def predict(self, image_rgb, *, priority=0, timeout_s=None):
+    def predict(self, image_rgb, *, priority=0, timeout_s=None, tenant=None):
         self.callers.append((threading.current_thread().name, priority))
         return self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s).result()
 
-    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None):
+    async def predict_async(self, image_rgb, *, priority=0, timeout_s=None, tenant=None):
         return await self.scheduler.submit(image_rgb, priority=priority, timeout_s=timeout_s)
 
     @property

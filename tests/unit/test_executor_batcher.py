@@ -401,3 +401,99 @@ def test_an_answered_request_frees_its_input_before_its_deadline():
         gc.collect()
         # then nothing in the batcher keeps the input alive
         assert freed() is None
+
+
+def test_tenants_take_turns_within_a_priority():
+    # given a worker held on a first request, and one tenant's flood queued behind it
+    run = Recorder(hold=True)
+    settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
+    with DynamicBatcher(run, settings, name="t-turns") as batcher:
+        first = batcher.submit(0, tenant="cam-a")
+        assert run.entered.wait(30)
+        flood = [batcher.submit(i, tenant="cam-a") for i in range(1, 5)]
+        # when another tenant's request arrives last, with untenanted and urgent ones
+        other = batcher.submit(5, tenant="cam-b")
+        untenanted = batcher.submit(6)
+        urgent = batcher.submit(7, priority=5, tenant="cam-a")
+        run.gate.set()
+        for pending in [first, *flood, other, untenanted, urgent]:
+            pending.result()
+    # then priority still comes first, and within a priority each tenant has one turn
+    assert run.batches == [[0], [7], [1], [5], [6], [2], [3], [4]]
+
+
+def test_a_batch_fills_with_tenants_in_turn_when_their_share_is_unbounded():
+    run = Recorder(hold=True)
+    settings = BatcherSettings(
+        preferred_batch_size=3, max_batch_size=3, max_delay_ms=10_000, max_batch_per_tenant=None
+    )
+    with DynamicBatcher(run, settings, name="t-turn-batch", clock=FakeClock()) as batcher:
+        firsts = [batcher.submit(i, tenant="cam-a") for i in range(3)]
+        assert run.entered.wait(30)
+        rest = [batcher.submit(i, tenant="cam-a") for i in range(3, 6)]
+        rest += [batcher.submit(i, tenant=t) for i, t in [(6, "cam-b"), (7, "cam-c")]]
+        rest.append(batcher.submit(8, tenant="cam-b"))
+        run.gate.set()
+        for pending in [*firsts, *rest]:
+            pending.result()
+    assert run.batches == [[0, 1, 2], [3, 6, 7], [4, 8, 5]]
+
+
+def test_a_tenant_over_its_share_is_refused_and_the_others_still_queue():
+    # given a held worker and one tenant with its share (2) waiting
+    run = Recorder(hold=True)
+    settings = BatcherSettings(
+        preferred_batch_size=1, max_batch_size=1, max_delay_ms=0, max_queue_per_tenant=2
+    )
+    with DynamicBatcher(run, settings, name="t-share") as batcher:
+        first = batcher.submit(0, tenant="cam-a")
+        assert run.entered.wait(30)
+        held = [batcher.submit(i, tenant="cam-a") for i in (1, 2)]
+        # when it sends one more, then that one is refused, counted, with a retry hint
+        with pytest.raises(Overloaded, match="cam-a already has 2") as refused:
+            batcher.submit(3, tenant="cam-a")
+        assert refused.value.retry_after_s is not None
+        assert rejected("t-share", "tenant_share") == 1
+        # and another tenant, and untenanted work, still get in
+        other = batcher.submit(4, tenant="cam-b")
+        untenanted = [batcher.submit(i) for i in (5, 6, 7)]
+        run.gate.set()
+        answers = [p.result() for p in [first, *held, other, *untenanted]]
+        assert answers == [0, 10, 20, 40, 50, 60, 70]
+        # and once its requests ran, the tenant has its share again
+        assert batcher.submit(8, tenant="cam-a").result() == 80
+
+
+def test_a_full_queue_sheds_the_tenant_holding_most():
+    run = Recorder(hold=True)
+    settings = BatcherSettings(
+        preferred_batch_size=1, max_batch_size=1, max_delay_ms=0, max_queue=3
+    )
+    with DynamicBatcher(run, settings, name="t-shed-tenant") as batcher:
+        first = batcher.submit(0, tenant="cam-b")
+        assert run.entered.wait(30)
+        b_waits = batcher.submit(1, tenant="cam-b")
+        a_old, a_new = batcher.submit(2, tenant="cam-a"), batcher.submit(3, tenant="cam-a")
+        urgent = batcher.submit(4, priority=5, tenant="cam-c")
+        with pytest.raises(Overloaded, match="gave way"):
+            a_new.result()
+        run.gate.set()
+        assert [p.result() for p in [first, urgent, b_waits, a_old]] == [0, 40, 10, 20]
+
+
+def test_a_batch_holds_one_request_per_tenant_by_default():
+    # given a held worker, one tenant's flood and two other tenants' requests behind it
+    run = Recorder(hold=True)
+    settings = BatcherSettings(preferred_batch_size=1, max_batch_size=4, max_delay_ms=0)
+    with DynamicBatcher(run, settings, name="t-turn-share") as batcher:
+        first = batcher.submit(0, tenant="cam-a")
+        assert run.entered.wait(30)
+        flood = [batcher.submit(i, tenant="cam-a") for i in range(1, 4)]
+        others = [batcher.submit(4, tenant="cam-b"), batcher.submit(5, tenant="cam-c")]
+        untenanted = [batcher.submit(6), batcher.submit(7)]
+        run.gate.set()
+        for pending in [first, *flood, *others, *untenanted]:
+            pending.result()
+    # then each batch holds one request of each device (untenanted work is not bounded),
+    # so a device's case never rides in a batch full of another's
+    assert run.batches == [[0], [1, 4, 5, 6], [7, 2], [3]]

@@ -211,3 +211,25 @@ def test_a_v2_case_names_its_track_and_tiles_and_a_v1_case_still_parses():
             latency_ms=1.0,
             queue_depth=3,
         )
+
+
+def test_a_verdict_notes_unread_lines_only_when_there_are_some():
+    fields = dict(
+        device_id="cam-01",
+        trace_id="0" * 32,
+        case_id="case-0001",
+        result=[],
+        model="ppocr6-cloud@6.0",
+        route="default",
+        fallback_level=0,
+        latency_ms=1.0,
+    )
+    # given a verdict read whole: the wire has no new key (earlier devices parse it)
+    whole = json.loads(CloudVerdict(**fields).model_dump_json())
+    assert "lines_unread" not in whole
+    # and a partial one says how many lines were left, and parses back
+    partial = CloudVerdict(**fields, lines_unread=71)
+    assert CloudVerdict.model_validate_json(partial.model_dump_json()).lines_unread == 71
+    # and a v1 verdict cannot carry it
+    with pytest.raises(ValidationError, match=r"ef\.verdict/2"):
+        CloudVerdict(**fields, schema="ef.verdict/1", lines_unread=3)

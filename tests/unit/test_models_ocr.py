@@ -173,3 +173,23 @@ def test_recogniser_widths_climb_from_the_minimum_to_the_maximum(lo, hi):
     steps = list(itertools.pairwise(ladder))
     assert all(a < b <= a * 1.5 + 32 for a, b in steps)
     assert all(b % 32 == 0 for _, b in steps[:-1])
+
+
+def test_the_line_cap_keeps_the_largest_lines_in_their_order_and_counts_the_rest():
+    from edgefleet.shared.models.ocr import capped
+
+    # given five line quads of growing height, the tallest in the middle
+    heights = [4, 6, 20, 8, 10]
+    quads = np.array(
+        [
+            [[0, 30 * i], [100, 30 * i], [100, 30 * i + h], [0, 30 * i + h]]
+            for i, h in enumerate(heights)
+        ],
+        np.float32,
+    )
+    # when capped at three, then the three largest are kept in their order, two left
+    kept, left = capped(quads, 3)
+    assert left == 2
+    assert [float(q[2, 1] - q[1, 1]) for q in kept] == [20.0, 8.0, 10.0]
+    # and without a cap (or under it) nothing is left
+    assert capped(quads, None)[1] == 0 and capped(quads, 5)[1] == 0
