@@ -54,7 +54,7 @@ class VideoSpec(Closed):
         "one border and leaving across the other, with a new text each pass"
     )
     far_share: float = Field(
-        0.34, ge=0, le=1, description="share of lines far away: small and soft"
+        0.34, ge=0, le=1, description="share of lines far away: small, soft and faded"
     )
     background: Background | None = Field(
         None, description="background style; none = chosen by the seed"
@@ -149,7 +149,7 @@ class _Line:
         self.id, self.kind, self.hard, self.crossing, self.far = lid, kind, hard, crossing, far
         self.rng = random.Random(rng.random())  # a crossing line's next texts
         self.font = rng.choice(_FONTS)
-        self.scale = rng.uniform(0.8, 1.15) * spec.height / 360 * (0.5 if far else 1.0)
+        self.scale = rng.uniform(0.8, 1.15) * spec.height / 360 * (0.35 if far else 1.0)
         self.thickness = max(1, round((1 if far else 2) * spec.height / 360))
         self.text = ""
         self._write(make_text(kind, rng))
@@ -163,6 +163,9 @@ class _Line:
             self.x = -float(self.w) if self.vx > 0 else float(spec.width)
         self.fg = (20, 20, 20) if rng.random() < 0.7 else (250, 250, 250)
         self.plate = tuple(255 - c for c in self.fg)
+        if far:  # faded by the distance: ink 40 % of the way to the plate
+            ink, paper = self.fg[0], self.plate[0]
+            self.fg = (round(0.6 * ink + 0.4 * paper),) * 3
         self.glare_phase = rng.uniform(0, 2 * np.pi)
 
     def _write(self, text: str) -> None:

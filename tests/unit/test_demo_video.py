@@ -100,8 +100,11 @@ def test_same_seed_same_video_other_seed_other_video(tmp_path: Path) -> None:
 
 
 def test_boxes_lie_in_the_frame_and_hold_the_text(tmp_path: Path) -> None:
-    # given a clip on a flat background (so any ink inside a box is the text's)
-    spec = SMALL.model_copy(update={"background": "gradient", "hard_share": 0.0})
+    # given a clip on a flat background (so any ink inside a box is the text's), no line
+    # faded by distance
+    spec = SMALL.model_copy(
+        update={"background": "gradient", "hard_share": 0.0, "far_share": 0.0}
+    )
     truth = render_video(tmp_path / "v.avi", spec)
     frames = _frames(tmp_path / "v.avi")
     for frame_truth, frame in zip(truth.frames, frames, strict=True):
