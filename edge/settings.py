@@ -200,6 +200,12 @@ class UplinkSettings(Closed):
         3, ge=0, description="after this many resends an unanswered escalation is dropped, counted"
     )
     telemetry_qos: Literal[0, 1] = Field(1, description="QoS of telemetry")
+    max_skew_s: float = Field(
+        300.0,
+        gt=0,
+        description="a verdict whose ts is further than this from the device's clock is "
+        "refused as stale (the cloud stamps a verdict when it sends it)",
+    )
 
 
 class PipelineSettings(Closed):

@@ -92,7 +92,9 @@ class Uplink:
         self._stop = threading.Event()
         self._unanswered_checked = 0.0
         keys = lambda device: key if device == device_id else None  # noqa: E731
-        self._verifier = Verifier(key_for_device=keys, topics=self.topics)
+        self._verifier = Verifier(
+            key_for_device=keys, topics=self.topics, max_skew_s=settings.max_skew_s
+        )
         # A retained desired state may be days old: it is checked for signature, not age.
         self._desired_verifier = Verifier(
             key_for_device=keys,
