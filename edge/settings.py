@@ -200,6 +200,13 @@ class UplinkSettings(Closed):
         3, ge=0, description="after this many resends an unanswered escalation is dropped, counted"
     )
     telemetry_qos: Literal[0, 1] = Field(1, description="QoS of telemetry")
+    takeover_s: float = Field(
+        10.0,
+        gt=0,
+        description="a broker connection closed sooner than this after it was made counts as "
+        "taken over by another agent with this device id; an agent that never held one longer "
+        "stops after 3 in a row (the device id is taken), the one that held it keeps it",
+    )
     max_skew_s: float = Field(
         300.0,
         gt=0,
