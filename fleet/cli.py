@@ -373,13 +373,18 @@ def deploy(
     min_fps: Annotated[float | None, typer.Option(help="canary bound: total fps at least")] = None,
     max_p95: Annotated[float | None, typer.Option(help="canary bound: p95 latency ms")] = None,
     pipeline: Annotated[Path | None, typer.Option(help="pipeline config YAML")] = None,
-    wait: Annotated[bool, typer.Option(help="follow progress until it ends")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(help="follow progress until it ends; exit 1 unless it completed"),
+    ] = False,
     api: ApiOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Roll an image + models + pipeline config out to GROUP: canaries first, then the rest.
 
     Needs the cloud API (--api/--api-key or EDGEFLEET_API_URL / EDGEFLEET_API_KEY).
+    With --wait the exit status is 0 only when the rollout completed (1 when it was
+    rolled back, failed or halted), so a script can stop on a bad model.
 
     Examples:
       edgefleet fleet deploy --group dock --image acme/edge:1.4.2 --model det@3
@@ -405,13 +410,20 @@ def deploy(
             while wait and dep["status"] in ("canary", "rolling"):
                 time.sleep(2)
                 dep = _check(client.get(f"/v1/deployments/{dep['id']}"))
-                console.print(f"  {dep['status']}: {dep['counts']}")
+                console.print(f"  {dep['status']}: {_counts(dep['counts'])}")
     except (EdgefleetError, OSError, httpx.HTTPError) as exc:
         raise _fail(exc) from None
     colour = "green" if dep["status"] in ("canary", "rolling", "completed") else "red"
     console.print(
         f"status: [{colour}]{dep['status']}[/]" + (f" ({dep['error']})" if dep.get("error") else "")
     )
+    if wait and dep["status"] != "completed":
+        raise typer.Exit(1)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    """Targets per state as an operator reads them: `2 healthy, 1 applying`."""
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no targets"
 
 
 def _deployment_call(method: str, deployment_id: str, api: str | None, key: str | None) -> Any:

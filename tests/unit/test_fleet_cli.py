@@ -261,3 +261,60 @@ def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
             proc.wait()
         reader.join(timeout=10)
         db.close()
+
+
+def _devices_that_report(status: str):
+    """A `publish` for FleetServer: every device sent a desired state reports `status`
+    for it from its own thread, as a real agent's `reported` arrives over MQTT later."""
+    import threading
+
+    from edgefleet.shared.messages import DesiredState, ReportedState
+
+    holder: dict[str, FleetServer] = {}
+
+    def report(device: str, desired: DesiredState) -> None:
+        reported = ReportedState(
+            device_id=device,
+            deployment_id=desired.deployment_id,
+            image=desired.image,
+            status=status,  # type: ignore[arg-type]
+            error=None if status == "healthy" else "model failed its warm-up",
+        )
+        holder["server"].rollouts.on_reported(reported)
+
+    def publish(wire, retain: bool) -> None:
+        if wire.payload:
+            desired = DesiredState.model_validate_json(wire.payload)
+            device = wire.topic.split("/")[2]
+            threading.Thread(target=report, args=(device, desired), daemon=True).start()
+
+    return holder, publish
+
+
+def test_deploy_wait_exits_non_zero_unless_the_rollout_completed(tmp_path: Path) -> None:
+    for status, code, end in (("failed", 1, "rolled_back"), ("healthy", 0, "completed")):
+        # given a group whose devices report `status` for what they are sent
+        holder, publish = _devices_that_report(status)
+        server = holder["server"] = FleetServer(tmp_path / status, publish=publish).start()
+        try:
+            for i in range(3):
+                server.registry.enroll(f"cam-{i}", group="dock")
+            api = ["--api", server.url, "--api-key", OPERATOR_KEY]
+            # when deployed with --wait
+            result = run(
+                "deploy", "--group", "dock", "--image", "acme/edge:1.4.2", "--canary", "34%",
+                "--soak", "0", "--wait", *api,
+            )  # fmt: skip
+            # then the exit status says whether it completed, in readable text
+            assert result.exit_code == code, result.output
+            assert f"status: {end}" in result.output
+            assert "{" not in result.output and "'" not in result.output, result.output
+        finally:
+            server.stop()
+
+
+def test_deploy_wait_prints_progress_as_counts_of_states() -> None:
+    from edgefleet.fleet.cli import _counts
+
+    assert _counts({"healthy": 2, "applying": 1, "failed": 0}) == "2 healthy, 1 applying"
+    assert _counts({}) == "no targets"
