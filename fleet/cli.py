@@ -67,15 +67,36 @@ def _settings(config: Path | None, db: str | None, **overrides: Any):
     return load_settings(FleetSettings, config, **overrides)
 
 
+def _refuse_missing_sqlite(url: str, config: Path | None) -> None:
+    """A reading command must not create an empty store where none was: it would show an
+    empty fleet instead of saying that it looked in the wrong place."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url)
+    path = Path(unquote(parsed.path))
+    if parsed.scheme == "sqlite" and path.name != ":memory:" and not path.exists():
+        where = f"the data_dir of {config}" if config else "the default data_dir"
+        raise NotFound(
+            f"no device store at {path} ({where})",
+            hint="pass -c fleet.yaml or --db URL of the cloud's store, or --api URL to ask "
+            "the cloud",
+        )
+
+
 class _Store:
     """The registry (and friends) on the store named by the settings."""
 
-    def __init__(self, config: Path | None, db: str | None, **overrides: Any):
+    def __init__(
+        self, config: Path | None, db: str | None, *, create: bool = True, **overrides: Any
+    ):
         from edgefleet.fleet.registry import DeviceRegistry
         from edgefleet.shared.db import Database
 
         self.settings = _settings(config, db, **overrides)
-        self.db = Database.connect(self.settings.resolved_database_url())
+        url = self.settings.resolved_database_url()
+        if not create:
+            _refuse_missing_sqlite(url, config)
+        self.db = Database.connect(url)
         self.registry = DeviceRegistry(self.db, master_key=self.settings.master_key())
 
     @property
@@ -549,7 +570,7 @@ def status(
             def fetch() -> list[dict[str, Any]]:
                 return _check(client.get("/v1/devices", params=params))["devices"]
         else:
-            store = _Store(config, db)
+            store = _Store(config, db, create=False)
 
             def fetch() -> list[dict[str, Any]]:
                 return [d.model_dump(mode="json") for d in store.registry.list_devices(group)]
@@ -557,6 +578,10 @@ def status(
         if not watch:
             console.print(status_table(fetch()))
             return
+        if not console.is_terminal:  # a pipe or a log: a live view would show nothing
+            while True:
+                console.print(status_table(fetch()))
+                time.sleep(interval)
         with Live(status_table(fetch()), console=console, refresh_per_second=4) as live:
             while True:
                 time.sleep(interval)

@@ -213,7 +213,17 @@ def test_status_table_is_coloured_by_health() -> None:
 
 
 def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
-    import os
+    env = {**os.environ, "TTY_COMPATIBLE": "1", "FORCE_COLOR": "1", "COLUMNS": "160"}
+    _watch_refreshes_until_ctrl_c(tmp_path, env)
+
+
+def test_status_watch_prints_each_refresh_when_not_on_a_terminal(tmp_path: Path) -> None:
+    quiet = ("TTY_COMPATIBLE", "FORCE_COLOR", "TTY_INTERACTIVE")
+    env = {k: v for k, v in os.environ.items() if k not in quiet}
+    _watch_refreshes_until_ctrl_c(tmp_path, {**env, "COLUMNS": "160"})
+
+
+def _watch_refreshes_until_ctrl_c(tmp_path: Path, env: dict[str, str]) -> None:
     import signal
     import subprocess
     import sys
@@ -227,7 +237,6 @@ def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
     db = Database.connect(db_url)
     registry = DeviceRegistry(db)
     registry.enroll("cam-01", group="dock")
-    env = {**os.environ, "TTY_COMPATIBLE": "1", "FORCE_COLOR": "1", "COLUMNS": "160"}
     edgefleet = Path(sys.executable).parent / "edgefleet"
     proc = subprocess.Popen(
         [str(edgefleet), "fleet", "status", "--watch", "--interval", "0.2", "--db", db_url],
@@ -318,3 +327,20 @@ def test_deploy_wait_prints_progress_as_counts_of_states() -> None:
 
     assert _counts({"healthy": 2, "applying": 1, "failed": 0}) == "2 healthy, 1 applying"
     assert _counts({}) == "no targets"
+
+
+def test_status_without_a_store_says_where_it_looked_and_creates_none(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # given a folder with no store, and a config naming another data_dir with none either
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text(f"data_dir: {tmp_path / 'elsewhere'}\n")
+    for args in ((), ("-c", str(cfg))):
+        # when `fleet status` is run
+        result = runner.invoke(app, ["fleet", "status", *args])
+        # then it fails, naming the file it looked for, and creates nothing
+        assert result.exit_code == 2, result.output
+        assert "no device store at" in result.output and "cloud.db" in result.output
+    assert not (tmp_path / "edgefleet-data").exists()
+    assert not (tmp_path / "elsewhere").exists()
