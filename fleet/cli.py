@@ -319,13 +319,16 @@ def model_add(
         Path | None, typer.Option(help="model store (default data_dir/models)")
     ] = None,
 ) -> None:
-    """Put a model file in the cloud's model store so deployments can name it NAME@VERSION.
+    """Put an ONNX model file in the cloud's model store so deployments can name it
+    NAME@VERSION. A file that is not an ONNX model is refused (exit 2).
 
     Example: edgefleet fleet model-add det 3 det-3.onnx
     """
     from edgefleet.fleet.models import ModelStore
+    from edgefleet.fleet.onnx_file import check_onnx
 
     try:
+        check_onnx(file)
         s = _settings(config, None)
         stored = ModelStore(store_dir or s.data_dir / "models", s.public_url).add(
             name, version, file

@@ -344,3 +344,27 @@ def test_status_without_a_store_says_where_it_looked_and_creates_none(
         assert "no device store at" in result.output and "cloud.db" in result.output
     assert not (tmp_path / "edgefleet-data").exists()
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_model_add_refuses_a_file_that_is_not_onnx(tmp_path: Path) -> None:
+    from tests.support.fleet import tiny_onnx
+
+    store = tmp_path / "models"
+    model = tiny_onnx(tmp_path / "det.onnx")
+    not_models = {
+        "notes.onnx": b"weights go here\n",
+        "photo.onnx": b"\xff\xd8\xff\xe0" + bytes(range(256)) * 4,
+        "empty.onnx": b"",
+        "cut.onnx": model.read_bytes()[: model.stat().st_size // 2],
+    }
+    for name, data in not_models.items():
+        # given a file that is not an ONNX model, named as one
+        (tmp_path / name).write_bytes(data)
+        # when it is added, then it is refused, saying so, and nothing is stored
+        result = run("model-add", "det", name, str(tmp_path / name), "--store-dir", str(store))
+        assert result.exit_code == 2, (name, result.output)
+        assert "is not an ONNX model" in result.output, result.output
+    assert not list(store.glob("*/*/manifest.json"))
+    # a real ONNX file is taken
+    ok = run("model-add", "det", "1", str(model), "--store-dir", str(store))
+    assert ok.exit_code == 0, ok.output
