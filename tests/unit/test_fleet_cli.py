@@ -277,11 +277,23 @@ def _devices_that_report(status: str):
     for it from its own thread, as a real agent's `reported` arrives over MQTT later."""
     import threading
 
+    from edgefleet.shared.errors import EdgefleetError
     from edgefleet.shared.messages import DesiredState, ReportedState
+    from tests.support.waiting import eventually
 
     holder: dict[str, FleetServer] = {}
 
+    def sent(dep_id: str, device: str) -> bool:
+        """The rollout has recorded that it sent `device` its state (a report that comes
+        sooner finds no target to move, as for a device that never got the state)."""
+        try:
+            targets = holder["server"].rollouts.get(dep_id).targets
+        except EdgefleetError:
+            return False
+        return any(t.device_id == device and t.state == "sent" for t in targets)
+
     def report(device: str, desired: DesiredState) -> None:
+        eventually(lambda: sent(desired.deployment_id, device), 30, f"{device} sent its state")
         reported = ReportedState(
             device_id=device,
             deployment_id=desired.deployment_id,
