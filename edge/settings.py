@@ -261,7 +261,8 @@ class EdgeSettings(EdgefleetSettings):
     )
     device_key_file: Path | None = Field(
         None,
-        description="enrollment bundle (YAML/JSON with `device_key`) or a file holding the key",
+        description="enrollment bundle (YAML/JSON with `device_key`) or a file holding the "
+        "key; a relative path is read beside the config file (`edge run -c`)",
     )
     device_token: SecretStr | None = Field(
         None, description="bearer token for fleet/cloud REST (model downloads), from enroll"
@@ -297,6 +298,14 @@ class EdgeSettings(EdgefleetSettings):
         if len(ids) != len(set(ids)):
             raise ValueError("stream ids must be unique")
         return self
+
+    def beside(self, config_file: Path) -> EdgeSettings:
+        """A relative `device_key_file` is the bundle's own, read beside edge.yaml, so one
+        bundle works mounted in the container and copied to a host folder."""
+        key_file = self.device_key_file
+        if key_file is None or key_file.is_absolute():
+            return self
+        return self.model_copy(update={"device_key_file": Path(config_file).parent / key_file})
 
     def key_bytes(self) -> bytes:
         """The device key as bytes; ConfigError if the bundle cannot be read."""

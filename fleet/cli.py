@@ -207,7 +207,10 @@ def enroll(
             fg="yellow",
             err=True,
         )
-    console.print(f"bundle: {out} (mount it at {s.bundle_mount} in the edge container)")
+    console.print(
+        f"bundle: {out} (the edge container mounts it at /etc/edgefleet; on a host: "
+        f"edgefleet edge run -c {out}/edge.yaml)"
+    )
     console.print(f"broker: {live}")
 
 
