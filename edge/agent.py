@@ -22,6 +22,7 @@ from pathlib import Path
 
 from edgefleet.edge.cases import CaseWriter
 from edgefleet.edge.clock import ClockWatch
+from edgefleet.edge.device_lock import DeviceLock
 from edgefleet.edge.health import HealthReport, HealthServer
 from edgefleet.edge.model import Predictor, load_deployed, open_model
 from edgefleet.edge.outbox import Outbox
@@ -36,6 +37,7 @@ from edgefleet.edge.tracks import TrackReport, report
 from edgefleet.edge.updater import DesiredStateApplier, runtime_from_settings
 from edgefleet.edge.uplink import Uplink
 from edgefleet.edge.verdicts import MatchedVerdict, VerdictBook
+from edgefleet.shared.errors import DeviceTaken
 from edgefleet.shared.messages import (
     CloudStatus,
     CloudVerdict,
@@ -68,6 +70,8 @@ class Agent:
     ):
         s = self.settings = settings
         with ExitStack() as undo:  # closes what was built if a later part fails
+            self.lock = DeviceLock(s.outbox.path, s.device_id)  # before any port or file
+            undo.callback(self.lock.release)
             # None when disabled in the settings
             self.health: HealthServer | None = None
             if s.health.enabled:
@@ -196,6 +200,7 @@ class Agent:
         if self.health is not None:
             self.health.stop()
         self.model.close()
+        self.lock.release()
         log.info("agent stopped")
 
     def run_forever(self) -> None:
@@ -206,6 +211,11 @@ class Agent:
         try:
             self.start()
             while not stop.wait(0.5):
+                if self.uplink.taken_over.is_set():
+                    raise DeviceTaken(
+                        f"device id {self.settings.device_id} is already connected: another "
+                        "agent holds its broker session"
+                    )
                 if self.captures and all(c.finished for c in self.captures) and self.pipeline.idle:
                     log.info("every stream has ended")
                     break

@@ -47,7 +47,7 @@ def run(
 
     configure_logging(log_level, json_format=json_logs)
     try:
-        settings = load_settings(EdgeSettings, config)
+        settings = load_settings(EdgeSettings, config).beside(config)
         agent = Agent(settings)
         agent.run_forever()
     except EdgefleetError as exc:

@@ -23,6 +23,7 @@ from edgefleet.edge.policy import EscalationPolicy
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.uplink import Uplink
 from edgefleet.edge.verdicts import VerdictBook
+from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.fallback import report as backend_report
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,13 @@ class HealthServer:
                 log.debug("health http: " + format, *args)
 
         self._health, self._ready, self._verdicts = health, ready, verdicts
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:  # the operator's question is "which port?"
+            raise ConfigError(
+                f"health.port: cannot listen on {host}:{port}: {exc.strerror}",
+                hint="stop what holds that port, or set health.port (0 = any free port)",
+            ) from None
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="health-http", daemon=True

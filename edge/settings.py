@@ -224,6 +224,19 @@ class UplinkSettings(Closed):
         3, ge=0, description="after this many resends an unanswered escalation is dropped, counted"
     )
     telemetry_qos: Literal[0, 1] = Field(1, description="QoS of telemetry")
+    takeover_s: float = Field(
+        10.0,
+        gt=0,
+        description="a broker connection closed sooner than this after it was made counts as "
+        "taken over by another agent with this device id; an agent that never held one longer "
+        "stops after 3 in a row (the device id is taken), the one that held it keeps it",
+    )
+    max_skew_s: float = Field(
+        300.0,
+        gt=0,
+        description="a verdict whose ts is further than this from the device's clock is "
+        "refused as stale (the cloud stamps a verdict when it sends it)",
+    )
 
 
 class PipelineSettings(Closed):
@@ -287,7 +300,8 @@ class EdgeSettings(EdgefleetSettings):
     )
     device_key_file: Path | None = Field(
         None,
-        description="enrollment bundle (YAML/JSON with `device_key`) or a file holding the key",
+        description="enrollment bundle (YAML/JSON with `device_key`) or a file holding the "
+        "key; a relative path is read beside the config file (`edge run -c`)",
     )
     device_token: SecretStr | None = Field(
         None, description="bearer token for fleet/cloud REST (model downloads), from enroll"
@@ -331,6 +345,14 @@ class EdgeSettings(EdgefleetSettings):
         if len(ids) != len(set(ids)):
             raise ValueError("stream ids must be unique")
         return self
+
+    def beside(self, config_file: Path) -> EdgeSettings:
+        """A relative `device_key_file` is the bundle's own, read beside edge.yaml, so one
+        bundle works mounted in the container and copied to a host folder."""
+        key_file = self.device_key_file
+        if key_file is None or key_file.is_absolute():
+            return self
+        return self.model_copy(update={"device_key_file": Path(config_file).parent / key_file})
 
     def key_bytes(self) -> bytes:
         """The device key as bytes; ConfigError if the bundle cannot be read."""

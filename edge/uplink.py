@@ -13,6 +13,9 @@
 - An escalation acknowledged but not answered after `resend_unanswered_s` is sent again
   (edgefleet.edge.outbox keeps it until the verdict): the broker's PUBACK is not the end.
 - Incoming `results` and `desired` are verified with the device key before any use.
+- One device id, one agent: connections the broker keeps closing soon after they are made
+  are another agent's takeovers (`edgefleet.edge.takeover`); the newcomer sets
+  `taken_over` and stops reconnecting.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from prometheus_client import Counter, Gauge
 from edgefleet.edge.delivery import Delivery
 from edgefleet.edge.outbox import Outbox, OutboxItem, OutboxKind
 from edgefleet.edge.settings import UplinkSettings
+from edgefleet.edge.takeover import TakeoverWatch
 from edgefleet.shared import mqtt as ef_mqtt
 from edgefleet.shared.errors import PayloadRejected
 from edgefleet.shared.messages import MESSAGE_TYPES, DeviceState, DeviceStatus, Message, utcnow
@@ -80,6 +84,8 @@ class Uplink:
         self.on_message = on_message
         self._wall_clock = wall_clock  # ages stored messages (the outbox stamps wall time)
         self.connected = threading.Event()
+        self.taken_over = threading.Event()  # another agent runs this device id: stop
+        self._takeovers = TakeoverWatch(settings.takeover_s)
         self.delivery = Delivery(
             outbox,
             replay_rate_per_s=settings.replay_rate_per_s,
@@ -92,7 +98,9 @@ class Uplink:
         self._stop = threading.Event()
         self._unanswered_checked = 0.0
         keys = lambda device: key if device == device_id else None  # noqa: E731
-        self._verifier = Verifier(key_for_device=keys, topics=self.topics)
+        self._verifier = Verifier(
+            key_for_device=keys, topics=self.topics, max_skew_s=settings.max_skew_s
+        )
         # A retained desired state may be days old: it is checked for signature, not age.
         self._desired_verifier = Verifier(
             key_for_device=keys,
@@ -106,6 +114,7 @@ class Uplink:
         )
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
+        self.client.on_connect_fail = self._on_connect_fail
         self.client.on_publish = self._on_publish
         self.client.on_message = self._on_message
         self._thread = threading.Thread(target=self._run, name="uplink-sender", daemon=True)
@@ -179,6 +188,7 @@ class Uplink:
             log.warning("broker refused the connection: %s", reason_code)
             return
         log.info("connected to broker (session present: %s)", flags.session_present)
+        self._takeovers.connected(time.monotonic())
         ef_mqtt.publish(client, self._status_wire("online"), qos=1, retain=True)
         client.subscribe(
             [(self.topics.results(self.device_id), 1), (self.topics.desired(self.device_id), 1)]
@@ -200,6 +210,24 @@ class Uplink:
             log.warning("disconnected from broker: %s", reason_code)
         self.connected.clear()
         CONNECTED.set(0)
+        if self._stop.is_set() or self.taken_over.is_set():
+            return
+        if self._takeovers.lost(time.monotonic()):
+            log.error(
+                "device id %s is already connected from another agent: this one stops",
+                self.device_id,
+            )
+            self.taken_over.set()
+            client.disconnect()  # no reconnect: it would take the other agent's session
+        elif self._takeovers.contested:
+            log.error(
+                "another agent connects with device id %s and takes its broker session; "
+                "this agent keeps it (the newcomer stops)",
+                self.device_id,
+            )
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: object) -> None:
+        self._takeovers.failed()
 
     def _on_publish(
         self,

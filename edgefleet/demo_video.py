@@ -200,7 +200,7 @@ class _Line:
         y1 = min(spec.height, y0 + self.h)
         if x1 - x0 < 1:
             return (x0, y0, x0, y1), 0.0
-        plate = np.empty((self.h, self.w, 3), np.uint8)
+        plate: np.ndarray = np.empty((self.h, self.w, 3), np.uint8)
         plate[:] = self.plate
         origin = (self.pad, self.h - self.pad - self.base)
         cv2.putText(

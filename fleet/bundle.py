@@ -62,9 +62,12 @@ def write_bundle(
     broker_host: str,
     broker_port: int,
     public_url: str,
-    mount: str = "/etc/edgefleet",
+    mount: str | None = None,
     owner: Owner | None = None,
 ) -> Path:
+    """The bundle's paths work in the edge container and on a host alike: the key file is
+    named relative to edge.yaml (`edge run` reads it beside the file), and the state and
+    outbox folders are left to the defaults (the image sets its own)."""
     device_dir = Path(bundles_dir) / enrollment.device_id
     device_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(device_dir, 0o700)
@@ -82,14 +85,13 @@ def write_bundle(
     }
     config = {
         "device_id": enrollment.device_id,
-        "device_key_file": f"{mount}/secrets.yaml",
+        "device_key_file": f"{mount}/secrets.yaml" if mount else "secrets.yaml",
         "mqtt": {
             "host": broker_host,
             "port": broker_port,
             "username": enrollment.device_id,
             "password": enrollment.broker_password,
         },
-        "state_dir": "/var/lib/edgefleet",
         "api_url": public_url,
     }
     header = "# Written by `edgefleet fleet enroll`. Add your `streams:`; keep this file private.\n"

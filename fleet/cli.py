@@ -68,15 +68,36 @@ def _settings(config: Path | None, db: str | None, **overrides: Any):
     return load_settings(FleetSettings, config, **overrides)
 
 
+def _refuse_missing_sqlite(url: str, config: Path | None) -> None:
+    """A reading command must not create an empty store where none was: it would show an
+    empty fleet instead of saying that it looked in the wrong place."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url)
+    path = Path(unquote(parsed.path))
+    if parsed.scheme == "sqlite" and path.name != ":memory:" and not path.exists():
+        where = f"the data_dir of {config}" if config else "the default data_dir"
+        raise NotFound(
+            f"no device store at {path} ({where})",
+            hint="pass -c fleet.yaml or --db URL of the cloud's store, or --api URL to ask "
+            "the cloud",
+        )
+
+
 class _Store:
     """The registry (and friends) on the store named by the settings."""
 
-    def __init__(self, config: Path | None, db: str | None, **overrides: Any):
+    def __init__(
+        self, config: Path | None, db: str | None, *, create: bool = True, **overrides: Any
+    ):
         from edgefleet.fleet.registry import DeviceRegistry
         from edgefleet.shared.db import Database
 
         self.settings = _settings(config, db, **overrides)
-        self.db = Database.connect(self.settings.resolved_database_url())
+        url = self.settings.resolved_database_url()
+        if not create:
+            _refuse_missing_sqlite(url, config)
+        self.db = Database.connect(url)
         self.registry = DeviceRegistry(self.db, master_key=self.settings.master_key())
 
     @property
@@ -205,7 +226,10 @@ def enroll(
             fg="yellow",
             err=True,
         )
-    console.print(f"bundle: {out} (mount it at {s.bundle_mount} in the edge container)")
+    console.print(
+        f"bundle: {out} (the edge container mounts it at /etc/edgefleet; on a host: "
+        f"edgefleet edge run -c {out}/edge.yaml)"
+    )
     if bundle_owner is None:
         console.print(
             f"owner: uid {os.geteuid()}; the edge images run as 10001 and cannot read it: "
@@ -322,13 +346,16 @@ def model_add(
         Path | None, typer.Option(help="model store (default data_dir/models)")
     ] = None,
 ) -> None:
-    """Put a model file in the cloud's model store so deployments can name it NAME@VERSION.
+    """Put an ONNX model file in the cloud's model store so deployments can name it
+    NAME@VERSION. A file that is not an ONNX model is refused (exit 2).
 
     Example: edgefleet fleet model-add det 3 det-3.onnx
     """
     from edgefleet.fleet.models import ModelStore
+    from edgefleet.fleet.onnx_file import check_onnx
 
     try:
+        check_onnx(file)
         s = _settings(config, None)
         stored = ModelStore(store_dir or s.data_dir / "models", s.public_url).add(
             name, version, file
@@ -397,13 +424,18 @@ def deploy(
     min_fps: Annotated[float | None, typer.Option(help="canary bound: total fps at least")] = None,
     max_p95: Annotated[float | None, typer.Option(help="canary bound: p95 latency ms")] = None,
     pipeline: Annotated[Path | None, typer.Option(help="pipeline config YAML")] = None,
-    wait: Annotated[bool, typer.Option(help="follow progress until it ends")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(help="follow progress until it ends; exit 1 unless it completed"),
+    ] = False,
     api: ApiOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Roll an image + models + pipeline config out to GROUP: canaries first, then the rest.
 
     Needs the cloud API (--api/--api-key or EDGEFLEET_API_URL / EDGEFLEET_API_KEY).
+    With --wait the exit status is 0 only when the rollout completed (1 when it was
+    rolled back, failed or halted), so a script can stop on a bad model.
 
     Examples:
       edgefleet fleet deploy --group dock --image acme/edge:1.4.2 --model det@3
@@ -429,13 +461,20 @@ def deploy(
             while wait and dep["status"] in ("canary", "rolling"):
                 time.sleep(2)
                 dep = _check(client.get(f"/v1/deployments/{dep['id']}"))
-                console.print(f"  {dep['status']}: {dep['counts']}")
+                console.print(f"  {dep['status']}: {_counts(dep['counts'])}")
     except (EdgefleetError, OSError, httpx.HTTPError) as exc:
         raise _fail(exc) from None
     colour = "green" if dep["status"] in ("canary", "rolling", "completed") else "red"
     console.print(
         f"status: [{colour}]{dep['status']}[/]" + (f" ({dep['error']})" if dep.get("error") else "")
     )
+    if wait and dep["status"] != "completed":
+        raise typer.Exit(1)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    """Targets per state as an operator reads them: `2 healthy, 1 applying`."""
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no targets"
 
 
 def _deployment_call(method: str, deployment_id: str, api: str | None, key: str | None) -> Any:
@@ -561,7 +600,7 @@ def status(
             def fetch() -> list[dict[str, Any]]:
                 return _check(client.get("/v1/devices", params=params))["devices"]
         else:
-            store = _Store(config, db)
+            store = _Store(config, db, create=False)
 
             def fetch() -> list[dict[str, Any]]:
                 return [d.model_dump(mode="json") for d in store.registry.list_devices(group)]
@@ -569,6 +608,10 @@ def status(
         if not watch:
             console.print(status_table(fetch()))
             return
+        if not console.is_terminal:  # a pipe or a log: a live view would show nothing
+            while True:
+                console.print(status_table(fetch()))
+                time.sleep(interval)
         with Live(status_table(fetch()), console=console, refresh_per_second=4) as live:
             while True:
                 time.sleep(interval)

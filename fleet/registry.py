@@ -624,13 +624,21 @@ LIVE_COLUMNS = ("fps", "latency_p95", "cpu_pct", "gpu_util", "gpu_power", "escal
 def _summary(row: dict[str, Any]) -> DeviceSummary:
     reported = json.loads(row["reported"]) if row.get("reported") else None
     desired = json.loads(row["desired"]) if row.get("desired") else None
+    model = json.loads(row["telemetry"]).get("model") if row.get("telemetry") else None
+    deployed = {
+        m["name"]: f"{m['name']}@{m['version']}" for m in (reported or {}).get("models") or []
+    }
     telemetry_model = None
-    if row.get("telemetry"):
-        model = json.loads(row["telemetry"]).get("model")
-        if model:
-            telemetry_model = f"{model['name']}@{model['version']}"
-    if telemetry_model is None and reported and reported.get("models"):
-        telemetry_model = ",".join(f"{m['name']}@{m['version']}" for m in reported["models"])
+    if model:
+        telemetry_model = f"{model['name']}@{model['version']}"
+        if reported and reported.get("status") == "healthy":
+            # what the rollout installed: a model's own version, and a component swapped
+            # into a pipeline (its detector, say), which still reports the pipeline's name
+            telemetry_model = deployed.pop(model["name"], telemetry_model)
+            if deployed:
+                telemetry_model = f"{telemetry_model} + {', '.join(deployed.values())}"
+    elif deployed:
+        telemetry_model = ",".join(deployed.values())
     online = bool(row["online"])
     figures = {c: row[c] for c in SUMMARY_COLUMNS}
     offline_for_s = None

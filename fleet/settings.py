@@ -73,8 +73,11 @@ class FleetSettings(EdgefleetSettings):
     ca_dir: Path | None = Field(
         None, description="device CA for mutual TLS; revoke also puts the device's certs on its CRL"
     )
-    bundle_mount: str = Field(
-        "/etc/edgefleet", description="where the edge container mounts its bundle"
+    bundle_mount: str | None = Field(
+        None,
+        description="a folder written into the bundle's device_key_file; none = `secrets.yaml`, "
+        "read beside edge.yaml wherever the bundle is (the container's /etc/edgefleet or a "
+        "host folder)",
     )
 
     @field_validator("data_dir", "bundles_dir")

@@ -6,6 +6,7 @@ that starts the process and the result is passed down.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -105,15 +106,39 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     try:
         return cls(**data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path, lines)) from None
+        raise ConfigError(_describe(exc, path, lines, _env_names(cls))) from None
 
 
-def _describe(exc: ValidationError, path: Path | None, lines: dict[tuple[str, ...], int]) -> str:
+def _env_names(cls: type[BaseSettings]) -> dict[tuple[str, ...], str]:
+    """(key path) -> the environment variable that set it, for error messages: a value from
+    the environment overrides the file, so a mistake in it is the variable's, not the file's."""
+    prefix = str(cls.model_config.get("env_prefix") or "").upper()
+    delimiter = cls.model_config.get("env_nested_delimiter") or "__"
+    if not prefix:
+        return {}
+    return {
+        tuple(name[len(prefix) :].lower().split(delimiter)): name
+        for name in (n.upper() for n in os.environ)
+        if name.startswith(prefix)
+    }
+
+
+def _describe(
+    exc: ValidationError,
+    path: Path | None,
+    lines: dict[tuple[str, ...], int],
+    env: dict[tuple[str, ...], str],
+) -> str:
     problems = []
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
-        line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
-        where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
+        prefixes = [loc[:n] for n in range(len(loc), 0, -1)]
+        variable = next((env[p] for p in prefixes if p in env), None)
+        line = next((lines[p] for p in prefixes if p in lines), None)
+        if variable is not None:
+            where = f"environment variable {variable}: "
+        else:
+            where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
         problems.append(f"{where}{'.'.join(loc) or '<root>'}: {err['msg']}")
     return "invalid settings:\n  " + "\n  ".join(problems)
 

@@ -122,3 +122,11 @@ class PayloadRejected(EdgefleetError):
     def __init__(self, reason: str, message: str, **kwargs):
         super().__init__(message, code=f"rejected_{reason}", **kwargs)
         self.reason = reason
+
+
+class DeviceTaken(EdgefleetError):
+    """A second agent for a device id that another agent already runs."""
+
+    code = "device_taken"
+    http_status = 409
+    hint = "one device id runs one agent: stop the other agent, or enroll a new device id"

@@ -326,7 +326,9 @@ async function loadCases() {
     card.append(img);
     let verdict = c.verdict;
     if (verdict && typeof verdict === "object") {
-      verdict = (verdict.result || []).map((r) => r.text || r.label).filter(Boolean).join(" ") || verdict.route || "answered";
+      // an answer that read nothing says so; the route is where it went, not what it read
+      const read = (verdict.result || []).map((r) => r.text || r.label).filter(Boolean).join(" ");
+      verdict = read || "nothing read" + (verdict.route ? " (route " + verdict.route + ")" : "");
     }
     card.append(el("div", "verdict", verdict || "pending"));
     card.append(el("div", "muted", (c.device_id || "") + " · " + (c.reason || "") + " · " + ago(c.ts || c.created_at)));

@@ -89,6 +89,30 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
             "soak_s": 600,
         }
     )
+    # a case the cloud answered with nothing read (older, so its card comes second)
+    empty = escalation_case("cam-0007", edge=[("ABC-12", 0.2)])
+    server.case_store.claim(
+        empty,
+        image_sha256=hashlib.sha256(PNG).hexdigest(),
+        image=PNG,
+        source="rest",
+        replica="test",
+        stale_after_s=60,
+    )
+    server.case_store.save_verdict(
+        CloudVerdict(
+            device_id="cam-0007",
+            trace_id=empty.trace_id,
+            case_id=empty.case_id,
+            result=[],
+            model="ocr@1",
+            route="ocr",
+            fallback_level=0,
+            latency_ms=9.0,
+        ),
+        replica="test",
+    )
+    server.empty_case_id = empty.case_id
     # a case answered by the cloud, stored for real (the card reads the store)
     case = escalation_case("cam-0007", edge=[("ABC-12", 0.4)])
     server.case_store.claim(
@@ -127,6 +151,15 @@ def browser():
         instance = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         yield instance
         instance.close()
+
+
+def test_a_verdict_that_read_nothing_says_so_not_its_route(fleet, browser) -> None:
+    page = browser.new_page(viewport={"width": 1600, "height": 1200})
+    page.goto(f"{fleet.url}/#key={OPERATOR_KEY}")
+    card = page.locator(".case", has=page.locator(f'img[alt="case {fleet.empty_case_id}"]'))
+    card.wait_for()
+    assert card.locator(".verdict").text_content() == "nothing read (route ocr)"
+    page.close()
 
 
 def test_dashboard_shows_the_fleet_and_updates_live(fleet, browser) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from edgefleet.shared.mosquitto import free_port
+from tests.support.fleet import tiny_onnx
 
 
 def _serve(tmp: Path, mqtt_port: int) -> tuple[subprocess.Popen, str]:
@@ -106,8 +107,7 @@ def test_port_flag_is_the_port_served_and_the_one_download_links_name(tmp_path: 
         "EDGEFLEET_FLEET_DATA_DIR": str(data_dir),
         "EDGEFLEET_FLEET_BUNDLES_DIR": str(tmp_path / "bundles"),
     }
-    model = tmp_path / "det.onnx"
-    model.write_bytes(b"onnx-bytes-" + os.urandom(512))
+    model = tiny_onnx(tmp_path / "det.onnx")
     for args in (["enroll", "cam-s1", "--group", "dock"], ["model-add", "det", "1.0", str(model)]):
         done = CliRunner().invoke(fleet_cli, args, env=fleet_env)
         assert done.exit_code == 0, done.output

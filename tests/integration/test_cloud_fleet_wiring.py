@@ -33,6 +33,7 @@ from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import Verifier
+from tests.support.fleet import tiny_onnx
 
 OP_KEY = "op-wiring-key-" + "w" * 20
 DEVICE = "cam-w1"
@@ -102,8 +103,7 @@ def test_a_model_added_with_the_fleet_cli_deploys_by_name_and_downloads(
 ) -> None:
     # given: an operator puts a model file in the store with the documented command,
     # which defaults to the same data_dir as the cloud
-    model = tmp_path / "det.onnx"
-    model.write_bytes(b"onnx-bytes-" + secrets.token_bytes(4096))
+    model = tiny_onnx(tmp_path / "det.onnx")
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
     added = CliRunner().invoke(
         fleet_cli,

@@ -69,7 +69,9 @@ def test_a_taken_health_port_exits_with_status_2_instead_of_hanging(tmp_path: Pa
         )
     # then it says why and exits 2, with no traceback
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "error: [Errno 98] Address already in use" in result.stderr
+    assert f"error: health.port: cannot listen on 127.0.0.1:{port}: Address already in use" in (
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 

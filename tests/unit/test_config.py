@@ -40,6 +40,20 @@ def test_errors_name_the_file_line_and_key(tmp_path: Path):
         load_settings(DemoSettings, path)
 
 
+def test_a_bad_environment_variable_is_blamed_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # given a good file whose port a variable overrides with a bad value
+    path = tmp_path / "c.yaml"
+    path.write_text("name: ok\ninner:\n  port: 2000\n")
+    monkeypatch.setenv("EDGEFLEET_TEST_INNER__PORT", "not-a-port")
+    # then the error names the variable, not the file's line
+    with pytest.raises(ConfigError) as caught:
+        load_settings(DemoSettings, path)
+    assert "environment variable EDGEFLEET_TEST_INNER__PORT: inner.port" in str(caught.value)
+    assert "c.yaml" not in str(caught.value)
+
+
 def test_unknown_keys_are_refused(tmp_path: Path):
     path = tmp_path / "c.yaml"
     path.write_text("name: ok\nnmae: typo\n")

@@ -213,7 +213,17 @@ def test_status_table_is_coloured_by_health() -> None:
 
 
 def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
-    import os
+    env = {**os.environ, "TTY_COMPATIBLE": "1", "FORCE_COLOR": "1", "COLUMNS": "160"}
+    _watch_refreshes_until_ctrl_c(tmp_path, env)
+
+
+def test_status_watch_prints_each_refresh_when_not_on_a_terminal(tmp_path: Path) -> None:
+    quiet = ("TTY_COMPATIBLE", "FORCE_COLOR", "TTY_INTERACTIVE")
+    env = {k: v for k, v in os.environ.items() if k not in quiet}
+    _watch_refreshes_until_ctrl_c(tmp_path, {**env, "COLUMNS": "160"})
+
+
+def _watch_refreshes_until_ctrl_c(tmp_path: Path, env: dict[str, str]) -> None:
     import signal
     import subprocess
     import sys
@@ -227,7 +237,6 @@ def test_status_watch_refreshes_until_ctrl_c(tmp_path: Path) -> None:
     db = Database.connect(db_url)
     registry = DeviceRegistry(db)
     registry.enroll("cam-01", group="dock")
-    env = {**os.environ, "TTY_COMPATIBLE": "1", "FORCE_COLOR": "1", "COLUMNS": "160"}
     edgefleet = Path(sys.executable).parent / "edgefleet"
     proc = subprocess.Popen(
         [str(edgefleet), "fleet", "status", "--watch", "--interval", "0.2", "--db", db_url],
@@ -276,3 +285,113 @@ def test_enroll_refuses_an_owner_that_is_not_uid_gid_before_enrolling(tmp_path: 
     assert owned.exit_code == 0, owned.output
     bundle = tmp_path / "bundles" / "cam-01" / "secrets.yaml"
     assert (bundle.stat().st_uid, bundle.stat().st_gid) == (os.geteuid(), os.geteuid())
+
+
+def _devices_that_report(status: str):
+    """A `publish` for FleetServer: every device sent a desired state reports `status`
+    for it from its own thread, as a real agent's `reported` arrives over MQTT later."""
+    import threading
+
+    from edgefleet.shared.errors import EdgefleetError
+    from edgefleet.shared.messages import DesiredState, ReportedState
+    from tests.support.waiting import eventually
+
+    holder: dict[str, FleetServer] = {}
+
+    def sent(dep_id: str, device: str) -> bool:
+        """The rollout has recorded that it sent `device` its state (a report that comes
+        sooner finds no target to move, as for a device that never got the state)."""
+        try:
+            targets = holder["server"].rollouts.get(dep_id).targets
+        except EdgefleetError:
+            return False
+        return any(t.device_id == device and t.state == "sent" for t in targets)
+
+    def report(device: str, desired: DesiredState) -> None:
+        eventually(lambda: sent(desired.deployment_id, device), 30, f"{device} sent its state")
+        reported = ReportedState(
+            device_id=device,
+            deployment_id=desired.deployment_id,
+            image=desired.image,
+            status=status,  # type: ignore[arg-type]
+            error=None if status == "healthy" else "model failed its warm-up",
+        )
+        holder["server"].rollouts.on_reported(reported)
+
+    def publish(wire, retain: bool) -> None:
+        if wire.payload:
+            desired = DesiredState.model_validate_json(wire.payload)
+            device = wire.topic.split("/")[2]
+            threading.Thread(target=report, args=(device, desired), daemon=True).start()
+
+    return holder, publish
+
+
+def test_deploy_wait_exits_non_zero_unless_the_rollout_completed(tmp_path: Path) -> None:
+    for status, code, end in (("failed", 1, "rolled_back"), ("healthy", 0, "completed")):
+        # given a group whose devices report `status` for what they are sent
+        holder, publish = _devices_that_report(status)
+        server = holder["server"] = FleetServer(tmp_path / status, publish=publish).start()
+        try:
+            for i in range(3):
+                server.registry.enroll(f"cam-{i}", group="dock")
+            api = ["--api", server.url, "--api-key", OPERATOR_KEY]
+            # when deployed with --wait
+            result = run(
+                "deploy", "--group", "dock", "--image", "acme/edge:1.4.2", "--canary", "34%",
+                "--soak", "0", "--wait", *api,
+            )  # fmt: skip
+            # then the exit status says whether it completed, in readable text
+            assert result.exit_code == code, result.output
+            assert f"status: {end}" in result.output
+            assert "{" not in result.output and "'" not in result.output, result.output
+        finally:
+            server.stop()
+
+
+def test_deploy_wait_prints_progress_as_counts_of_states() -> None:
+    from edgefleet.fleet.cli import _counts
+
+    assert _counts({"healthy": 2, "applying": 1, "failed": 0}) == "2 healthy, 1 applying"
+    assert _counts({}) == "no targets"
+
+
+def test_status_without_a_store_says_where_it_looked_and_creates_none(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # given a folder with no store, and a config naming another data_dir with none either
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text(f"data_dir: {tmp_path / 'elsewhere'}\n")
+    for args in ((), ("-c", str(cfg))):
+        # when `fleet status` is run
+        result = runner.invoke(app, ["fleet", "status", *args])
+        # then it fails, naming the file it looked for, and creates nothing
+        assert result.exit_code == 2, result.output
+        assert "no device store at" in result.output and "cloud.db" in result.output
+    assert not (tmp_path / "edgefleet-data").exists()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_model_add_refuses_a_file_that_is_not_onnx(tmp_path: Path) -> None:
+    from tests.support.fleet import tiny_onnx
+
+    store = tmp_path / "models"
+    model = tiny_onnx(tmp_path / "det.onnx")
+    not_models = {
+        "notes.onnx": b"weights go here\n",
+        "photo.onnx": b"\xff\xd8\xff\xe0" + bytes(range(256)) * 4,
+        "empty.onnx": b"",
+        "cut.onnx": model.read_bytes()[: model.stat().st_size // 2],
+    }
+    for name, data in not_models.items():
+        # given a file that is not an ONNX model, named as one
+        (tmp_path / name).write_bytes(data)
+        # when it is added, then it is refused, saying so, and nothing is stored
+        result = run("model-add", "det", name, str(tmp_path / name), "--store-dir", str(store))
+        assert result.exit_code == 2, (name, result.output)
+        assert "is not an ONNX model" in result.output, result.output
+    assert not list(store.glob("*/*/manifest.json"))
+    # a real ONNX file is taken
+    ok = run("model-add", "det", "1", str(model), "--store-dir", str(store))
+    assert ok.exit_code == 0, ok.output

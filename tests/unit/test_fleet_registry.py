@@ -247,3 +247,50 @@ def test_a_replica_reads_device_keys_in_one_query_and_keeps_them_until_they_chan
     cli.revoke("cam-3")
     time.sleep(0.06)
     assert cloud.device_key("cam-3") is None and cloud.device_key("cam-1") == keys["cam-1"]
+
+
+def test_a_component_swapped_into_a_pipeline_is_shown_beside_it(db: Database) -> None:
+    from edgefleet.shared.messages import ModelInfo, ModelRef
+
+    # given a device whose telemetry names its OCR pipeline
+    registry = DeviceRegistry(db)
+    registry.enroll("cam-1", group="dock")
+    running = telemetry("cam-1", 1, 0, datetime.now(timezone.utc)).model_copy(
+        update={"model": ModelInfo(name="ppocr6-tiny", version="6.0")}
+    )
+    registry.record_telemetry(running)
+    assert registry.get_device("cam-1").model == "ppocr6-tiny@6.0"
+    # when a rollout swaps its detector in and the device reports healthy
+    det = ModelRef(name="ppocr6-tiny-det", version="6.1", url="http://x", sha256="a" * 64)
+    for status in ("applying", "healthy"):
+        registry.record_reported(
+            ReportedState(
+                device_id="cam-1", deployment_id="dep-1", image="edge:1",
+                models=[det], status=status,  # type: ignore[arg-type]
+            )
+        )  # fmt: skip
+    # then the device's model names the component it now runs
+    shown = registry.get_device("cam-1").model
+    assert shown == "ppocr6-tiny@6.0 + ppocr6-tiny-det@6.1"
+    assert [d.model for d in registry.list_devices()] == [shown]
+
+
+def test_a_swapped_model_is_shown_at_the_version_the_rollout_installed(db: Database) -> None:
+    from edgefleet.shared.messages import ModelInfo, ModelRef
+
+    # given a device whose model reports the version in its manifest entry
+    registry = DeviceRegistry(db)
+    registry.enroll("cam-2", group="dock")
+    running = telemetry("cam-2", 1, 0, datetime.now(timezone.utc)).model_copy(
+        update={"model": ModelInfo(name="det", version="1")}
+    )
+    registry.record_telemetry(running)
+    # when a rollout swaps det@3 in and the device reports healthy
+    det = ModelRef(name="det", version="3", url="http://x", sha256="b" * 64)
+    registry.record_reported(
+        ReportedState(
+            device_id="cam-2", deployment_id="dep-2", image="edge:1", models=[det], status="healthy"
+        )
+    )
+    # then it is shown as det@3
+    assert registry.get_device("cam-2").model == "det@3"
