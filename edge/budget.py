@@ -57,8 +57,10 @@ class EscalationBudget:
         if st is None:
             w = self.settings.window_frames
             # a new stream starts with its burst, as a token bucket does: the tracks of its
-            # first frames are not left unasked while credit builds up
-            credit = float(self.settings.burst)
+            # first frames are not left unasked while credit builds up (a budget of
+            # nothing starts with nothing)
+            s = self.settings
+            credit = float(s.burst) if s.share > 0 or s.per_min > 0 else 0.0
             st = _Stream(credit, self._clock(), deque(maxlen=w), deque(maxlen=w))
             self._streams[stream_id] = st
         return st
