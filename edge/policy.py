@@ -6,7 +6,7 @@ a track is escalated once it has shown its line whole (not cut by the frame's bo
 confidence is under the budget's threshold and the budget has credit (edge/budget.py),
 as one case carrying its best crops (whole ones first) tiled into one image. It is asked
 again (up to `max_cases`) only once it has come whole, grown or lost its answer since
-(`Tracker.review`). Its reason is `disagreement` when its own frames read it
+(`Tracker._review`). Its reason is `disagreement` when its own frames read it
 differently, else `unsure`. Frames are
 still escalated when the model failed, found nothing where something is expected, or
 were picked by the drift sample.
