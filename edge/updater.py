@@ -64,17 +64,24 @@ class Runtime(Protocol):
         """Run `image`; raise EdgefleetError if it cannot be started."""
 
 
-class NullRuntime:
-    """No container runtime (the agent runs on the host): the image is only recorded."""
+class ImageNotApplied(EdgefleetError):
+    """The device has no container runtime, so a deployment's image cannot run on it."""
 
-    def __init__(self) -> None:
-        self._image: str | None = None
+    code = "image_not_applied"
+    http_status = 409
+
+
+class NullRuntime:
+    """No container runtime (the agent runs on the host): an image is never applied, and
+    saying so keeps a rollout from counting this device healthy for an image it never ran."""
 
     def current_image(self) -> str | None:
-        return self._image
+        return None
 
     def apply(self, image: str, config: dict[str, Any]) -> None:
-        self._image = image
+        raise ImageNotApplied(
+            f"image not applied: {image} (runtime.kind is none: the agent runs on the host)"
+        )
 
 
 class ComposeRuntime:
@@ -228,11 +235,17 @@ class DesiredStateApplier:
                     self.runtime.apply(desired.image, desired.config)
             except Exception as exc:  # every failure is reported; the old version keeps running
                 error = str(exc) or type(exc).__name__
+                status: DeploymentStatus = (
+                    "not_applied" if isinstance(exc, ImageNotApplied) else "failed"
+                )
                 self._undo(swapped)
-                log.warning("desired state %s failed: %s", desired.deployment_id, error)
-                APPLIED.labels("failed").inc()
+                log.warning(
+                    "desired state not applied",
+                    extra={"deployment_id": desired.deployment_id, "status": status, "error": error},
+                )
+                APPLIED.labels(status).inc()
                 self._save({**state, "last_failed": desired.deployment_id, "error": error})
-                self._report(desired, "failed", error=error[:4000])
+                self._report(desired, status, error=error[:4000])
                 return
             self._save(
                 {
@@ -248,7 +261,8 @@ class DesiredStateApplier:
 
     def _matches(self, desired: DesiredState) -> bool:
         current = {m.name: m.sha256 for m in self.control.current_models()}
-        return all(current.get(m.name) == m.sha256 for m in desired.models)
+        image_runs = not desired.image or desired.image == self.runtime.current_image()
+        return image_runs and all(current.get(m.name) == m.sha256 for m in desired.models)
 
     def _undo(self, swapped: list[tuple[str, dict[str, Any] | None]]) -> None:
         """Swap back the models this attempt changed, newest first, from the kept files."""
@@ -279,6 +293,7 @@ class DesiredStateApplier:
                 config=desired.config,
                 status=status,
                 error=error,
+                running_image=self.runtime.current_image(),
             )
         )
 

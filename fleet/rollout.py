@@ -283,7 +283,7 @@ class RolloutController:
             self.start(self.tick_interval_s)  # e.g. a restarted orchestrator mid-rollout
         with self._lock:
             row = self.db.query_one(
-                "SELECT t.role, t.state, d.status FROM fleet_deployment_targets t "
+                "SELECT t.role, t.state, d.status, d.spec FROM fleet_deployment_targets t "
                 "JOIN fleet_deployments d ON d.id = t.deployment_id "
                 "WHERE t.deployment_id = ? AND t.device_id = ?",
                 (reported.deployment_id, reported.device_id),
@@ -291,13 +291,20 @@ class RolloutController:
             if row is None or row["state"] == "rolled_back":
                 return
             dep_id, device = reported.deployment_id, reported.device_id
-            if reported.status == "healthy":
+            status, error = reported.status, reported.error
+            image = json.loads(row["spec"])["image"]
+            if status == "healthy" and image and reported.running_image != image:
+                # healthy counts only for the deployment's own image, running
+                status = "failed"
+                error = f"reported healthy but runs {reported.running_image or 'no known image'}"
+                error += f", not {image}"
+            if status == "healthy":
                 if row["state"] != "healthy":
                     self._set_target(dep_id, device, state="healthy", healthy_at=utcnow())
-            elif reported.status in ("failed", "rolled_back"):
-                self._set_target(dep_id, device, state="failed", error=reported.error)
+            elif status in ("failed", "rolled_back", "not_applied"):
+                self._set_target(dep_id, device, state="failed", error=error)
                 if row["role"] == "canary" and row["status"] == "canary":
-                    self._fail(dep_id, f"canary {device} failed: {reported.error or 'no reason'}")
+                    self._fail(dep_id, f"canary {device} failed: {error or 'no reason'}")
                     return
                 if row["role"] == "rest" and self._auto_rollback(dep_id):
                     self._restore(dep_id, device)

@@ -94,7 +94,7 @@ class DeviceProcesses:
         self.enrollments = enrollments
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, device: str) -> None:
+    def start(self, device: str, runtime: str = "process") -> None:
         enrollment = self.enrollments[device]
         with open(self.tmp_path / f"{device}.log", "ab") as log:
             self.procs[device] = subprocess.Popen(
@@ -112,6 +112,7 @@ class DeviceProcesses:
                     f"--password={enrollment.broker_password}",
                     "--state",
                     str(self.tmp_path / "devices" / device),
+                    f"--runtime={runtime}",
                 ],
                 cwd=REPO,
                 stdout=log,
@@ -287,3 +288,28 @@ def test_a_device_offline_during_the_rollout_gets_it_when_it_returns(rig) -> Non
     assert device_state(tmp_path, "cam-04")["deployment_id"] == dep
     assert server.registry.reported("cam-04").deployment_id == dep
     assert len(link.published) == published
+
+
+def test_a_canary_without_a_container_runtime_does_not_pass_an_image(rig) -> None:
+    server, link, devices, tmp_path = rig
+    server.store.add("det", "1", tiny_onnx(tmp_path / "m1" / "det.onnx", scale=1.0))
+    # given the first canary (cam-00) is an agent on the host: runtime.kind none
+    devices.kill("cam-00")
+    eventually(lambda: not server.registry.get_device("cam-00").online, timeout_s=60)
+    devices.start("cam-00", runtime="none")
+    eventually(
+        lambda: sum(d.online for d in server.registry.list_devices("line")) == 5,
+        timeout_s=90,
+        detail=lambda: logs(tmp_path),
+    )
+    # when a deployment naming a new image is rolled out
+    dep = rollout(server, "1")
+    assert server.rollouts.get(dep).canaries == ["cam-00"]
+    # then the canary says the image was not applied, and the rollout stops there
+    eventually(
+        lambda: server.rollouts.get(dep).status == "rolled_back", 90, detail=lambda: logs(tmp_path)
+    )
+    assert "image not applied" in (server.rollouts.get(dep).error or "")
+    assert server.registry.reported("cam-00").status in ("not_applied", "rolled_back")
+    sent_to = {topic.split("/")[2] for topic, d in link.published if d == dep}
+    assert sent_to == {"cam-00"}

@@ -5,7 +5,8 @@
 `online` status (last will: `offline`), subscribes to its retained `desired` topic,
 verifies each desired state's signature, applies it with the real
 `edgefleet.edge.updater.DesiredStateApplier` (ONNX Runtime loads and warms the models; the
-"image" runs as a process through `ProcessRuntime`) and publishes each signed
+"image" runs as a process through `ProcessRuntime`, or, with `--runtime none`, is not
+applied as on an agent without a container runtime) and publishes each signed
 `reported` state, retained. It is the agent minus video: what a rollout touches.
 """
 
@@ -19,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from edgefleet.edge.updater import DesiredStateApplier
+from edgefleet.edge.updater import DesiredStateApplier, NullRuntime, Runtime
 from edgefleet.shared.errors import PayloadRejected
 from edgefleet.shared.messages import DesiredState, DeviceStatus
 from edgefleet.shared.mqtt import (
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--password", required=True)
     parser.add_argument("--state", type=Path, required=True)
+    parser.add_argument("--runtime", choices=["process", "none"], default="process")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"{args.device} %(levelname)s %(message)s")
 
@@ -66,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         publish(client, encode(state, key, topics.reported(args.device)), qos=1, retain=True)
 
     control = OnnxControl(report)
-    runtime = ProcessRuntime(
+    process = ProcessRuntime(
         [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"], settle_s=0.2
     )
+    runtime: Runtime = process if args.runtime == "process" else NullRuntime()
     applier = DesiredStateApplier(control, args.state, runtime)
 
     def on_connect(c, userdata, flags, reason_code, properties) -> None:
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         log.info("applying %s", desired.deployment_id)
         applier.handle(desired)
-    runtime.stop()
+    process.stop()
     client.disconnect()
     client.loop_stop()
     return 0
