@@ -241,7 +241,11 @@ class DesiredStateApplier:
                 self._undo(swapped)
                 log.warning(
                     "desired state not applied",
-                    extra={"deployment_id": desired.deployment_id, "status": status, "error": error},
+                    extra={
+                        "deployment_id": desired.deployment_id,
+                        "status": status,
+                        "error": error,
+                    },
                 )
                 APPLIED.labels(status).inc()
                 self._save({**state, "last_failed": desired.deployment_id, "error": error})

@@ -118,8 +118,12 @@ class RolloutController:
         topics: Topics = Topics(),
         tick_interval_s: float | None = 1.0,
         report_deadline_s: float = 900.0,
+        resolve_image: Callable[[str], str] | None = None,
     ):
         self.registry = registry
+        # A tag becomes `repo@sha256:...` once, here, so every device of a rollout runs the
+        # same build even if the tag moves (None: the image is kept as given).
+        self.resolve_image = resolve_image
         # A phase whose devices have not all reported by then is over: a canary that never
         # answers stops (and rolls back) the rollout instead of blocking its group forever.
         self.report_deadline_s = report_deadline_s
@@ -153,13 +157,15 @@ class RolloutController:
                 hint="enroll devices with `edgefleet fleet enroll DEVICE --group G`",
             )
         models = [self._resolve(m) for m in req.models]
+        image = self.resolve_image(req.image) if self.resolve_image else req.image
         online = {d.device_id for d in self.registry.list_devices(req.group) if d.online}
         ordered = sorted(devices, key=lambda d: (d not in online, d))
         canary_count = min(len(devices), max(1, math.ceil(len(devices) * req.canary_percent / 100)))
         canaries = ordered[:canary_count]
         dep_id = "dep-" + secrets.token_hex(6)
         spec = {
-            "image": req.image,
+            "image": image,
+            "image_requested": req.image,
             "models": [m.model_dump() for m in models],
             "config": req.config,
         }
@@ -490,6 +496,7 @@ class RolloutController:
             id=dep["id"],
             group=dep["grp"],
             image=spec["image"],
+            image_requested=spec.get("image_requested", spec["image"]),
             models=[ModelRef.model_validate(m) for m in spec["models"]],
             config=spec["config"],
             status=dep["status"],

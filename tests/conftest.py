@@ -92,6 +92,15 @@ def pg_url(pg_server: str) -> Iterator[str]:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
+@pytest.fixture(scope="session")
+def image_registry() -> Iterator[Any]:
+    """A real image registry (Debian's docker-registry) on loopback, for the session."""
+    from tests.support.registry import registry_server
+
+    with registry_server() as registry:
+        yield registry
+
+
 @pytest.fixture(scope="module")
 def tiny() -> Iterator[Any]:
     """The edge's OCR model (`ppocr6-tiny`) as shipped: one thread, no batcher. One per

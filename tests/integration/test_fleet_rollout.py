@@ -177,7 +177,7 @@ def rollout(server: FleetServer, version: str, sha256: str | None = None) -> str
     dep = server.rollouts.create(
         {
             "group": "line",
-            "image": f"ghcr.io/acme/edge:{version}.0",
+            "image": "ghcr.io/acme/edge@sha256:" + version * 64,
             "models": [model],
             "canary_percent": 20,
             "soak_s": 0,
