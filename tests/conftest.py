@@ -4,6 +4,7 @@ markers that skip with a reason."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ _HARDWARE = {
     "jetson": (lambda: Path("/etc/nv_tegra_release").exists(), "needs a Jetson (no L4T here)"),
     "trt": (lambda: importlib.util.find_spec("tensorrt") is not None, "needs TensorRT"),
     "gstreamer": (_has_gstreamer, "needs OpenCV built with GStreamer (this one has none)"),
+    "docker": (
+        lambda: all(shutil.which(b) for b in ("dockerd", "docker-registry", "busybox")),
+        "needs dockerd, docker-registry and busybox: apt-get install docker.io docker-registry "
+        "busybox-static (make test does)",
+    ),
 }
 
 
@@ -99,6 +105,15 @@ def image_registry() -> Iterator[Any]:
 
     with registry_server() as registry:
         yield registry
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A real Docker engine: the machine's own, else a dockerd started for the session."""
+    from tests.support.docker_engine import docker_engine
+
+    with docker_engine() as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
