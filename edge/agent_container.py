@@ -43,6 +43,8 @@ def _volume(spec: Any, project: str, base: Path) -> dict[str, Any]:
     mount: dict[str, Any] = {"Type": kind, "Target": spec["target"]}
     if kind == "bind":
         mount["Source"] = str((base / spec["source"]).resolve())
+        if spec.get("bind", {}).get("create_host_path"):
+            mount["CreateHostPath"] = True  # made by the updater; not an Engine API field
     elif kind == "volume":
         mount["Source"] = f"{project}_{spec['source']}"
     elif kind == "tmpfs":
@@ -134,6 +136,14 @@ class AgentContainer:
                 )
             handlers[key](value)
         kwargs["labels"] = labels
+        for mount in kwargs.get("mounts", []):
+            if mount.pop("CreateHostPath", False):
+                Path(mount["Source"]).mkdir(parents=True, exist_ok=True)
+        # the agent reads which image it is (runtime.kind host) from its environment
+        env = kwargs.get("environment", {})
+        if isinstance(env, list):
+            env = dict(item.split("=", 1) for item in env)
+        kwargs["environment"] = {**env, "EDGEFLEET_IMAGE": image}
         return kwargs
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import threading
 from pathlib import Path
 
 import httpx
@@ -16,13 +17,17 @@ import pytest
 
 import docker
 from edgefleet.edge.agent_container import AgentContainer
+from edgefleet.edge.host_runtime import HostRuntime
 from edgefleet.edge.image_update import ImageUpdater, Probe, SignedRequest
+from edgefleet.edge.updater import DesiredStateApplier
 from edgefleet.shared.image_ref import resolve_digest
 from edgefleet.shared.messages import DesiredState
 from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import WireMessage, encode
 from tests.support.docker_engine import build_agent, import_base, push
+from tests.support.fleet import OnnxControl
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -88,9 +93,13 @@ def rig(tmp_path: Path, docker_client):
             docker_client.containers.get(name + suffix).remove(force=True)
 
 
-def request(image: str, dep: str = "dep-1") -> SignedRequest:
+def signed(image: str, dep: str = "dep-1") -> tuple[DesiredState, WireMessage]:
     desired = DesiredState(device_id=DEVICE, deployment_id=dep, image=image)
-    return SignedRequest.of(encode(desired, KEY, Topics().desired(DEVICE)))
+    return desired, encode(desired, KEY, Topics().desired(DEVICE))
+
+
+def request(image: str, dep: str = "dep-1") -> SignedRequest:
+    return SignedRequest.of(signed(image, dep)[1])
 
 
 def held(client) -> set[str]:
@@ -160,3 +169,41 @@ def test_no_disk_space_is_refused_before_pulling(rig, images, docker_client) -> 
     status = updater.apply(request(images["1"]))
     assert status.outcome == "refused" and "MiB free" in (status.reason or "")
     assert images["1"] not in held(docker_client)
+
+
+def test_the_agent_reports_what_the_host_updater_proved(rig, images, tmp_path: Path) -> None:
+    updater, base = rig
+    assert updater.apply(request(images["1"])).outcome == "running"
+    stop = threading.Event()
+
+    def serve() -> None:  # the updater's loop, as `edgefleet edge updater` runs it
+        while not stop.wait(0.2):
+            updater.handle_request()
+
+    def agent(own: str, name: str, timeout_s: float = 60.0):
+        reports: list = []
+        runtime = HostRuntime(updater.folder, own_image=own, answer_timeout_s=timeout_s, poll_s=0.1)
+        return DesiredStateApplier(OnnxControl(reports.append), tmp_path / name, runtime), reports
+
+    service = threading.Thread(target=serve, daemon=True)
+    service.start()
+    try:
+        # when the agent of version 1 gets version 2's signed desired state, it hands it over
+        old, old_reports = agent(images["1"], "old", timeout_s=3.0)
+        desired, wire = signed(images["2"], "dep-2")
+        old.handle(desired, signed=wire)  # on a device the updater stops this agent
+        assert old_reports[0].status == "applying"
+        eventually(lambda: served_version(base) == "2", 60, "version 2 serving")
+        # then the agent of version 2 reports healthy once the updater has proved it
+        new, reports = agent(images["2"], "new")
+        new.handle(desired, signed=wire)
+        assert reports[-1].status == "healthy" and reports[-1].running_image == images["2"]
+        # when version 2's agent is sent the crash-looping image, it is rolled back under it
+        bad, bad_wire = signed(images["crash"], "dep-3")
+        new.handle(bad, signed=bad_wire)
+        last = reports[-1]
+        assert last.status == "failed" and "crash loop" in (last.error or "")
+        assert last.running_image == images["2"] and served_version(base) == "2"
+    finally:
+        stop.set()
+        service.join(timeout=30)

@@ -34,7 +34,7 @@ EDGE_WRITES = {
     "outbox.path": "file",
     "state_dir": "dir",
     "model.execution.engine_cache_dir": "dir",
-    "runtime.compose_file": "file",
+    "runtime.updater_dir": "dir",
 }
 EDGE_READS = {
     "device_key_file",
