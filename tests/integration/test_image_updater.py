@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -87,6 +89,7 @@ def rig(tmp_path: Path, docker_client):
         min_free_bytes=1 << 20,
         poll_s=0.2,
     )
+    updater.test_port, updater.test_compose = port, compose  # for a second updater process
     yield updater, base
     for suffix in ("", "-previous"):
         with contextlib.suppress(docker.errors.NotFound):  # not there: nothing to clean
@@ -207,3 +210,54 @@ def test_the_agent_reports_what_the_host_updater_proved(rig, images, tmp_path: P
     finally:
         stop.set()
         service.join(timeout=30)
+
+
+def test_an_updater_killed_mid_update_recovers_to_one_running_version(
+    rig, images, docker_client, tmp_path: Path
+) -> None:
+    updater, base = rig
+    assert updater.apply(request(images["1"])).outcome == "running"
+    # given an updater process applying an image that never gets ready (a long deadline)
+    ask = tmp_path / "request.json"
+    ask.write_text(request(images["never"], "dep-2").model_dump_json())
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "tests.support.updater_process"),
+            *("--engine", docker_client.test_base_url),
+            *("--compose", str(updater.test_compose), "--folder", str(updater.folder)),
+            *("--name", updater.name, "--device", DEVICE, "--key", KEY.hex()),
+            *("--port", str(updater.test_port), "--request", str(ask)),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        # when it is killed once the new container runs and the old one is stopped
+        eventually(
+            lambda: (
+                (updater.journal().get("pending") or {}).get("image") == images["never"]
+                and any(
+                    c.labels.get("io.edgefleet.image") == images["never"]
+                    for c in docker_client.containers.list()
+                )
+            ),
+            60,
+            "the never-ready container running",
+        )
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # then the next start recovers: one agent, the previous version, nothing pending
+    updater.recover()
+    agents = [
+        c
+        for c in docker_client.containers.list(all=True)
+        if c.name in (updater.name, f"{updater.name}-previous")
+    ]
+    assert [(c.name, c.status) for c in agents] == [(updater.name, "running")]
+    assert agents[0].labels["io.edgefleet.image"] == images["1"]
+    eventually(lambda: served_version(base) == "1", 30, "version 1 serving again")
+    assert updater.journal()["pending"] is None
+    status = updater.status_file.read_text()
+    assert "rolled_back" in status and "stopped during the update" in status

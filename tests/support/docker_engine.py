@@ -11,6 +11,7 @@ through busybox httpd on `$EF_PORT`, unless it is one that never gets ready or c
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import tarfile
@@ -40,6 +41,8 @@ def docker_engine() -> Iterator[docker.DockerClient]:
     try:
         client = docker.from_env(timeout=120)
         client.ping()
+        # where a second process (tests.support.updater_process) finds the same engine
+        client.test_base_url = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         yield client
         return
     except docker.errors.DockerException:
@@ -59,6 +62,7 @@ def docker_engine() -> Iterator[docker.DockerClient]:
         while True:
             try:  # the client asks the engine's API version as it is made
                 client = docker.DockerClient(base_url=f"unix://{sock}", timeout=120)
+                client.test_base_url = f"unix://{sock}"
                 break
             except docker.errors.DockerException:
                 if proc.poll() is not None or time.monotonic() > deadline:
