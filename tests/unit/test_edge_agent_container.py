@@ -42,6 +42,14 @@ def test_the_jetson_compose_service_is_the_updaters_container(tmp_path: Path) ->
     assert kwargs["labels"]["io.edgefleet.image"] == IMAGE
 
 
+def test_the_x86_edge_compose_service_is_accepted_too(tmp_path: Path) -> None:
+    shipped = (REPO / "docker/x86/compose.edge.yaml").read_text()
+    compose = tmp_path / "compose.edge.yaml"
+    compose.write_text(shipped.replace("/var/lib/edgefleet/updater", str(tmp_path / "upd")))
+    kwargs = AgentContainer(compose, env={}).create_kwargs(IMAGE, "edgefleet-edge")
+    assert kwargs["read_only"] and kwargs["cap_drop"] == ["ALL"]
+
+
 def test_a_compose_key_the_updater_does_not_know_is_refused(tmp_path: Path) -> None:
     compose = tmp_path / "compose.yaml"
     compose.write_text("services:\n  edge:\n    image: x\n    privileged: true\n")
