@@ -95,13 +95,21 @@ def updater(
         import docker
 
         settings = load_settings(EdgeSettings, config)
+        key_file = settings.device_key_file
+        if key_file is not None and not key_file.exists():
+            # the bundle names its container path (/etc/edgefleet/...); on the host it lies
+            # beside edge.yaml
+            settings = settings.model_copy(
+                update={"device_key_file": config.parent / key_file.name}
+            )
+        container, key = AgentContainer(compose), settings.key_bytes()
         engine = docker.from_env(timeout=600)
         service = ImageUpdater(
             engine,
-            AgentContainer(compose),
+            container,
             folder,
             settings.device_id,
-            settings.key_bytes(),
+            key,
             name=name,
             deadline_s=deadline,
             min_free_bytes=int(min_free_gb * 2**30),
