@@ -190,6 +190,9 @@ class Agent:
         if self.uplink.connected.is_set():
             self.uplink.flush(flush_timeout_s)
         self.uplink.stop(publish_offline=True)
+        stop_waiting = getattr(self.updater.runtime, "stop_waiting", None)
+        if stop_waiting is not None:  # an update handed to the host updater: stop waiting
+            stop_waiting()
         self._desired_pool.shutdown(wait=True, cancel_futures=True)
         self.outbox.checkpoint()
         self.outbox.close()

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from edgefleet.edge.image_update import SignedRequest, UpdateStatus
-from edgefleet.edge.updater import UpdateFailed, _atomic_write
+from edgefleet.edge.updater import HandedOver, UpdateFailed, _atomic_write
 from edgefleet.shared.wire import WireMessage
 
 
@@ -38,6 +39,7 @@ class HostRuntime:
         self.answer_timeout_s = answer_timeout_s
         self.poll_s = poll_s
         self._signed: dict[str, WireMessage] = {}
+        self._stopping = threading.Event()
 
     def hand_over(self, deployment_id: str, wire: WireMessage) -> None:
         """Keep the signed desired state of `deployment_id` for the updater to verify."""
@@ -66,19 +68,29 @@ class HostRuntime:
             self.folder / "request.json", SignedRequest.of(wire).model_dump_json().encode()
         )
         deadline = time.monotonic() + self.answer_timeout_s
-        while time.monotonic() < deadline:
+        while not self._stopping.is_set():
             status = self.status()
-            answered = status is not None and status.deployment_id == deployment_id
-            if status is not None and answered and status.image == image:
+            if status is not None and (status.deployment_id, status.image) == (
+                deployment_id,
+                image,
+            ):
                 if status.outcome == "running" and status.running_image == self.own_image:
                     return  # this agent is the new image, proved by the updater
                 if status.outcome in ("refused", "rolled_back"):
                     outcome, reason = status.outcome, status.reason
                     raise UpdateFailed(f"the host updater {outcome} {image}: {reason}")
-            time.sleep(self.poll_s)  # the updater answers through a file; it stops us if it swaps
-        raise UpdateFailed(
-            f"the host updater did not answer for {image} within {self.answer_timeout_s:g} s"
-        )
+                # at work (a pull may take long), or swapped: the updater stops this agent
+                deadline = time.monotonic() + self.answer_timeout_s
+            elif time.monotonic() > deadline:
+                raise UpdateFailed(
+                    f"the host updater did not take up {image} within {self.answer_timeout_s:g} s"
+                )
+            self._stopping.wait(self.poll_s)  # the updater answers through a file
+        raise HandedOver(f"{image} is with the host updater; this agent is stopping")
+
+    def stop_waiting(self) -> None:
+        """The agent is stopping (often: the updater replacing it): report nothing more."""
+        self._stopping.set()
 
 
 def _image_of(wire: WireMessage) -> str | None:

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 OUTCOMES = Counter("ef_edge_image_updates_total", "Image updates by outcome", ["outcome"])
 
-Outcome = Literal["running", "rolled_back", "refused"]
+# `applying`: at work on it (pulling, waiting for readiness); the others are final
+Outcome = Literal["applying", "running", "rolled_back", "refused"]
 
 
 class Refused(EdgefleetError):
@@ -211,6 +212,8 @@ class ImageUpdater:
             deployment_id, image = desired.deployment_id, desired.image
             if image == self.journal().get("current") and self._running_image() == image:
                 return self._finish(deployment_id, image, "running", None, request_sha)
+            # no request_sha: an updater restarted now takes the request up again
+            self._finish(deployment_id, image, "applying", None)
             self._check_disk(image)
             self._pull(image)
         except Refused as exc:
@@ -383,8 +386,9 @@ class ImageUpdater:
             reason=reason,
         )
         self._write(self.status_file, {**status.model_dump(), "request_sha": request_sha})
-        OUTCOMES.labels(outcome).inc()
-        level = logging.INFO if outcome == "running" else logging.WARNING
+        if outcome != "applying":
+            OUTCOMES.labels(outcome).inc()
+        level = logging.INFO if outcome in ("applying", "running") else logging.WARNING
         log.log(level, "image update %s", outcome, extra=status.model_dump())
         return status
 

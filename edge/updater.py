@@ -64,6 +64,14 @@ class Runtime(Protocol):
         """Run `image`; raise EdgefleetError if it cannot be started."""
 
 
+class HandedOver(EdgefleetError):
+    """The image is with the host updater and this agent stops before its answer: the
+    agent that runs next reports the outcome, so this one reports nothing."""
+
+    code = "image_handed_over"
+    http_status = 202
+
+
 class ImageNotApplied(EdgefleetError):
     """The device has no container runtime, so a deployment's image cannot run on it."""
 
@@ -172,6 +180,9 @@ class DesiredStateApplier:
                     }
                 if desired.image and desired.image != self.runtime.current_image():
                     self.runtime.apply(desired.image, desired.config)
+            except HandedOver as exc:
+                log.info("desired state left to the host updater", extra={"reason": str(exc)})
+                return
             except Exception as exc:  # every failure is reported; the old version keeps running
                 error = str(exc) or type(exc).__name__
                 status: DeploymentStatus = (

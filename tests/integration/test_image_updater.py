@@ -116,7 +116,11 @@ def absent(client, image: str) -> None:
 
 
 def served_version(base: str) -> str:
-    return httpx.get(f"{base}/version", timeout=3).text
+    """The version the agent on the port serves; "" while none listens (mid-swap)."""
+    try:
+        return httpx.get(f"{base}/version", timeout=3).text
+    except httpx.TransportError:
+        return ""
 
 
 def test_update_and_the_rollbacks_of_a_bad_image(rig, images, docker_client) -> None:
@@ -183,22 +187,27 @@ def test_the_agent_reports_what_the_host_updater_proved(rig, images, tmp_path: P
         while not stop.wait(0.2):
             updater.handle_request()
 
-    def agent(own: str, name: str, timeout_s: float = 60.0):
+    def agent(own: str, name: str):
         reports: list = []
-        runtime = HostRuntime(updater.folder, own_image=own, answer_timeout_s=timeout_s, poll_s=0.1)
-        return DesiredStateApplier(OnnxControl(reports.append), tmp_path / name, runtime), reports
+        runtime = HostRuntime(updater.folder, own_image=own, answer_timeout_s=60, poll_s=0.1)
+        applier = DesiredStateApplier(OnnxControl(reports.append), tmp_path / name, runtime)
+        return applier, runtime, reports
 
     service = threading.Thread(target=serve, daemon=True)
     service.start()
     try:
         # when the agent of version 1 gets version 2's signed desired state, it hands it over
-        old, old_reports = agent(images["1"], "old", timeout_s=3.0)
+        old, old_runtime, old_reports = agent(images["1"], "old")
         desired, wire = signed(images["2"], "dep-2")
-        old.handle(desired, signed=wire)  # on a device the updater stops this agent
-        assert old_reports[0].status == "applying"
+        handing = threading.Thread(target=old.handle, args=(desired, wire))
+        handing.start()
         eventually(lambda: served_version(base) == "2", 60, "version 2 serving")
+        # and is stopped (the updater stops its container): it said `applying`, nothing more
+        old_runtime.stop_waiting()
+        handing.join(timeout=30)
+        assert not handing.is_alive() and [r.status for r in old_reports] == ["applying"]
         # then the agent of version 2 reports healthy once the updater has proved it
-        new, reports = agent(images["2"], "new")
+        new, _, reports = agent(images["2"], "new")
         new.handle(desired, signed=wire)
         assert reports[-1].status == "healthy" and reports[-1].running_image == images["2"]
         # when version 2's agent is sent the crash-looping image, it is rolled back under it
