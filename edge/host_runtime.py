@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edgefleet.edge.image_update import SignedRequest, UpdateStatus
-from edgefleet.edge.updater import HandedOver, UpdateFailed, _atomic_write
+from edgefleet.edge.updater import HandedOver, UpdateFailed, atomic_write
 from edgefleet.shared.wire import WireMessage
 
 
@@ -64,7 +64,7 @@ class HostRuntime:
         if not found:
             raise UpdateFailed(f"no signed desired state names {image}: nothing to hand over")
         deployment_id, wire = found[0]
-        _atomic_write(
+        atomic_write(
             self.folder / "request.json", SignedRequest.of(wire).model_dump_json().encode()
         )
         deadline = time.monotonic() + self.answer_timeout_s

@@ -23,6 +23,7 @@ next start (`recover`) to one running agent on one of the two digests.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import shutil
@@ -37,6 +38,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, Field
 
 from edgefleet.edge.agent_container import AgentContainer
+from edgefleet.edge.updater import atomic_write
 from edgefleet.shared.errors import EdgefleetError, PayloadRejected
 from edgefleet.shared.image_ref import is_pinned, parse_image
 from edgefleet.shared.messages import DesiredState
@@ -182,9 +184,7 @@ class ImageUpdater:
             return {"current": None, "previous": None, "pending": None}
 
     def _write(self, path: Path, data: dict[str, Any]) -> None:
-        from edgefleet.edge.updater import _atomic_write
-
-        _atomic_write(path, json.dumps(data, indent=2).encode())
+        atomic_write(path, json.dumps(data, indent=2).encode())
 
     # --- the work ----------------------------------------------------------------------
 
@@ -394,6 +394,4 @@ class ImageUpdater:
 
 
 def _sha(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()

@@ -141,7 +141,7 @@ class DesiredStateApplier:
             return {"deployment_id": None, "status": None, "installed": {}}
 
     def _save(self, state: dict[str, Any]) -> None:
-        _atomic_write(self.state_file, json.dumps(state, indent=2).encode())
+        atomic_write(self.state_file, json.dumps(state, indent=2).encode())
 
     # --- the work ---------------------------------------------------------------------
 
@@ -381,7 +381,8 @@ def _filename(disposition: str | None, ref: ModelRef) -> str:
     return tail if re.fullmatch(r"[A-Za-z0-9_-]{1,100}\.[A-Za-z0-9]{1,10}", tail) else "model.onnx"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` so a reader (or a power cut) sees the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as fh:
