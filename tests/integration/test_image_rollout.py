@@ -24,7 +24,7 @@ from edgefleet.shared.messages import DesiredState
 from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import encode
-from tests.integration.test_fleet_rollout import CloudLink
+from tests.support.cloud_link import CloudLink
 from tests.support.docker_engine import build_agent, import_base, push
 from tests.support.fleet import FleetServer, fleet_broker
 from tests.support.waiting import eventually
