@@ -76,7 +76,15 @@ def docker_engine() -> Iterator[docker.DockerClient]:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        _unmount_under(root)  # dockerd leaves its netns bind mount behind
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _unmount_under(root: Path) -> None:
+    with open("/proc/mounts") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(str(root))]
+    for point in sorted(points, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 def import_base(client: docker.DockerClient) -> str:
