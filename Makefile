@@ -16,12 +16,14 @@ DEMO_APT_PACKAGES := mosquitto gcc libc6-dev python3-dev python3-venv
 DEMO_APT_PROBES   := mosquitto gcc
 # The tests: mosquitto_pub, ffmpeg (a live UDP stream), an RTSP camera (GStreamer's RTSP
 # server, H.264, run by Debian's python3), the NEON kernels under qemu, the dashboard in a
-# headless browser, PostgreSQL's binaries (a disposable server where none runs).
+# headless browser, PostgreSQL's binaries (a disposable server where none runs), a Docker
+# engine, a registry and busybox (the image update tests start their own engine and registry).
 TEST_APT_PACKAGES := mosquitto-clients ffmpeg g++ gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
                      qemu-user chromium postgresql gir1.2-gst-rtsp-server-1.0 python3-gst-1.0 \
-                     gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly
+                     gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly \
+                     docker.io docker-registry busybox-static
 TEST_APT_PROBES   := mosquitto_pub ffmpeg g++ aarch64-linux-gnu-gcc qemu-aarch64 chromium \
-                     pg_ctlcluster
+                     pg_ctlcluster dockerd docker-registry busybox
 # python3-venv and python3-dev ship no binary to probe: ask the interpreter for ensurepip and
 # Python.h (Debian's python3 has neither until they are installed).
 PY_PROBE := import ensurepip, os, sysconfig; \

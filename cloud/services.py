@@ -29,6 +29,7 @@ from edgefleet.cloud.settings import CloudSettings
 from edgefleet.cloud.store import FeedbackStore
 from edgefleet.shared.db import Database
 from edgefleet.shared.executor.fallback import report as backend_report
+from edgefleet.shared.image_ref import resolve_digest
 from edgefleet.shared.imaging import ImageLimits, decode_image
 from edgefleet.shared.imaging.budget import DecodeBudget
 from edgefleet.shared.private import private_dir
@@ -222,7 +223,13 @@ class CloudServices:
                     services.model_store.base_url,
                 )
             publish = services.ingest.publish_wire if services.ingest else _no_broker
-            rollouts = RolloutController(registry, db, publish, model_store=services.model_store)
+            rollouts = RolloutController(
+                registry,
+                db,
+                publish,
+                model_store=services.model_store,
+                resolve_image=resolve_digest,
+            )
             services.rollouts = rollouts
             if services.ingest is not None:
                 services.ingest.on_reported = rollouts.on_reported

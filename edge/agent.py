@@ -49,7 +49,7 @@ from edgefleet.shared.messages import (
     ReportedState,
 )
 from edgefleet.shared.topics import Channel
-from edgefleet.shared.wire import Verified, serialise
+from edgefleet.shared.wire import Verified, WireMessage, serialise
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,9 @@ class Agent:
         if self.uplink.connected.is_set():
             self.uplink.flush(flush_timeout_s)
         self.uplink.stop(publish_offline=True)
+        stop_waiting = getattr(self.updater.runtime, "stop_waiting", None)
+        if stop_waiting is not None:  # an update handed to the host updater: stop waiting
+            stop_waiting()
         self._desired_pool.shutdown(wait=True, cancel_futures=True)
         self.outbox.checkpoint()
         self.outbox.close()
@@ -256,11 +259,11 @@ class Agent:
         elif channel is Channel.RESULTS and isinstance(message, CloudStatus):
             self.policy.budget.cloud_wait(message.expected_wait_s)
         elif channel is Channel.DESIRED and isinstance(message, DesiredState):
-            self._desired_pool.submit(self._apply_desired, message)
+            self._desired_pool.submit(self._apply_desired, message, verified.wire)
 
-    def _apply_desired(self, desired: DesiredState) -> None:
+    def _apply_desired(self, desired: DesiredState, signed: WireMessage | None) -> None:
         try:
-            self.updater.handle(desired)
+            self.updater.handle(desired, signed=signed)
         except Exception:  # the updater reports its own failures; never kill the agent
             log.exception("applying desired state %s failed", desired.deployment_id)
 

@@ -56,3 +56,72 @@ def run(
     except OSError as exc:  # e.g. the outbox folder is not writable, the port is taken
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+@app.command()
+def updater(
+    config: Path = typer.Option(
+        ..., "--config", "-c", help="the device's edge.yaml (device id and key)"
+    ),
+    compose: Path = typer.Option(
+        ..., help="compose file whose `edge` service defines the agent's container"
+    ),
+    folder: Path = typer.Option(
+        Path("/var/lib/edgefleet/updater"),
+        help="folder shared with the agent: request.json in, status.json out",
+    ),
+    name: str = typer.Option("edgefleet-edge", help="the agent container's name"),
+    deadline: float = typer.Option(300.0, help="seconds a new agent has to get ready"),
+    min_free_gb: float = typer.Option(12.0, help="free GB the engine's disk must keep"),
+    log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR"),
+) -> None:
+    """Apply deployment images on this host, outside the agent's container (a systemd
+    service). It recovers an interrupted update first, then applies each signed request
+    the agent hands over; exit status 2 when it cannot start.
+
+    Example: edgefleet edge updater -c /opt/edgefleet/bundle/edge.yaml --compose compose.yaml
+    """
+    import signal
+    import threading
+
+    from edgefleet.edge.agent_container import AgentContainer
+    from edgefleet.edge.image_update import ImageUpdater
+    from edgefleet.edge.settings import EdgeSettings
+    from edgefleet.shared.config import load_settings
+    from edgefleet.shared.logs import configure_logging
+
+    configure_logging(log_level, json_format=True)
+    try:
+        import docker
+
+        settings = load_settings(EdgeSettings, config)
+        key_file = settings.device_key_file
+        if key_file is not None and not key_file.exists():
+            # the bundle names its container path (/etc/edgefleet/...); on the host it lies
+            # beside edge.yaml
+            settings = settings.model_copy(
+                update={"device_key_file": config.parent / key_file.name}
+            )
+        container, key = AgentContainer(compose), settings.key_bytes()
+        engine = docker.from_env(timeout=600)
+        service = ImageUpdater(
+            engine,
+            container,
+            folder,
+            settings.device_id,
+            key,
+            name=name,
+            deadline_s=deadline,
+            min_free_bytes=int(min_free_gb * 2**30),
+        )
+        service.recover()
+    except (EdgefleetError, OSError, ImportError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except Exception as exc:  # docker.errors.DockerException: no engine to talk to
+        typer.echo(f"error: the Docker Engine did not answer: {exc}", err=True)
+        raise typer.Exit(2) from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.wait(1.0):  # the agent writes request.json at most once per deployment
+        service.handle_request()

@@ -105,16 +105,23 @@ class TrackSettings(Closed):
         2, ge=0, description="a line this close to the frame's edge is cut by it: not whole"
     )
     max_wait_frames: int = Field(
-        30, ge=1, description="a track never seen whole (cut by the frame's edge) is "
-        "escalated anyway after this many frames"
+        30,
+        ge=1,
+        description="a track never seen whole (cut by the frame's edge) is "
+        "escalated anyway after this many frames",
     )
     regrow: float = Field(
-        1.6, gt=1, description="a track whose line grew this much in height since its case "
-        "(text approaching) may be escalated again"
+        1.6,
+        gt=1,
+        description="a track whose line grew this much in height since its case "
+        "(text approaching) may be escalated again",
     )
     max_cases: int = Field(
-        2, ge=1, le=8, description="cases per track at most: another only once the line "
-        "has come whole, grown or changed since the last"
+        2,
+        ge=1,
+        le=8,
+        description="cases per track at most: another only once the line "
+        "has come whole, grown or changed since the last",
     )
 
 
@@ -274,17 +281,16 @@ class ClockSettings(Closed):
 
 
 class RuntimeSettings(Closed):
-    kind: Literal["none", "compose"] = Field(
+    kind: Literal["none", "host"] = Field(
         "none",
-        description="who runs a new container image from a deployment: `none` records it "
-        "(agent on the host), `compose` rewrites compose_file and runs `docker compose "
-        "pull && up -d` (needs the docker CLI and socket)",
+        description="who runs a deployment's container image: `none` (the agent runs on the "
+        "host; a deployment naming an image is reported `not_applied`), `host` (the host "
+        "updater, `edgefleet edge updater`, applies it through updater_dir)",
     )
-    compose_file: Path | None = Field(
-        None, description="compose file `compose` writes; none = compose.yaml in state_dir"
+    updater_dir: Path = Field(
+        Path("/var/lib/edgefleet/updater"),
+        description="folder shared with the host updater (request.json, status.json)",
     )
-    service: str = Field("edge", description="compose service of the agent")
-    project: str = Field("edgefleet", description="compose project name")
 
 
 class EdgeSettings(EdgefleetSettings):

@@ -6,7 +6,8 @@ Order of work, chosen so a failure at any point leaves the device running what i
    the signed desired state is checked before the file is used, then an atomic rename);
 3. `control.swap_model` loads and warms it beside the old one and swaps only when warmed
    (it raises, and the old model keeps running, if that fails);
-4. hand an image change to the runtime (`docker compose` on a device, a process in tests);
+4. hand an image change to the runtime (the host updater on a device, a process in tests;
+   `runtime.kind: none` reports `not_applied`);
 5. report `healthy`, or `failed` with the reason after undoing this attempt's swaps.
 
 The previous version of every model stays on disk, so the fleet's rollback (the old
@@ -20,20 +21,19 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
-import yaml
 from prometheus_client import Counter
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from edgefleet.shared.errors import EdgefleetError, ModelIntegrityError
 from edgefleet.shared.hashing import sha256_file
 from edgefleet.shared.messages import DeploymentStatus, DesiredState, ModelRef, ReportedState
+from edgefleet.shared.wire import WireMessage
 
 if TYPE_CHECKING:
     from edgefleet.edge.control import AgentControl
@@ -64,93 +64,40 @@ class Runtime(Protocol):
         """Run `image`; raise EdgefleetError if it cannot be started."""
 
 
+class HandedOver(EdgefleetError):
+    """The image is with the host updater and this agent stops before its answer: the
+    agent that runs next reports the outcome, so this one reports nothing."""
+
+    code = "image_handed_over"
+    http_status = 202
+
+
+class ImageNotApplied(EdgefleetError):
+    """The device has no container runtime, so a deployment's image cannot run on it."""
+
+    code = "image_not_applied"
+    http_status = 409
+
+
 class NullRuntime:
-    """No container runtime (the agent runs on the host): the image is only recorded."""
-
-    def __init__(self) -> None:
-        self._image: str | None = None
+    """No container runtime (the agent runs on the host): an image is never applied, and
+    saying so keeps a rollout from counting this device healthy for an image it never ran."""
 
     def current_image(self) -> str | None:
-        return self._image
+        return None
 
     def apply(self, image: str, config: dict[str, Any]) -> None:
-        self._image = image
-
-
-class ComposeRuntime:
-    """Writes a compose file for the agent's service and runs `docker compose pull && up -d`."""
-
-    def __init__(
-        self,
-        compose_file: Path,
-        *,
-        service: str = "edge",
-        project: str = "edgefleet",
-        service_template: dict[str, Any] | None = None,
-        docker: str = "docker",
-        timeout_s: float = 900.0,
-    ):
-        self.compose_file = Path(compose_file)
-        self.service = service
-        self.project = project
-        self.template = service_template or {
-            "restart": "unless-stopped",
-            "network_mode": "host",
-            "runtime": "nvidia",
-            "volumes": ["/etc/edgefleet:/etc/edgefleet:ro", "edgefleet-state:/var/lib/edgefleet"],
-            "command": ["edge", "run", "-c", "/etc/edgefleet/edge.yaml"],
-        }
-        self.docker = docker
-        self.timeout_s = timeout_s
-
-    def current_image(self) -> str | None:
-        try:
-            data = yaml.safe_load(self.compose_file.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            return None
-        image = data.get("services", {}).get(self.service, {}).get("image")
-        return image if isinstance(image, str) else None
-
-    def render(self, image: str) -> str:
-        doc = {
-            "name": self.project,
-            "services": {self.service: {**self.template, "image": image}},
-            "volumes": {"edgefleet-state": {}},
-        }
-        return yaml.safe_dump(doc, sort_keys=False)
-
-    def apply(self, image: str, config: dict[str, Any]) -> None:
-        previous = self.compose_file.read_text() if self.compose_file.exists() else None
-        _atomic_write(self.compose_file, self.render(image).encode())
-        try:
-            for args in (["pull"], ["up", "-d", "--remove-orphans"]):
-                self._compose(*args)
-        except EdgefleetError:
-            if previous is not None:  # the old file again, so the next `up` restores it
-                _atomic_write(self.compose_file, previous.encode())
-            raise
-
-    def _compose(self, *args: str) -> None:
-        cmd = [self.docker, "compose", "-f", str(self.compose_file), "-p", self.project, *args]
-        try:
-            done = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=self.timeout_s, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise UpdateFailed(f"`{' '.join(cmd)}` could not run: {exc}") from None
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip()[-2000:]
-            raise UpdateFailed(f"`{' '.join(cmd)}` exited {done.returncode}: {tail}")
+        raise ImageNotApplied(
+            f"image not applied: {image} (runtime.kind is none: the agent runs on the host)"
+        )
 
 
 def runtime_from_settings(settings: RuntimeSettings, state_dir: Path) -> Runtime:
     """The runtime a device's settings name (`runtime.kind`)."""
-    if settings.kind == "compose":
-        return ComposeRuntime(
-            settings.compose_file or state_dir / "compose.yaml",
-            service=settings.service,
-            project=settings.project,
-        )
+    if settings.kind == "host":
+        from edgefleet.edge.host_runtime import HostRuntime
+
+        return HostRuntime(settings.updater_dir)
     return NullRuntime()
 
 
@@ -194,12 +141,19 @@ class DesiredStateApplier:
             return {"deployment_id": None, "status": None, "installed": {}}
 
     def _save(self, state: dict[str, Any]) -> None:
-        _atomic_write(self.state_file, json.dumps(state, indent=2).encode())
+        atomic_write(self.state_file, json.dumps(state, indent=2).encode())
 
     # --- the work ---------------------------------------------------------------------
 
-    def handle(self, desired: DesiredState) -> None:
-        """Apply `desired`; never raises for a failed update (it is reported instead)."""
+    def handle(self, desired: DesiredState, signed: WireMessage | None = None) -> None:
+        """Apply `desired`; never raises for a failed update (it is reported instead).
+
+        `signed` is the message as the fleet signed it, for a runtime that checks the
+        signature itself (the host updater).
+        """
+        hand_over = getattr(self.runtime, "hand_over", None)
+        if signed is not None and hand_over is not None:
+            hand_over(desired.deployment_id, signed)
         with self._lock:
             state = self.state()
             same = state.get("deployment_id") == desired.deployment_id
@@ -226,13 +180,26 @@ class DesiredStateApplier:
                     }
                 if desired.image and desired.image != self.runtime.current_image():
                     self.runtime.apply(desired.image, desired.config)
+            except HandedOver as exc:
+                log.info("desired state left to the host updater", extra={"reason": str(exc)})
+                return
             except Exception as exc:  # every failure is reported; the old version keeps running
                 error = str(exc) or type(exc).__name__
+                status: DeploymentStatus = (
+                    "not_applied" if isinstance(exc, ImageNotApplied) else "failed"
+                )
                 self._undo(swapped)
-                log.warning("desired state %s failed: %s", desired.deployment_id, error)
-                APPLIED.labels("failed").inc()
+                log.warning(
+                    "desired state not applied",
+                    extra={
+                        "deployment_id": desired.deployment_id,
+                        "status": status,
+                        "error": error,
+                    },
+                )
+                APPLIED.labels(status).inc()
                 self._save({**state, "last_failed": desired.deployment_id, "error": error})
-                self._report(desired, "failed", error=error[:4000])
+                self._report(desired, status, error=error[:4000])
                 return
             self._save(
                 {
@@ -248,7 +215,8 @@ class DesiredStateApplier:
 
     def _matches(self, desired: DesiredState) -> bool:
         current = {m.name: m.sha256 for m in self.control.current_models()}
-        return all(current.get(m.name) == m.sha256 for m in desired.models)
+        image_runs = not desired.image or desired.image == self.runtime.current_image()
+        return image_runs and all(current.get(m.name) == m.sha256 for m in desired.models)
 
     def _undo(self, swapped: list[tuple[str, dict[str, Any] | None]]) -> None:
         """Swap back the models this attempt changed, newest first, from the kept files."""
@@ -279,6 +247,7 @@ class DesiredStateApplier:
                 config=desired.config,
                 status=status,
                 error=error,
+                running_image=self.runtime.current_image(),
             )
         )
 
@@ -412,7 +381,8 @@ def _filename(disposition: str | None, ref: ModelRef) -> str:
     return tail if re.fullmatch(r"[A-Za-z0-9_-]{1,100}\.[A-Za-z0-9]{1,10}", tail) else "model.onnx"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` so a reader (or a power cut) sees the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as fh:

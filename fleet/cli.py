@@ -413,7 +413,10 @@ def _check(resp: httpx.Response) -> dict[str, Any]:
 @app.command()
 def deploy(
     group: Annotated[str, typer.Option(help="device group")],
-    image: Annotated[str, typer.Option(help="container image with an explicit tag")],
+    image: Annotated[
+        str,
+        typer.Option(help="image by digest (repo@sha256:...) or tag; a tag is resolved once"),
+    ],
     model: Annotated[list[str], typer.Option(help="NAME@VER or NAME@VER=URL#SHA256")] = [],  # noqa: B006
     canary: Annotated[str, typer.Option(help="share of the group that goes first")] = "10%",
     auto_rollback: Annotated[
@@ -433,13 +436,15 @@ def deploy(
 ) -> None:
     """Roll an image + models + pipeline config out to GROUP: canaries first, then the rest.
 
-    Needs the cloud API (--api/--api-key or EDGEFLEET_API_URL / EDGEFLEET_API_KEY).
-    With --wait the exit status is 0 only when the rollout completed (1 when it was
-    rolled back, failed or halted), so a script can stop on a bad model.
+    A tag is resolved to its digest by the fleet, against the registry the image names, and
+    the devices are sent that digest. Needs the cloud API (--api/--api-key or
+    EDGEFLEET_API_URL / EDGEFLEET_API_KEY). With --wait the exit status is 0 only when the
+    rollout completed (1 when it was rolled back, failed or halted), so a script can stop
+    on a bad model.
 
     Examples:
-      edgefleet fleet deploy --group dock --image acme/edge:1.4.2 --model det@3
-      edgefleet fleet deploy --group dock --image acme/edge:1.4.2 --wait
+      edgefleet fleet deploy --group dock --image registry.acme:5000/edge:1.4.2 --model det@3
+      edgefleet fleet deploy --group dock --image registry.acme:5000/edge@sha256:<hex> --wait
     """
     import yaml
 
@@ -457,7 +462,8 @@ def deploy(
         }
         with _client(api, api_key) as client:
             dep = _check(client.post("/v1/deployments", json=body))
-            console.print(f"deployment [bold]{dep['id']}[/]: canaries {', '.join(dep['canaries'])}")
+            console.print(f"deployment [bold]{dep['id']}[/]: image {dep['image']}")
+            console.print(f"canaries {', '.join(dep['canaries'])}")
             while wait and dep["status"] in ("canary", "rolling"):
                 time.sleep(2)
                 dep = _check(client.get(f"/v1/deployments/{dep['id']}"))

@@ -49,7 +49,11 @@ class DeploymentRequest(Closed):
     """What an operator asks for (`POST /v1/deployments`, `edgefleet fleet deploy`)."""
 
     group: str = Field(description="device group to roll out to")
-    image: str = Field(max_length=256, description="container image with an explicit tag")
+    image: str = Field(
+        max_length=256,
+        description="container image by digest (repo@sha256:...), or with a tag, which is "
+        "resolved to its digest at deploy time",
+    )
     models: list[DeploymentModel] = Field(default_factory=list, max_length=16)
     config: dict[str, Any] = Field(default_factory=dict, description="pipeline settings")
     canary_percent: float = Field(10.0, gt=0, le=100, description="share of the group first")
@@ -63,7 +67,8 @@ class DeploymentRequest(Closed):
     def _image(cls, value: str) -> str:
         if not IMAGE_RE.match(value):
             raise ValueError(
-                "not an image reference with an explicit tag, e.g. ghcr.io/acme/edge:1.4.2"
+                "not an image reference with a tag or digest, e.g. ghcr.io/acme/edge:1.4.2 "
+                "or ghcr.io/acme/edge@sha256:<64 hex>"
             )
         return value
 
@@ -79,7 +84,8 @@ class TargetView(BaseModel):
 class DeploymentView(BaseModel):
     id: str
     group: str
-    image: str
+    image: str = Field(description="what the devices are sent: repo@sha256:... where resolved")
+    image_requested: str = Field(description="the image as the operator named it (a tag)")
     models: list[ModelRef]
     config: dict[str, Any]
     status: Status

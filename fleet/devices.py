@@ -48,6 +48,9 @@ class DeviceSummary(Closed):
     deployment_id: str | None = Field(None, description="deployment the device reports")
     deployment_status: DeploymentStatus | None = None
     desired_deployment_id: str | None = None
+    running_image: str | None = Field(
+        None, description="the image the device last reported running (repo@sha256:...)"
+    )
     model: str | None = Field(None, description="name@version the device runs")
     fps: float | None = None
     latency_p95: float | None = None

@@ -658,6 +658,7 @@ def _summary(row: dict[str, Any]) -> DeviceSummary:
         deployment_id=reported["deployment_id"] if reported else None,
         deployment_status=reported["status"] if reported else None,
         desired_deployment_id=desired["deployment_id"] if desired else None,
+        running_image=reported.get("running_image") if reported else None,
         model=telemetry_model,
         updated_at=row["updated_at"],
         **figures,

@@ -118,8 +118,12 @@ class RolloutController:
         topics: Topics = Topics(),
         tick_interval_s: float | None = 1.0,
         report_deadline_s: float = 900.0,
+        resolve_image: Callable[[str], str] | None = None,
     ):
         self.registry = registry
+        # A tag becomes `repo@sha256:...` once, here, so every device of a rollout runs the
+        # same build even if the tag moves (None: the image is kept as given).
+        self.resolve_image = resolve_image
         # A phase whose devices have not all reported by then is over: a canary that never
         # answers stops (and rolls back) the rollout instead of blocking its group forever.
         self.report_deadline_s = report_deadline_s
@@ -153,13 +157,15 @@ class RolloutController:
                 hint="enroll devices with `edgefleet fleet enroll DEVICE --group G`",
             )
         models = [self._resolve(m) for m in req.models]
+        image = self.resolve_image(req.image) if self.resolve_image else req.image
         online = {d.device_id for d in self.registry.list_devices(req.group) if d.online}
         ordered = sorted(devices, key=lambda d: (d not in online, d))
         canary_count = min(len(devices), max(1, math.ceil(len(devices) * req.canary_percent / 100)))
         canaries = ordered[:canary_count]
         dep_id = "dep-" + secrets.token_hex(6)
         spec = {
-            "image": req.image,
+            "image": image,
+            "image_requested": req.image,
             "models": [m.model_dump() for m in models],
             "config": req.config,
         }
@@ -283,7 +289,7 @@ class RolloutController:
             self.start(self.tick_interval_s)  # e.g. a restarted orchestrator mid-rollout
         with self._lock:
             row = self.db.query_one(
-                "SELECT t.role, t.state, d.status FROM fleet_deployment_targets t "
+                "SELECT t.role, t.state, d.status, d.spec FROM fleet_deployment_targets t "
                 "JOIN fleet_deployments d ON d.id = t.deployment_id "
                 "WHERE t.deployment_id = ? AND t.device_id = ?",
                 (reported.deployment_id, reported.device_id),
@@ -291,13 +297,20 @@ class RolloutController:
             if row is None or row["state"] == "rolled_back":
                 return
             dep_id, device = reported.deployment_id, reported.device_id
-            if reported.status == "healthy":
+            status, error = reported.status, reported.error
+            image = json.loads(row["spec"])["image"]
+            if status == "healthy" and image and reported.running_image != image:
+                # healthy counts only for the deployment's own image, running
+                status = "failed"
+                error = f"reported healthy but runs {reported.running_image or 'no known image'}"
+                error += f", not {image}"
+            if status == "healthy":
                 if row["state"] != "healthy":
                     self._set_target(dep_id, device, state="healthy", healthy_at=utcnow())
-            elif reported.status in ("failed", "rolled_back"):
-                self._set_target(dep_id, device, state="failed", error=reported.error)
+            elif status in ("failed", "rolled_back", "not_applied"):
+                self._set_target(dep_id, device, state="failed", error=error)
                 if row["role"] == "canary" and row["status"] == "canary":
-                    self._fail(dep_id, f"canary {device} failed: {reported.error or 'no reason'}")
+                    self._fail(dep_id, f"canary {device} failed: {error or 'no reason'}")
                     return
                 if row["role"] == "rest" and self._auto_rollback(dep_id):
                     self._restore(dep_id, device)
@@ -483,6 +496,7 @@ class RolloutController:
             id=dep["id"],
             group=dep["grp"],
             image=spec["image"],
+            image_requested=spec.get("image_requested", spec["image"]),
             models=[ModelRef.model_validate(m) for m in spec["models"]],
             config=spec["config"],
             status=dep["status"],

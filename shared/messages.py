@@ -284,13 +284,17 @@ class ModelRef(Contract):
     sha256: Sha256
 
 
-DeploymentStatus = Literal["applying", "healthy", "failed", "rolled_back"]
+# `not_applied`: the device cannot run the deployment's image (no container runtime), so it
+# never counts as healthy for it.
+DeploymentStatus = Literal["applying", "healthy", "failed", "rolled_back", "not_applied"]
 
 
 class DesiredState(Message):
     schema_id: Literal["ef.desired/1"] = Field(default="ef.desired/1", alias="schema")
     deployment_id: str = Field(min_length=1, max_length=64)
-    image: str = Field(max_length=256, description="container image tag")
+    image: str = Field(
+        max_length=256, description="container image, `repo@sha256:...`; empty = keep the image"
+    )
     models: list[ModelRef] = Field(default_factory=list, max_length=16)
     config: dict[str, Any] = Field(default_factory=dict)
 
@@ -303,6 +307,11 @@ class ReportedState(Message):
     config: dict[str, Any] = Field(default_factory=dict)
     status: DeploymentStatus
     error: str | None = Field(default=None, max_length=4096)
+    running_image: str | None = Field(
+        default=None,
+        max_length=256,
+        description="the image the device runs now, as its runtime names it (None: unknown)",
+    )
 
 
 class Feedback(Message):

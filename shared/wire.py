@@ -155,6 +155,9 @@ class Verified:
     device_id: str
     # a case's ef-meta exactly as signed and parsed: stored as is, never serialised again
     meta: bytes = b""
+    # the message as it came, signature and all: what a desired state's image is handed
+    # to the host updater as, so the updater checks the fleet's signature itself
+    wire: WireMessage | None = None
 
 
 class ReplayGuard:
@@ -267,7 +270,7 @@ class Verifier:
                 )
             if not image.startswith(IMAGE_MAGIC[message.content_type]):
                 raise PayloadRejected("content_type", f"payload is not {message.content_type}")
-        verified = Verified(message, image, device_id, meta)
+        verified = Verified(message, image, device_id, meta, wire)
         replay_key = _replay_key(message)
         if replay_key and not self.replay_guard.check_and_add(device_id, *replay_key):
             raise ReplayedMessage(verified, f"{replay_key[0]} {replay_key[1]!r} already seen")

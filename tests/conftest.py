@@ -4,6 +4,7 @@ markers that skip with a reason."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ _HARDWARE = {
     "jetson": (lambda: Path("/etc/nv_tegra_release").exists(), "needs a Jetson (no L4T here)"),
     "trt": (lambda: importlib.util.find_spec("tensorrt") is not None, "needs TensorRT"),
     "gstreamer": (_has_gstreamer, "needs OpenCV built with GStreamer (this one has none)"),
+    "docker": (
+        lambda: all(shutil.which(b) for b in ("dockerd", "docker-registry", "busybox")),
+        "needs dockerd, docker-registry and busybox: apt-get install docker.io docker-registry "
+        "busybox-static (make test does)",
+    ),
 }
 
 
@@ -90,6 +96,24 @@ def pg_url(pg_server: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(scope="session")
+def image_registry() -> Iterator[Any]:
+    """A real image registry (Debian's docker-registry) on loopback, for the session."""
+    from tests.support.registry import registry_server
+
+    with registry_server() as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A real Docker engine: the machine's own, else a dockerd started for the session."""
+    from tests.support.docker_engine import docker_engine
+
+    with docker_engine() as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -283,7 +283,8 @@ async function showDetail(id) {
     const facts = [
       ["group", dev.group], ["agent", dev.agent_version || "–"], ["model", dev.model || "–"],
       ["deployment", dev.deployment_id ? dev.deployment_id + " (" + dev.deployment_status + ")" : "–"],
-      ["desired", dev.desired_deployment_id || "–"], ["CPU", num(dev.cpu_pct, 0) + "%"],
+      ["desired", dev.desired_deployment_id || "–"], ["image", dev.running_image || "–"],
+      ["CPU", num(dev.cpu_pct, 0) + "%"],
       ["last seen", ago(dev.last_seen)],
       ...(dev.drift || []).map((d) => ["drift " + d.model, "KS " + num(d.ks, 2) + " (n=" + d.current_n + ")"]),
     ];

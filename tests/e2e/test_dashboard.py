@@ -84,7 +84,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     dep = server.rollouts.create(
         {
             "group": "site-1",
-            "image": "ghcr.io/acme/edge:2.0",
+            "image": "ghcr.io/acme/edge@sha256:" + "2" * 64,
             "models": [{"name": "det", "version": "3", "url": "https://m/d", "sha256": "d" * 64}],
             "soak_s": 600,
         }

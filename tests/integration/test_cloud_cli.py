@@ -138,7 +138,7 @@ def test_port_flag_is_the_port_served_and_the_one_download_links_name(tmp_path: 
         _poll(f"{url}/readyz", 200)
         created = httpx.post(
             f"{url}/v1/deployments",
-            json={"group": "dock", "image": "ghcr.io/acme/edge:1", "soak_s": 0}
+            json={"group": "dock", "image": "ghcr.io/acme/edge@sha256:" + "1" * 64, "soak_s": 0}
             | {"models": [{"name": "det", "version": "1.0"}]},
             headers={"Authorization": f"Bearer {key}"},
             timeout=30,

@@ -114,7 +114,7 @@ def test_a_model_added_with_the_fleet_cli_deploys_by_name_and_downloads(
     assert sha in added.output
 
     # when: a deployment names a version that is not in the store
-    body = {"group": "dock", "image": "ghcr.io/acme/edge:1.4.2", "soak_s": 0}
+    body = {"group": "dock", "image": "ghcr.io/acme/edge@sha256:" + "1" * 64, "soak_s": 0}
     missing = httpx.post(
         f"{env.url}/v1/deployments",
         json={**body, "models": [{"name": "det", "version": "9.9"}]},

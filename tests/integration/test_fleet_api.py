@@ -31,7 +31,7 @@ def server(tmp_path: Path):
 def body(**over) -> dict:
     data = {
         "group": "lab",
-        "image": "ghcr.io/acme/edge:1.0",
+        "image": "ghcr.io/acme/edge@sha256:" + "1" * 64,
         "models": [{"name": "det", "version": "1", "url": "https://m/det", "sha256": GOOD_HASH}],
         "soak_s": 0,
     }
@@ -172,7 +172,7 @@ def test_concurrent_rollouts_to_one_group_conflict(server) -> None:
         results.append(
             httpx.post(
                 f"{server.url}/v1/deployments",
-                json=body(image=f"ghcr.io/acme/edge:{tag}"),
+                json=body(image=f"ghcr.io/acme/edge@sha256:{tag * 32}"),
                 headers=AUTH,
             )
         )

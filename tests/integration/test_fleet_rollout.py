@@ -8,81 +8,18 @@ app served by uvicorn plus an MQTT client logged in as the `cloud` service accou
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from edgefleet.shared.errors import EdgefleetError
-from edgefleet.shared.messages import DeviceStatus, ReportedState
-from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
-from edgefleet.shared.topics import Channel, Topics
-from edgefleet.shared.wire import Verifier, WireMessage
+from tests.support.cloud_link import CloudLink
 from tests.support.fleet import FleetServer, fleet_broker, tiny_onnx
 from tests.support.waiting import eventually
 
 DEVICES = [f"cam-{i:02d}" for i in range(5)]
 REPO = Path(__file__).resolve().parents[2]
-
-
-class CloudLink:
-    """The cloud's MQTT side for the fleet: publishes desired states, ingests reports."""
-
-    def __init__(self, server: FleetServer, port: int, password: str):
-        self.server = server
-        self.topics = Topics()
-        self.settings = MqttSettings(port=port, username="cloud", password=password)
-        self.client = make_client(self.settings, "cloud-test")
-        self.verifier = Verifier(server.registry.device_key)
-        self.inbox: queue.Queue = queue.Queue()
-        self.published: list[tuple[str, str | None]] = []
-        self.connected = threading.Event()
-        self.client.on_connect = self._on_connect
-        self.client.on_message = lambda c, u, m: self.inbox.put(from_paho(m))
-        self.worker = threading.Thread(target=self._ingest, daemon=True)
-
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
-        client.subscribe(
-            [
-                (self.topics.all_devices(Channel.REPORTED), 1),
-                (self.topics.all_devices(Channel.STATUS), 1),
-            ]
-        )
-        self.connected.set()
-
-    def start(self) -> CloudLink:
-        connect(self.client, self.settings, clean_start=True)
-        assert self.connected.wait(30)
-        self.worker.start()
-        return self
-
-    def publish(self, wire: WireMessage, retain: bool) -> None:
-        deployment = json.loads(wire.payload)["deployment_id"] if wire.payload else None
-        self.published.append((wire.topic, deployment))
-        publish(self.client, wire, qos=1, retain=retain)
-
-    def _ingest(self) -> None:
-        while True:
-            wire = self.inbox.get()
-            if wire is None:
-                return
-            try:
-                message = self.verifier.verify(wire).message
-                if isinstance(message, DeviceStatus):
-                    self.server.registry.record_status(message)
-                elif isinstance(message, ReportedState):
-                    self.server.registry.record_reported(message)
-                    self.server.rollouts.on_reported(message)
-            except EdgefleetError:
-                continue  # counted by the verifier; a test assertion will tell
-
-    def stop(self) -> None:
-        self.inbox.put(None)
-        self.client.disconnect()
-        self.client.loop_stop()
 
 
 class DeviceProcesses:
@@ -94,7 +31,7 @@ class DeviceProcesses:
         self.enrollments = enrollments
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, device: str) -> None:
+    def start(self, device: str, runtime: str = "process") -> None:
         enrollment = self.enrollments[device]
         with open(self.tmp_path / f"{device}.log", "ab") as log:
             self.procs[device] = subprocess.Popen(
@@ -112,6 +49,7 @@ class DeviceProcesses:
                     f"--password={enrollment.broker_password}",
                     "--state",
                     str(self.tmp_path / "devices" / device),
+                    f"--runtime={runtime}",
                 ],
                 cwd=REPO,
                 stdout=log,
@@ -176,7 +114,7 @@ def rollout(server: FleetServer, version: str, sha256: str | None = None) -> str
     dep = server.rollouts.create(
         {
             "group": "line",
-            "image": f"ghcr.io/acme/edge:{version}.0",
+            "image": "ghcr.io/acme/edge@sha256:" + version * 64,
             "models": [model],
             "canary_percent": 20,
             "soak_s": 0,
@@ -287,3 +225,28 @@ def test_a_device_offline_during_the_rollout_gets_it_when_it_returns(rig) -> Non
     assert device_state(tmp_path, "cam-04")["deployment_id"] == dep
     assert server.registry.reported("cam-04").deployment_id == dep
     assert len(link.published) == published
+
+
+def test_a_canary_without_a_container_runtime_does_not_pass_an_image(rig) -> None:
+    server, link, devices, tmp_path = rig
+    server.store.add("det", "1", tiny_onnx(tmp_path / "m1" / "det.onnx", scale=1.0))
+    # given the first canary (cam-00) is an agent on the host: runtime.kind none
+    devices.kill("cam-00")
+    eventually(lambda: not server.registry.get_device("cam-00").online, timeout_s=60)
+    devices.start("cam-00", runtime="none")
+    eventually(
+        lambda: sum(d.online for d in server.registry.list_devices("line")) == 5,
+        timeout_s=90,
+        detail=lambda: logs(tmp_path),
+    )
+    # when a deployment naming a new image is rolled out
+    dep = rollout(server, "1")
+    assert server.rollouts.get(dep).canaries == ["cam-00"]
+    # then the canary says the image was not applied, and the rollout stops there
+    eventually(
+        lambda: server.rollouts.get(dep).status == "rolled_back", 90, detail=lambda: logs(tmp_path)
+    )
+    assert "image not applied" in (server.rollouts.get(dep).error or "")
+    assert server.registry.reported("cam-00").status in ("not_applied", "rolled_back")
+    sent_to = {topic.split("/")[2] for topic, d in link.published if d == dep}
+    assert sent_to == {"cam-00"}

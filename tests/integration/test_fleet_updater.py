@@ -23,7 +23,8 @@ def server(tmp_path: Path):
     instance.stop()
 
 
-def desired(ref: ModelRef, dep: str = "dep-1", image: str = "edge:1") -> DesiredState:
+def desired(ref: ModelRef, dep: str = "dep-1", image: str = "") -> DesiredState:
+    """A desired state of `ref`; no image (keep the one running) unless given."""
     return DesiredState(device_id="cam-01", deployment_id=dep, image=image, models=[ref])
 
 
@@ -54,6 +55,23 @@ def test_good_model_is_downloaded_verified_swapped_and_reported(tmp_path, server
     # when the same retained desired state arrives again, nothing is redone
     app.handle(desired(device_ref(server, "det", "1")))
     assert [r.status for r in reports][-1] == "healthy" and control.swaps == ["det@1"]
+
+
+def test_without_a_container_runtime_an_image_is_not_applied(tmp_path, server) -> None:
+    # given an agent on the host (runtime.kind none) running det@1
+    server.store.add("det", "1", tiny_onnx(tmp_path / "src1" / "det.onnx"))
+    server.store.add("det", "2", tiny_onnx(tmp_path / "src2" / "det.onnx", scale=3.0))
+    app, control, reports = applier(tmp_path, server)
+    app.handle(desired(device_ref(server, "det", "1")))
+    # when a deployment names det@2 and a new image
+    image = "ghcr.io/acme/edge@sha256:" + "c" * 64
+    app.handle(desired(device_ref(server, "det", "2"), dep="dep-2", image=image))
+    # then it says the image was not applied, runs no known image, and det@1 is back
+    last = reports[-1]
+    assert last.status == "not_applied" and "image not applied" in (last.error or "")
+    assert last.running_image is None
+    assert [m.version for m in control.current_models()] == ["1"]
+    assert app.state()["deployment_id"] == "dep-1"
 
 
 def test_sha256_mismatch_fails_and_keeps_the_old_model(tmp_path, server) -> None:

@@ -24,7 +24,11 @@ DOCKERFILES = {
     "x86-edge": DOCKER / "x86" / "Dockerfile.edge",
     "x86-cloud": DOCKER / "x86" / "Dockerfile.cloud",
 }
-COMPOSE_FILES = [DOCKER / "x86" / "compose.yaml", DOCKER / "jetson" / "compose.yaml"]
+COMPOSE_FILES = [
+    DOCKER / "x86" / "compose.yaml",
+    DOCKER / "jetson" / "compose.yaml",
+    DOCKER / "x86" / "compose.edge.yaml",
+]
 # added on top of the Jetson compose file where the device has cameras
 JETSON_CAMERAS = DOCKER / "jetson" / "compose.cameras.yaml"
 
@@ -34,7 +38,7 @@ EDGE_WRITES = {
     "outbox.path": "file",
     "state_dir": "dir",
     "model.execution.engine_cache_dir": "dir",
-    "runtime.compose_file": "file",
+    "runtime.updater_dir": "dir",
 }
 EDGE_READS = {
     "device_key_file",

@@ -63,7 +63,7 @@ class FleetServer:
         view = self.rollouts.create(
             {
                 "group": group,
-                "image": "ghcr.io/acme/edge:1.0",
+                "image": "ghcr.io/acme/edge@sha256:" + "1" * 64,
                 "models": [{"name": name, "version": version}],
                 "soak_s": 0,
             }

@@ -5,8 +5,11 @@
 `online` status (last will: `offline`), subscribes to its retained `desired` topic,
 verifies each desired state's signature, applies it with the real
 `edgefleet.edge.updater.DesiredStateApplier` (ONNX Runtime loads and warms the models; the
-"image" runs as a process through `ProcessRuntime`) and publishes each signed
-`reported` state, retained. It is the agent minus video: what a rollout touches.
+"image" runs as a process through `ProcessRuntime`; with `--runtime none` it is not
+applied, as on an agent without a container runtime; with `--runtime host` it is handed to
+a host updater through `--updater-dir`, the process being the agent of `EDGEFLEET_IMAGE`)
+and publishes each signed `reported` state, retained. It is the agent minus video: what a
+rollout touches.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
-from edgefleet.edge.updater import DesiredStateApplier
+from edgefleet.edge.host_runtime import HostRuntime
+from edgefleet.edge.updater import DesiredStateApplier, NullRuntime, Runtime
 from edgefleet.shared.errors import PayloadRejected
 from edgefleet.shared.messages import DesiredState, DeviceStatus
 from edgefleet.shared.mqtt import (
@@ -31,7 +35,7 @@ from edgefleet.shared.mqtt import (
     publish,
 )
 from edgefleet.shared.topics import Topics
-from edgefleet.shared.wire import Verifier, encode
+from edgefleet.shared.wire import Verifier, WireMessage, encode
 from tests.support.fleet import OnnxControl
 from tests.support.process_runtime import ProcessRuntime
 
@@ -45,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--password", required=True)
     parser.add_argument("--state", type=Path, required=True)
+    parser.add_argument("--runtime", choices=["process", "none", "host"], default="process")
+    parser.add_argument("--updater-dir", type=Path, help="with --runtime host")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"{args.device} %(levelname)s %(message)s")
 
@@ -60,15 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     verifier = Verifier(
         lambda d: key if d == args.device else None, max_skew_s=10 * 365 * 86400
     )  # a retained desired state may be old when a device comes back: the signature decides
-    work: queue.Queue[DesiredState | None] = queue.Queue()
+    work: queue.Queue[tuple[DesiredState, WireMessage] | None] = queue.Queue()
 
     def report(state) -> None:
         publish(client, encode(state, key, topics.reported(args.device)), qos=1, retain=True)
 
     control = OnnxControl(report)
-    runtime = ProcessRuntime(
+    process = ProcessRuntime(
         [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"], settle_s=0.2
     )
+    runtime: Runtime = process if args.runtime == "process" else NullRuntime()
+    if args.runtime == "host":  # the image it is comes from EDGEFLEET_IMAGE, as in a container
+        runtime = HostRuntime(args.updater_dir, poll_s=0.1)
     applier = DesiredStateApplier(control, args.state, runtime)
 
     def on_connect(c, userdata, flags, reason_code, properties) -> None:
@@ -82,26 +91,29 @@ def main(argv: list[str] | None = None) -> int:
     def on_message(c, userdata, message) -> None:
         if not message.payload:
             return  # a cleared retained desired state: keep running what runs
+        wire = from_paho(message)
         try:
-            verified = verifier.verify(from_paho(message))
+            verified = verifier.verify(wire)
         except PayloadRejected as exc:
             log.warning("rejected desired state: %s", exc)
             return
         if isinstance(verified.message, DesiredState):
-            work.put(verified.message)
+            work.put((verified.message, wire))
 
     client.on_connect = on_connect
     client.on_message = on_message
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: (stop.set(), work.put(None)))
+    stop_waiting = getattr(runtime, "stop_waiting", lambda: None)
+    signal.signal(signal.SIGTERM, lambda *_: (stop.set(), stop_waiting(), work.put(None)))
     connect(client, settings, clean_start=True)
     while not stop.is_set():
-        desired = work.get()
-        if desired is None:
+        item = work.get()
+        if item is None:
             break
+        desired, signed = item
         log.info("applying %s", desired.deployment_id)
-        applier.handle(desired)
-    runtime.stop()
+        applier.handle(desired, signed=signed)
+    process.stop()
     client.disconnect()
     client.loop_stop()
     return 0

@@ -350,7 +350,7 @@ def _compose_schema() -> Draft202012Validator:
     return Draft202012Validator(json.loads((vendor / "compose-spec.json").read_text()))
 
 
-@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: f"compose-{p.parent.name}")
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: f"compose-{p.parent.name}-{p.stem}")
 def test_compose_file_is_valid_against_the_compose_spec(path: Path) -> None:
     errors = [e.message for e in _compose_schema().iter_errors(yaml.safe_load(path.read_text()))]
     assert errors == []
@@ -370,6 +370,7 @@ def test_compose_schema_rejects_mistakes() -> None:
     [
         (COMPOSE_FILES[0], "cloud", "x86-cloud"),
         (COMPOSE_FILES[1], "edge", "l4t"),
+        (COMPOSE_FILES[2], "edge", "x86-edge"),
     ],
 )
 def test_compose_mounts_every_image_volume_on_a_read_only_root(

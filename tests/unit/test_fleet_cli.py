@@ -105,7 +105,10 @@ def test_broker_files_create_the_service_accounts_once(tmp_path: Path) -> None:
         assert (out / name).stat().st_gid == gid
 
 
-def test_deploy_and_status_through_the_api(tmp_path: Path) -> None:
+def test_deploy_and_status_through_the_api(tmp_path: Path, image_registry) -> None:
+    digest = image_registry.push_manifest("acme/edge", "1.1")
+    image_registry.push_manifest("acme/edge", "1.2")
+    repo = f"{image_registry.domain}/acme/edge"
     server = FleetServer(tmp_path).start()
     try:
         for i in range(4):
@@ -116,7 +119,7 @@ def test_deploy_and_status_through_the_api(tmp_path: Path) -> None:
             "--group",
             "yard",
             "--image",
-            "ghcr.io/acme/edge:1.1",
+            f"{repo}:1.1",
             "--model",
             f"det@1=https://models.example/det.onnx#{'e' * 64}",
             "--canary",
@@ -125,7 +128,9 @@ def test_deploy_and_status_through_the_api(tmp_path: Path) -> None:
         )
         assert ok.exit_code == 0, ok.output
         assert "status: canary" in ok.output and len(server.sent) == 1
-        busy = run("deploy", "--group", "yard", "--image", "ghcr.io/acme/edge:1.2", *api)
+        # the tag was resolved once, to the digest the devices are sent
+        assert f"image {repo}@{digest}" in ok.output.replace("\n", "")
+        busy = run("deploy", "--group", "yard", "--image", f"{repo}:1.2", *api)
         assert busy.exit_code == 2 and "409" in busy.output and "active rollout" in busy.output
         bad = run("deploy", "--group", "yard", "--image", "edge", *api)
         assert bad.exit_code == 2 and "422" in bad.output
@@ -150,7 +155,9 @@ def test_deploy_and_status_through_the_api(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_deploy_flags_as_the_issue_writes_them(tmp_path: Path) -> None:
+def test_deploy_flags_as_the_issue_writes_them(tmp_path: Path, image_registry) -> None:
+    image_registry.push_manifest("acme/edge", "1.4.2")
+    tag = f"{image_registry.domain}/acme/edge:1.4.2"
     server = FleetServer(tmp_path).start()
     try:
         for i in range(10):
@@ -165,7 +172,7 @@ def test_deploy_flags_as_the_issue_writes_them(tmp_path: Path) -> None:
         assert server.sent == [] and server.rollouts.list() == []
         # when deployed with `--canary 10% --auto-rollback`
         ok = run(
-            "deploy", "--group", "dock", "--image", "acme/edge:1.4.2", *model,
+            "deploy", "--group", "dock", "--image", tag, *model,
             "--canary", "10%", "--auto-rollback", *api,
         )  # fmt: skip
         assert ok.exit_code == 0, ok.output
@@ -174,7 +181,7 @@ def test_deploy_flags_as_the_issue_writes_them(tmp_path: Path) -> None:
         assert dock.models[0].name == "det" and dock.models[0].version == "3"
         # and `--no-auto-rollback` turns it off
         off = run(
-            "deploy", "--group", "yard", "--image", "acme/edge:1.4.2",
+            "deploy", "--group", "yard", "--image", tag,
             "--canary", "40%", "--no-auto-rollback", *api,
         )  # fmt: skip
         assert off.exit_code == 0, off.output

@@ -123,11 +123,19 @@ def test_state_views_and_downsampled_history(db: Database) -> None:
     assert points[0].escalation_rate == pytest.approx(12.0)  # 6 in 30 s
     detail = registry.get_device("cam-01")
     assert detail.online and detail.agent_version == "0.9" and detail.telemetry["seq"] == 3
+    running = "r.example/e@sha256:" + "e" * 64
     registry.record_reported(
-        ReportedState(device_id="cam-01", deployment_id="dep-1", image="e:1", status="healthy")
+        ReportedState(
+            device_id="cam-01",
+            deployment_id="dep-1",
+            image=running,
+            status="healthy",
+            running_image=running,
+        )
     )
     summary = registry.list_devices("a")[0]
     assert summary.deployment_id == "dep-1" and summary.deployment_status == "healthy"
+    assert summary.running_image == running  # the digest the dashboard shows
     assert [d.device_id for d in registry.list_devices()] == ["cam-01", "cam-02"]
     assert registry.groups() == ["a", "b"]
     with pytest.raises(NotFound):
@@ -196,6 +204,7 @@ def test_postgres_store() -> None:
                     deployment_id=dep.id,
                     image="edge:1",
                     status="healthy",
+                    running_image="edge:1",
                 )
             )
             assert rollouts.get(dep.id).status == "rolling" and len(sent) == 3

@@ -51,10 +51,25 @@ class Fleet:
                 out.append(msg)
         return out
 
-    def report(self, device: str, dep_id: str, status: str, error: str | None = None) -> None:
+    def report(
+        self,
+        device: str,
+        dep_id: str,
+        status: str,
+        error: str | None = None,
+        running: str | None = None,
+    ) -> None:
+        """A device's report; it runs the deployment's image unless `running` says (""
+        for no image)."""
+        image = self.rollouts.get(dep_id).image
         self.rollouts.on_reported(
             ReportedState(
-                device_id=device, deployment_id=dep_id, image="edge:1", status=status, error=error
+                device_id=device,
+                deployment_id=dep_id,
+                image=image,
+                status=status,
+                error=error,
+                running_image=image if running is None else (running or None),
             )
         )
 
@@ -115,6 +130,28 @@ def test_canary_first_then_the_rest_after_healthy(fleet: Fleet) -> None:
         fleet.report(d, dep.id, "healthy")
     assert fleet.rollouts.get(dep.id).status == "completed"
     assert fleet.registry.desired("cam-03").deployment_id == dep.id
+
+
+@pytest.mark.parametrize(
+    ("status", "running", "reason"),
+    [
+        ("healthy", "ghcr.io/acme/edge:1.1.0", "runs ghcr.io/acme/edge:1.1.0, not"),
+        ("not_applied", None, "image not applied"),
+    ],
+)
+def test_a_canary_not_running_the_new_image_is_not_healthy(
+    fleet: Fleet, status: str, running: str | None, reason: str
+) -> None:
+    # given a rollout of a new image
+    dep = fleet.rollouts.create(request())
+    canary = dep.canaries[0]
+    # when its canary says healthy while it runs another image, or cannot apply images
+    error = "image not applied: ghcr.io/acme/edge:1.2.0" if status == "not_applied" else None
+    fleet.report(canary, dep.id, status, error=error, running=running or "")
+    # then the canary failed and the rollout is rolled back, nobody else got it
+    view = fleet.rollouts.get(dep.id)
+    assert view.status == "rolled_back" and reason in (view.error or "")
+    assert all(not fleet.desired_for(d) for d in fleet.devices if d != canary)
 
 
 def test_failed_canary_rolls_back_and_others_stay(fleet: Fleet) -> None:
