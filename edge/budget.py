@@ -56,12 +56,7 @@ class EscalationBudget:
         st = self._streams.get(stream_id)
         if st is None:
             w = self.settings.window_frames
-            # a new stream starts with its burst, as a token bucket does: the tracks of its
-            # first frames are not left unasked while credit builds up (a budget of
-            # nothing starts with nothing)
-            s = self.settings
-            credit = float(s.burst) if s.share > 0 or s.per_min > 0 else 0.0
-            st = _Stream(credit, self._clock(), deque(maxlen=w), deque(maxlen=w))
+            st = _Stream(0.0, self._clock(), deque(maxlen=w), deque(maxlen=w))
             self._streams[stream_id] = st
         return st
 

@@ -178,16 +178,3 @@ def test_a_line_the_model_missed_for_a_while_keeps_its_track_and_its_answer() ->
     (other,) = seen(30, "EXIT", 142.0)
     assert other is not track
 
-
-def test_a_new_stream_may_ask_at_once_and_a_budget_of_nothing_never_asks() -> None:
-    from edgefleet.edge.budget import EscalationBudget
-
-    # a stream's first unsure tracks get cases at once, up to the burst
-    budget = EscalationBudget(BudgetSettings(share=0.1, burst=3, max_score=1.0))
-    budget.frame("s")
-    assert [budget.consider("s", 0.2) for _ in range(4)] == [True, True, True, False]
-    # and with no share and no rate there is never a case
-    nothing = EscalationBudget(BudgetSettings(share=0.0, max_score=1.0))
-    for _ in range(50):
-        nothing.frame("s")
-    assert not nothing.consider("s", 0.1)
