@@ -294,6 +294,9 @@ def test_enroll_refuses_an_owner_that_is_not_uid_gid_before_enrolling(tmp_path: 
     assert (bundle.stat().st_uid, bundle.stat().st_gid) == (os.geteuid(), os.geteuid())
 
 
+IMAGE = "registry.example/acme/edge@sha256:" + "ab" * 32  # pinned: nothing to resolve
+
+
 def _devices_that_report(status: str):
     """A `publish` for FleetServer: every device sent a desired state reports `status`
     for it from its own thread, as a real agent's `reported` arrives over MQTT later."""
@@ -320,6 +323,7 @@ def _devices_that_report(status: str):
             device_id=device,
             deployment_id=desired.deployment_id,
             image=desired.image,
+            running_image=desired.image,
             status=status,  # type: ignore[arg-type]
             error=None if status == "healthy" else "model failed its warm-up",
         )
@@ -345,7 +349,7 @@ def test_deploy_wait_exits_non_zero_unless_the_rollout_completed(tmp_path: Path)
             api = ["--api", server.url, "--api-key", OPERATOR_KEY]
             # when deployed with --wait
             result = run(
-                "deploy", "--group", "dock", "--image", "acme/edge:1.4.2", "--canary", "34%",
+                "deploy", "--group", "dock", "--image", IMAGE, "--canary", "34%",
                 "--soak", "0", "--wait", *api,
             )  # fmt: skip
             # then the exit status says whether it completed, in readable text
