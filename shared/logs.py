@@ -9,6 +9,7 @@ import re
 import string
 import sys
 from datetime import datetime, timezone
+from typing import TextIO
 
 trace_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("trace_id", default=None)
 
@@ -102,8 +103,25 @@ class PlainFormatter(logging.Formatter):
         return redact_url(clip(super().format(record), 4 * MAX_LOGGED_CHARS))
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record comes, as logging's last resort
+    does: a CLI run under a test runner, or with its stderr swapped, never leaves the root
+    logger writing to a stream closed since."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:  # StreamHandler.setStream: stderr's the one
+        pass
+
+
 def configure_logging(level: str = "INFO", *, json_format: bool = True) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if json_format else PlainFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -4,6 +4,7 @@ markers that skip with a reason."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from edgefleet.shared.logs import StderrHandler
 from tests.support.broker import MosquittoBroker
 
 
@@ -128,3 +130,15 @@ def tiny() -> Iterator[Any]:
     )
     with load_model("ppocr6-tiny", settings=settings) as model:
         yield model
+
+
+@pytest.fixture(autouse=True)
+def _root_logging() -> Iterator[None]:
+    """A CLI run in a test configures the root logger (its handler and level); the next
+    test starts without that, as a fresh process would."""
+    level = logging.getLogger().level
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, StderrHandler)]:
+        root.removeHandler(handler)
+    root.setLevel(level)

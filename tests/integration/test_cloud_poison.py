@@ -125,8 +125,10 @@ def test_a_poison_message_plain_or_retained_stops_no_one_else(tmp_path: Path) ->
         _ready(log, cloud, 2)
         cam_b_is_answered("after a cloud restart over a retained poison")
         _poison(broker.port, cam_a.broker_password, retain=True, where="content-type")
+        subscribed.clear()
         broker.restart()
         _ready(log, cloud, 2)
+        assert subscribed.wait(60)  # cam-b back on the restarted broker, subscribed again
         cam_b_is_answered("after a broker restart over a retained poison")
         # and the ingest never dropped its connection over the poison
         # (twice: the cloud's own stop, the broker's restart)
