@@ -4,10 +4,11 @@ A scenario is one thing a camera does to the text it films, on top of the ordina
 (textured background, sensor noise, JPEG): text entering or leaving the frame across
 its border, approaching or receding (the scale changes along the track), perspective and
 shear, camera shake, a passing occluder, two plates crossing, low light, H.264 at a low
-bitrate. Each clip draws its plates in one font, either one of OpenCV's Hershey fonts or
-a TrueType font (DejaVu, shipped with matplotlib, or Pillow's own): `FONTS_TUNED` are the
-ones policy choices may look at, `FONTS_HELD_OUT` (and seeds from `HELD_OUT_SEED` on) the
-ones a choice is checked on.
+bitrate. Its text is small (7-14 pixels high in a 640x360 frame) and faded on some
+plates, as far cameras see it. Each clip draws its plates in one font, either one of
+OpenCV's Hershey fonts or a TrueType font (DejaVu, shipped with matplotlib, or Pillow's
+own): `FONTS_TUNED` are the ones policy choices may look at, `FONTS_HELD_OUT` (and seeds
+from `HELD_OUT_SEED` on) the ones a choice is checked on.
 
 A line's truth in a frame is its whole text, from the frame where at least
 `VISIBLE_TRUTH` of it shows: what a reader who follows the line should report.
@@ -61,6 +62,7 @@ _TRUETYPE = {
 }
 _KINDS: tuple[Kind, ...] = ("container", "plate", "sign")
 _TEXT_PX = 40  # the plate's text height as drawn, before the scenario scales it
+FADED = 0.3  # share of plates whose ink is faded
 
 
 @cache
@@ -168,9 +170,12 @@ def _texture(w: int, h: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _plate(rng: random.Random, font: str, kind: Kind | None = None) -> tuple[str, np.ndarray]:
+    """A plate's text and image: dark on light mostly, faded (ink 40-90 grey levels from
+    its plate: dirt, distance, a washed-out print) one time in `FADED`."""
     text = make_text(kind if kind is not None else rng.choice(_KINDS), rng)
     dark = rng.random() < 0.7
-    ink, paper = (rng.randint(10, 60), rng.randint(190, 245))
+    paper = rng.randint(190, 245)
+    ink = paper - rng.randint(40, 90) if rng.random() < FADED else rng.randint(10, 60)
     image = plate_image(text, font, ink if dark else paper, paper if dark else ink)
     return text, image
 
@@ -188,7 +193,7 @@ def _scene(kind: str, seed: int, font: str, width: int, height: int) -> _Scene:
         size = (float(image.shape[1]), float(image.shape[0]))
         scene.plates.append(_Plate(line, text, image, corners_of(size)))
 
-    small = rng.uniform(0.22, 0.36)  # the plate's scale: text of about 9-14 pixels
+    small = rng.uniform(0.18, 0.36)  # the plate's scale: text of about 7-14 pixels
     scene.focus = rng.uniform(0.4, 1.1)  # the lens's blur (sigma, pixels)
 
     def across(line: int, leave: bool) -> Callable[[tuple[float, float]], Callable]:

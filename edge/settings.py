@@ -123,6 +123,13 @@ class TrackSettings(Closed):
         description="cases per track at most: another only once the line "
         "has come whole, grown or changed since the last",
     )
+    char_width: float = Field(
+        0.8,
+        gt=0,
+        description="a reading's box holds at most this many box heights of width per "
+        "character; a reading with fewer characters than its box holds lost some (or read "
+        "one wide glyph for several), and its confidence is cut in proportion",
+    )
 
 
 class BudgetSettings(Closed):

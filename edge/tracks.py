@@ -9,7 +9,8 @@ best crops (whole before cut, then sharpest x largest) for the cloud; it ends wh
 for `max_gap` frames, and is taken up again if it comes back soon, near where it was and
 reading alike (`revive_frames`). Ended tracks are kept (bounded) so that a late verdict
 still lands on its track. A crop's rank is the edge's confidence on it x its sharpness x
-its area: glare and blur lower the first two.
+its area: glare and blur lower the first two. A reading with fewer characters than its
+box holds (`fit`) is the less sure for it, so that such a track is asked about.
 
 An answer is for the track as it was when its case was sent (`Asked`). It stands only
 while it still fits what the track sees now: when the line has come whole since, grown
@@ -67,6 +68,18 @@ def similarity(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, x, y).ratio()
 
 
+def fit(text: str, box: Box, char_width: float) -> float:
+    """1 where a reading holds as many characters as its box can, less in proportion where
+    the box is wider than `char_width` of its height per character: the reader lost
+    characters, or read one wide glyph for several."""
+    chars = len(squash(text))
+    height = box[3] - box[1]
+    if not chars or height <= 0:
+        return 1.0
+    per_char = (box[2] - box[0]) / height / chars
+    return min(1.0, char_width / per_char) if per_char > 0 else 1.0
+
+
 def sharpness(image: np.ndarray) -> float:
     """Variance of the Laplacian: how much fine detail a crop keeps (blur lowers it)."""
     gray = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
@@ -107,6 +120,7 @@ class Track:
     first_frame: int
     last_frame: int
     box: Box
+    char_width: float  # TrackSettings.char_width: how wide a character of a reading may be
     reads: list[tuple[str, float]] = field(default_factory=list)
     whole_reads: list[tuple[str, float]] = field(default_factory=list)  # line not cut
     crops: list[Crop] = field(default_factory=list)
@@ -129,11 +143,13 @@ class Track:
 
     def reading(self) -> tuple[str, float]:
         """The edge's vote over this track's frames where the line showed whole: (text,
-        vote share x confidence). While it has shown only cut, its latest read: the part
-        in view changes from frame to frame, and an older part is a shorter one."""
-        if self.whole_reads or not self.reads:
-            return vote(self.whole_reads)
-        return self.reads[-1]
+        vote share x confidence x its `fit` to the box). While it has shown only cut, its
+        latest read: the part in view changes from frame to frame, and an older part is a
+        shorter one."""
+        text, score = vote(self.whole_reads) if self.whole_reads or not self.reads else (
+            self.reads[-1]
+        )
+        return text, score * fit(text, self.box, self.char_width)
 
     def misfit(self, answer: Detection) -> str | None:
         """Why the cloud's `answer` no longer fits what the track sees now, or None. Asked
@@ -156,10 +172,14 @@ class Track:
         """What the device reports, (text, score, whether it is the cloud's answer): the
         cloud's answer once it came, unless the edge's vote over the track's frames is surer
         than it (a blurred crop the cloud reads `PO 008 HN` at 0.33 does not overturn twenty
-        frames agreeing on `PD 008 HN` at 0.9); else the edge's vote."""
+        frames agreeing on `PD 008 HN` at 0.9); else the edge's vote. Each is weighed by its
+        `fit` to the line's box: `电` read for a nine-character plate is sure of nothing."""
         text, score = self.reading()
-        if self.cloud is not None and self.cloud.score >= score:
-            return self.cloud.text or "", self.cloud.score, True
+        if self.cloud is not None:
+            answer = self.cloud.text or ""
+            sure = self.cloud.score * fit(answer, self.box, self.char_width)
+            if sure >= score:
+                return answer, sure, True
         return text, score, False
 
     def result(self) -> tuple[str, float]:
@@ -250,6 +270,7 @@ class Tracker:
                         first_frame=frame_index,
                         last_frame=frame_index,
                         box=det.box,
+                        char_width=s.char_width,
                     )
                     tracks.append(track)
                     self._by_id[track.track_id] = track

@@ -5,10 +5,11 @@ verdict book (detections as the edge model gives them, on a real frame)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from edgefleet.edge.policy import EscalationPolicy
 from edgefleet.edge.settings import BudgetSettings, PolicySettings, TrackSettings
-from edgefleet.edge.tracks import RETIRED, Detection, report
+from edgefleet.edge.tracks import RETIRED, Detection, fit, report
 from edgefleet.edge.verdicts import VerdictBook
 from edgefleet.shared.messages import CloudVerdict
 
@@ -178,3 +179,36 @@ def test_a_line_the_model_missed_for_a_while_keeps_its_track_and_its_answer() ->
     (other,) = seen(30, "EXIT", 142.0)
     assert other is not track
 
+
+
+def test_fit_cuts_a_reading_with_fewer_characters_than_its_box_holds() -> None:
+    plate = (0.0, 0.0, 100.0, 20.0)  # five heights wide: room for a nine-character plate
+    assert fit("ZT 481 TT", plate, 0.8) == 1.0
+    assert fit("电", plate, 0.8) == pytest.approx(0.8 / 5.0)
+    assert fit("", plate, 0.8) == 1.0 and fit("ZT", (0.0, 5.0, 10.0, 5.0), 0.8) == 1.0
+
+
+def test_a_sure_read_of_one_glyph_for_a_whole_plate_is_asked_about_and_answered() -> None:
+    # given a plate the edge reads as one wide glyph, surely, on every frame; the budget
+    # asks only about tracks under 0.5
+    settings = PolicySettings(
+        sample_share=0.0,
+        rate_per_min=600.0,
+        dedup_window_s=0.0,
+        budget=BudgetSettings(share=1.0, max_score=0.5, burst=8),
+        tracks=TrackSettings(ready_frames=2),
+    )
+    policy = EscalationPolicy(settings, clock=lambda: 0.0)
+    book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
+    box = (100.0, 100.0, 200.0, 120.0)
+    cases = []
+    for index in range(4):
+        cases += policy.decide_all("s", index, _frame(index), [Detection(text="电", score=0.9,
+                                                                         box=box)])
+    # then its confidence is cut by its fit to the box, and it is asked about
+    track = policy.tracker.live("s")[0]
+    assert track.reading()[1] == pytest.approx(0.9 * 0.8 / 5.0)
+    assert len(cases) == 1
+    # and the cloud's whole plate, less sure than the edge's model was of its glyph, stands
+    book.receive(_verdict("case-glyph-01", track.track_id, "ZT 481 TT", score=0.6))
+    assert report(track).source == "cloud" and report(track).text == "ZT 481 TT"
