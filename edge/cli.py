@@ -41,13 +41,18 @@ def run(
     Example: edgefleet edge run -c edge.yaml --log-level DEBUG --no-json-logs
     """
     from edgefleet.edge.agent import Agent
+    from edgefleet.edge.model import model_execution
     from edgefleet.edge.settings import EdgeSettings
     from edgefleet.shared.config import load_settings
+    from edgefleet.shared.executor.selftest import run_selftest
     from edgefleet.shared.logs import configure_logging
 
     configure_logging(log_level, json_format=json_logs)
     try:
         settings = load_settings(EdgeSettings, config).beside(config)
+        # first the backend the model will get, logged and in the health pages; a host
+        # where no GPU backend loads goes on, on the CPU, saying why
+        run_selftest(model_execution(settings))
         agent = Agent(settings)
         agent.run_forever()
     except EdgefleetError as exc:
@@ -56,6 +61,38 @@ def run(
     except OSError as exc:  # e.g. the outbox folder is not writable, the port is taken
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+@app.command()
+def selftest(
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="edge.yaml whose model.execution to test (default: none)"
+    ),
+    json_out: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Load a tiny model on the first backend of the order that runs here and say which
+    backend and provider it got, and why each one before it was passed over.
+
+    What `edge run` does first; exit status 1 when no backend ran it, 2 for a bad config.
+
+    Example: docker run --rm --runtime nvidia edgefleet-edge-jetson:0.1.0 edge selftest
+    """
+    from edgefleet.edge.execution import edge_execution
+    from edgefleet.edge.model import model_execution
+    from edgefleet.edge.settings import EdgeSettings
+    from edgefleet.shared.cli import print_selftest
+    from edgefleet.shared.config import load_settings
+
+    try:
+        execution = (
+            model_execution(load_settings(EdgeSettings, config).beside(config))
+            if config is not None
+            else edge_execution(1)
+        )
+    except EdgefleetError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    print_selftest(execution, json_out)
 
 
 @app.command()

@@ -10,6 +10,7 @@ import numpy as np
 from edgefleet.edge.execution import edge_execution
 from edgefleet.edge.settings import EdgeSettings, ModelSettings
 from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Detection, ModelInfo, ModelRef
 
 
@@ -36,6 +37,11 @@ def open_model(settings: ModelSettings, workers: int = 1) -> Predictor:
     return load_model(name=settings.name, settings=settings.execution or edge_execution(workers))
 
 
+def model_execution(settings: EdgeSettings) -> ExecutionSettings:
+    """The executor settings the agent's model loads with (and its self-test proves)."""
+    return settings.model.execution or edge_execution(settings.pipeline.infer_workers)
+
+
 def load_deployed(ref: ModelRef, path: Path, settings: EdgeSettings) -> Predictor:
     """Load and warm the deployed file `path` of `ref` in place of its manifest entry.
 
@@ -60,9 +66,8 @@ def load_deployed(ref: ModelRef, path: Path, settings: EdgeSettings) -> Predicto
         s.name for s in registry.specs() if s.ocr and ref.name in (s.ocr.det, s.ocr.rec, s.ocr.cls)
     ]
     target = settings.model.name if settings.model.name in pipelines else ref.name
-    execution = settings.model.execution or edge_execution(settings.pipeline.infer_workers)
     try:
-        return load_model(target, settings=execution, registry=registry)
+        return load_model(target, settings=model_execution(settings), registry=registry)
     except EdgefleetError:
         raise
     except Exception as exc:  # a backend's own error: wrap it, the old model stays

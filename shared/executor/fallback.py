@@ -18,6 +18,7 @@ from edgefleet.shared.executor.base import runtime_message
 from edgefleet.shared.executor.metrics import BACKEND_FALLBACKS
 from edgefleet.shared.executor.proof import prove, proven
 from edgefleet.shared.executor.selection import Screened, nothing_fits
+from edgefleet.shared.executor.selftest import last_selftest
 from edgefleet.shared.executor.settings import ExecutionSettings
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,8 @@ def record(component: str, choice: BackendChoice) -> None:
 
 
 def report() -> dict[str, Any]:
-    """What /readyz and the agent's health show: each model's backend, and every proof."""
+    """What /readyz and the agent's health show: each model's backend, every proof, and
+    the start-up self-test."""
     with _LOCK:
         chosen = {name: choice.as_json() for name, choice in _CHOSEN.items()}
-    return {"models": chosen, "proofs": proven()}
+    return {"models": chosen, "proofs": proven(), "selftest": last_selftest()}

@@ -6,12 +6,13 @@ import contextlib
 import importlib.metadata
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.errors import ConfigError, EdgefleetError
 from edgefleet.shared.executor.base import (
     Capabilities,
     InferenceFailed,
@@ -28,6 +29,7 @@ from edgefleet.shared.executor.tensorrt_plan import (
     ProfileShape,
     calibration_digest,
     image_files,
+    plan_profile,
 )
 
 log = logging.getLogger(__name__)
@@ -97,21 +99,52 @@ class OnnxRuntimeExecutor:
         key = ort_trt_key(blob, self.settings, f"ort{ort.__version__}-trt{_trt_version()}", gpu, cc)
         return self.settings.engine_cache_dir / "ort-trt" / key.stem(blob.name)
 
-    def _provider_options(self, cache: Path | None) -> list[dict]:
+    def trt_profile(self, model: str, inputs: list[TensorSpec]) -> list[ProfileShape]:
+        """The optimisation profile of the dynamic inputs (the bounds the cache key names),
+        given to the TensorRT provider so that it builds one engine for the whole range at
+        session creation, not one per new input size as they come. Empty (ORT's own lazy
+        profile) where an input has a dynamic axis no profile plans."""
+        ts, batching = self.settings.tensorrt, self.settings.batching
+        try:
+            planned = plan_profile(
+                inputs,
+                max_batch=batching.max_batch_size,
+                opt_batch=batching.preferred_batch_size,
+                min_hw=ts.min_hw,
+                opt_hw=ts.opt_hw,
+                max_hw=ts.max_hw,
+            )
+        except ConfigError as exc:
+            log.info(
+                "no TensorRT profile for this model: the provider sizes its engine lazily",
+                extra={"model": model, "why": exc.message},
+            )
+            return []
+        dynamic = {spec.name for spec in inputs if None in spec.shape}
+        return [p for p in planned if p.name in dynamic]
+
+    def provider_options(self, cache: Path | None, profile: list[ProfileShape]) -> list[dict]:
         s = self.settings
         out: list[dict] = []
         for provider in _PROVIDERS[self.device]:
             if provider == "TensorrtExecutionProvider" and cache is not None:
-                out.append(
-                    {
-                        "device_id": s.gpu_index,
-                        "trt_fp16_enable": s.precision == "fp16",
-                        "trt_engine_cache_enable": True,
-                        "trt_engine_cache_path": str(cache),
-                        "trt_timing_cache_enable": True,
-                        "trt_max_workspace_size": s.memory.workspace_mb << 20,
-                    }
-                )
+                options: dict[str, object] = {
+                    "device_id": s.gpu_index,
+                    "trt_fp16_enable": s.precision == "fp16",
+                    "trt_engine_cache_enable": True,
+                    "trt_engine_cache_path": str(cache),
+                    "trt_timing_cache_enable": True,
+                    "trt_max_workspace_size": s.memory.workspace_mb << 20,
+                }
+                if profile:
+                    options.update(
+                        {
+                            "trt_profile_min_shapes": _shapes(profile, "min"),
+                            "trt_profile_opt_shapes": _shapes(profile, "opt"),
+                            "trt_profile_max_shapes": _shapes(profile, "max"),
+                        }
+                    )
+                out.append(options)
             elif provider == "CUDAExecutionProvider":
                 out.append({"device_id": s.gpu_index})
             else:
@@ -131,16 +164,17 @@ class OnnxRuntimeExecutor:
                 f"{self.name}: ONNX Runtime lacks {', '.join(missing)}",
                 hint="install onnxruntime-gpu for CUDA/TensorRT providers",
             )
-        cache = self.trt_cache_dir(blob) if self.device == "tensorrt" else None
-        # one process builds a key's engines at a time; the others wait, then read them
-        with key_lock(cache / ".lock") if cache is not None else contextlib.nullcontext():
-            try:
-                self._session = self._open(blob, providers, cache)
-            except ModelLoadError:
-                # ORT refused its own cached engines (cut short, another TensorRT): rebuild
-                if cache is None or not reset_folder(cache, "ort_load"):
-                    raise
-                self._session = self._open(blob, providers, cache)
+        if self.device == "tensorrt":
+            cache = self.trt_cache_dir(blob)
+            inputs = graph_inputs(blob)
+            profile = self.trt_profile(blob.name, inputs)
+            self._session = open_and_run_once(
+                cache,
+                lambda: self._open(blob, providers, cache, profile),
+                first_feeds(inputs, profile),
+            )
+        else:
+            self._session = self._open(blob, providers, None, [])
         check_providers(self.name, providers, self._session.get_providers())
         self._model = blob.name
         self._inputs = [
@@ -157,7 +191,9 @@ class OnnxRuntimeExecutor:
             extra={"model": blob.name, "backend": self.name, "providers": providers},
         )
 
-    def _open(self, blob: ModelBlob, providers: list[str], cache: Path | None) -> Any:
+    def _open(
+        self, blob: ModelBlob, providers: list[str], cache: Path | None, profile: list[ProfileShape]
+    ) -> Any:
         import onnxruntime as ort
 
         try:
@@ -165,7 +201,7 @@ class OnnxRuntimeExecutor:
                 blob.data,
                 sess_options=self._session_options(),
                 providers=providers,
-                provider_options=self._provider_options(cache),
+                provider_options=self.provider_options(cache, profile),
             )
         except Exception as exc:  # ORT raises its own (non-typed) errors on bad graphs
             raise ModelLoadError(
@@ -217,6 +253,67 @@ class OnnxRuntimeExecutor:
     @property
     def outputs(self) -> list[TensorSpec]:
         return list(self._outputs)
+
+
+def graph_inputs(blob: ModelBlob) -> list[TensorSpec]:
+    """The model's inputs (names, shapes, types), read by a CPU session that optimises
+    nothing: the TensorRT provider's profile must name them before its own session opens."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(blob.data, opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own (non-typed) errors on bad graphs
+        raise ModelLoadError(
+            f"cannot read the inputs of {blob.name}: {runtime_message(exc)}"
+        ) from None
+    return [
+        TensorSpec(i.name, _dims(i.shape), _NUMPY_DTYPES.get(i.type, "float32"))
+        for i in session.get_inputs()
+    ]
+
+
+def first_feeds(inputs: list[TensorSpec], profile: list[ProfileShape]) -> dict[str, np.ndarray]:
+    """Zeros for every input, at the profile's opt shape (dynamic axes without one: 1)."""
+    opt = {p.name: p.opt for p in profile}
+    return {
+        spec.name: np.zeros(opt.get(spec.name) or tuple(d or 1 for d in spec.shape), spec.dtype)
+        for spec in inputs
+    }
+
+
+def open_and_run_once(cache: Path, open_session: Callable[[], Any], feeds: dict[str, np.ndarray]):
+    """Open a TensorRT-provider session and run it once, both under the cache key's lock.
+
+    ORT's TensorRT provider builds (or reads) its engine when the session opens if every
+    dynamic input has a profile, and at the first run if not: both happen here, so
+    replicas sharing the folder wait for one build instead of building the same engine
+    side by side, and each reads it after. An engine ORT refuses (cut short, built by
+    another TensorRT) empties the folder, counted, and is built once more.
+    """
+    with key_lock(cache / ".lock"):
+        try:
+            return _run_once(open_session(), feeds)
+        except ModelLoadError:
+            if not reset_folder(cache, "ort_load"):
+                raise
+            return _run_once(open_session(), feeds)
+
+
+def _run_once(session: Any, feeds: dict[str, np.ndarray]) -> Any:
+    try:
+        session.run(None, feeds)
+    except Exception as exc:  # ORT's own types: an engine it could not build or read
+        raise ModelLoadError(f"the first run failed: {runtime_message(exc)}") from None
+    return session
+
+
+def _shapes(profile: list[ProfileShape], which: str) -> str:
+    """A profile bound as the TensorRT provider reads it: `x:1x3x32x32,y:...`."""
+    return ",".join(f"{p.name}:{'x'.join(str(d) for d in getattr(p, which))}" for p in profile)
 
 
 def check_providers(backend: str, requested: list[str], got: list[str]) -> None:

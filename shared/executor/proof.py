@@ -35,6 +35,7 @@ TINY_ONNX = base64.b64decode(
 TINY_SHAPE = (1, 3, 8, 8)
 
 _VERDICTS: dict[tuple[str, int, str], str | None] = {}
+_PROVIDERS: dict[tuple[str, int, str], tuple[str, ...]] = {}
 _LOCK = threading.Lock()
 
 
@@ -43,7 +44,7 @@ def prove(name: str, settings: ExecutionSettings) -> str | None:
     key = (name, settings.gpu_index, settings.precision)
     with _LOCK:  # one proof per backend even when models load on several threads
         if key not in _VERDICTS:
-            _VERDICTS[key] = _attempt(name, settings)
+            _VERDICTS[key] = _attempt(name, settings, key)
             if _VERDICTS[key] is None:
                 log.info("backend proven", extra={"backend": name})
         return _VERDICTS[key]
@@ -55,7 +56,13 @@ def proven() -> dict[str, str | None]:
         return {name: why for (name, _, _), why in _VERDICTS.items()}
 
 
-def _attempt(name: str, settings: ExecutionSettings) -> str | None:
+def providers(name: str, settings: ExecutionSettings) -> tuple[str, ...]:
+    """The providers backend `name` really started for its proof (empty before one ran)."""
+    with _LOCK:
+        return _PROVIDERS.get((name, settings.gpu_index, settings.precision), ())
+
+
+def _attempt(name: str, settings: ExecutionSettings, key: tuple[str, int, str]) -> str | None:
     x = np.linspace(-1.0, 1.0, int(np.prod(TINY_SHAPE)), dtype=np.float32).reshape(TINY_SHAPE)
     with tempfile.TemporaryDirectory(prefix="edgefleet-proof-") as scratch:
         # engines of the proof go to a scratch folder, never into the operator's cache
@@ -68,6 +75,7 @@ def _attempt(name: str, settings: ExecutionSettings) -> str | None:
             try:
                 executor.load(blob)
                 y = executor.infer({"x": x})[0]
+                _PROVIDERS[key] = executor.capabilities.providers
             finally:
                 executor.close()
         except Exception as exc:  # whatever a runtime raises when its libraries are missing

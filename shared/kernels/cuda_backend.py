@@ -8,19 +8,27 @@ public API's contract (numpy in, numpy out) holds on every backend.
 
 NMS builds the suppression bitmask of the score-sorted candidates on the GPU and runs
 the short greedy pass over it on the host; OKS pose NMS (tens of poses) stays on the
-native C code. pycuda is imported only when this backend is probed.
+native C code. pycuda is imported only when this backend is probed. The kernels are the
+fat binaries the image built (`docker/build-cuda-kernels.sh`, loaded with cuModuleLoad)
+where they fit the GPU (`fatbins.choose_fatbins`), so a Jetson does not compile them at
+every start; elsewhere they are compiled from source, with the reason logged.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.kernels import checks
+from edgefleet.shared.kernels.fatbins import choose_fatbins
+
+log = logging.getLogger(__name__)
 
 CUDA_DIR = Path(__file__).with_name("cuda")
 NVCC_OPTIONS = ["--fmad=false", "-std=c++14"]
@@ -28,6 +36,13 @@ FORMAT_CODES = {"nv12": 0, "i420": 1, "bgr": 2, "rgb": 3}
 BGR_OUT = 16  # or'ed into the format code: planes out in B, G, R order (preprocess.cu)
 MAX_NMS_BOXES = 40_000  # the n x n/64 bitmask stays under ~200 MB
 BLOCK = (32, 8, 1)
+# each kernel's source file: the fat binary it is loaded from
+KERNEL_SOURCES = {
+    "ef_to_tensor_f32": "preprocess",
+    "ef_to_tensor_f16": "preprocess",
+    "ef_quads_to_tensor_f32": "preprocess",
+    "ef_nms_mask": "nms",
+}
 
 
 def available() -> tuple[bool, str]:
@@ -52,12 +67,34 @@ def combined_source() -> str:
 
 
 @functools.cache
-def _module():
-    """Compile (nvcc, cached by pycuda) and load the kernels in the primary context."""
+def _modules() -> dict[str, Any]:
+    """The kernels' modules by source, in the primary context: the built fat binaries
+    where they fit this GPU, else the sources compiled (nvcc, cached by pycuda)."""
     import pycuda.autoprimaryctx  # noqa: F401  shares the context with TensorRT/ORT
+    import pycuda.driver as cuda
+
+    sources = sorted(set(KERNEL_SOURCES.values()))
+    capability = cuda.Context.get_device().compute_capability()
+    choice = choose_fatbins(CUDA_DIR, capability, sources, NVCC_OPTIONS)
+    if choice.usable:
+        try:
+            modules = {name: cuda.module_from_file(str(p)) for name, p in choice.files.items()}
+        except cuda.Error as exc:
+            why = f"the built fat binaries did not load ({exc})"
+        else:
+            log.info("CUDA kernels loaded from fat binaries: %s", choice.reason)
+            return modules
+    else:
+        why = choice.reason
+    log.info("CUDA kernels compiled from source: %s", why)
     from pycuda.compiler import SourceModule
 
-    return SourceModule(combined_source(), options=NVCC_OPTIONS, no_extern_c=True)
+    module = SourceModule(combined_source(), options=NVCC_OPTIONS, no_extern_c=True)
+    return dict.fromkeys(sources, module)
+
+
+def _kernel(name: str) -> Any:
+    return _modules()[KERNEL_SOURCES[name]].get_function(name)
 
 
 def _device_frame(frame: object, fmt: str):
@@ -118,7 +155,7 @@ def frame_to_tensor(
             raise InvalidInput(f"out must be {dt} of shape {(1, 3, *hw)}")
         host, dev_out = None, out
     scale, bias, padv = norm.fixed_point_affine()
-    kernel = _module().get_function("ef_to_tensor_f16" if dt == np.float16 else "ef_to_tensor_f32")
+    kernel = _kernel("ef_to_tensor_f16" if dt == np.float16 else "ef_to_tensor_f32")
     pitch = w * 3 if fmt in ("bgr", "rgb") else w
     grid = ((hw[1] + BLOCK[0] - 1) // BLOCK[0], (hw[0] + BLOCK[1] - 1) // BLOCK[1], 1)
     code = FORMAT_CODES[fmt] | (BGR_OUT if swap else 0)
@@ -170,7 +207,7 @@ def quads_to_tensor(
     dev_out = gpuarray.to_gpu(a.out)  # slots not written keep the caller's values
     hom = gpuarray.to_gpu(a.homographies.astype(np.float32))
     taps, wid, slot = (gpuarray.to_gpu(v) for v in (a.taps, a.widths, a.slots))
-    kernel = _module().get_function("ef_quads_to_tensor_f32")
+    kernel = _kernel("ef_quads_to_tensor_f32")
     pitch = w * 3 if fmt in ("bgr", "rgb") else w
     code = FORMAT_CODES[fmt] | (BGR_OUT if a.bgr_out else 0)
     out_h, out_w = a.out.shape[2], a.out.shape[3]
@@ -226,13 +263,12 @@ def nms(
         return native.nms(
             a.boxes, a.scores, a.iou_threshold, a.score_threshold, a.class_ids, a.max_det
         )
-    mod = _module()
     sorted_boxes = gpuarray.to_gpu(np.ascontiguousarray(a.boxes[order]))
     cls = np.zeros(n, np.int32) if a.class_ids is None else a.class_ids[order]
     dev_cls = gpuarray.to_gpu(np.ascontiguousarray(cls, np.int32))
     words = (n + 63) // 64
     mask = gpuarray.zeros((n, words), np.uint64)
-    mod.get_function("ef_nms_mask")(
+    _kernel("ef_nms_mask")(
         sorted_boxes.gpudata,
         dev_cls.gpudata,
         np.int32(n),

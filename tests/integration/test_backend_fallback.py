@@ -75,6 +75,13 @@ def _assert_on_cpu_saying_why(execution: dict) -> None:
     proofs = execution["proofs"]
     assert proofs["onnxruntime-cpu"] is None
     assert all(proofs[name] for name in GPU_BACKENDS), proofs
+    # the self-test the process ran at its start said the same before any model loaded
+    selftest = execution["selftest"]
+    assert (selftest["backend"], selftest["provider"]) == (
+        "onnxruntime-cpu",
+        "CPUExecutionProvider",
+    )
+    assert [s["backend"] for s in selftest["skipped"]] == GPU_BACKENDS
 
 
 def test_the_cloud_starts_on_the_cpu_and_readyz_says_why(gpu_packages: Path, tmp_path: Path):
@@ -109,6 +116,7 @@ def test_the_cloud_starts_on_the_cpu_and_readyz_says_why(gpu_packages: Path, tmp
         text = log.read_text()
         # one warning per backend and reason, not one per model file
         assert text.count("backend tensorrt passed over") == 1, text[-3000:]
+        assert "selftest: backend onnxruntime-cpu (provider CPUExecutionProvider)" in text
     finally:
         _stop(process)
 
@@ -143,6 +151,9 @@ def test_the_agent_starts_on_the_cpu_and_its_health_says_why(gpu_packages: Path,
         body = _ready(f"http://127.0.0.1:{health_port}/healthz", process, log)
         assert body["status"] == "ok" and body["device_id"] == "cam-01"
         _assert_on_cpu_saying_why(body["execution"])
+        assert "selftest: backend onnxruntime-cpu (provider CPUExecutionProvider)" in (
+            log.read_text()
+        )
         assert process.poll() is None, log.read_text()[-3000:]
     finally:
         _stop(process)

@@ -226,10 +226,104 @@ def test_jetson_requirements_follow_pyproject() -> None:
     project = pyproject["project"]
     edge = project["dependencies"] + project["optional-dependencies"]["edge"]
     wanted = {_req_name(r) for r in edge}
-    wanted -= {"opencv-python-headless", "nvidia-ml-py"}
+    wanted -= {"opencv-python-headless", "nvidia-ml-py", "onnxruntime"}
     lines = (DOCKER / "jetson" / "requirements-jetson.txt").read_text().splitlines()
     have = {_req_name(line) for line in lines if line.strip() and not line.startswith("#")}
     assert have == wanted
+
+
+def _python_snippets(name: str) -> list[str]:
+    """The code of every `python -c "..."` an image's RUN steps run, in any stage."""
+    runs = [r for stage in parse_stages(DOCKERFILES[name].read_text()) for r in stage.values("RUN")]
+    return [code for run in runs for code in re.findall(r'python3? -c "(.*?)"', run)]
+
+
+def _snippet(name: str, needle: str) -> str:
+    [code] = [code for code in _python_snippets(name) if needle in code]
+    return code
+
+
+def _cuda_minor(text: str) -> str:
+    return ".".join(text.split(".")[:2])
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_no_build_step_imports_tensorrt(name: str) -> None:
+    # JetPack 6's TensorRT loads only with the libraries the NVIDIA runtime mounts when a
+    # container runs, and no image needs a GPU to build: the self-test at start proves it
+    imports = re.compile(r"\b(import\s+[\w., ]*\btensorrt\b|from\s+tensorrt\b)")
+    assert [code for code in _python_snippets(name) if imports.search(code)] == []
+    assert imports.search("import cv2, tensorrt") and not imports.search("import tensorrt_libs")
+
+
+def test_x86_images_install_cuda_python_for_their_cuda_and_put_tensorrt_on_the_loader_path(
+    tmp_path: Path,
+) -> None:
+    reqs = (DOCKER / "x86" / "requirements-gpu.txt").read_text()
+    [cuda_python] = re.findall(r"(?m)^cuda-python==([\d.]+)", reqs)
+    for name in ("x86-edge", "x86-cloud"):
+        text = DOCKERFILES[name].read_text()
+        [cuda] = re.findall(r"(?m)^ARG CUDA_VERSION=([\d.]+)$", text)
+        assert _cuda_minor(cuda_python) == _cuda_minor(cuda), (name, cuda, cuda_python)
+        runs = " ".join(final_stage(name).values("RUN"))
+        assert "> /etc/ld.so.conf.d/edgefleet-tensorrt.conf" in runs and "&& ldconfig" in runs
+    # the folder the entry names is where pip put TensorRT's libraries, found without
+    # importing them (the step's own code, run here on a stand-in of the wheel's package)
+    libs = tmp_path / "site" / "tensorrt_libs"
+    libs.mkdir(parents=True)
+    (libs / "__init__.py").write_text("raise ImportError('never imported')\n")
+    found = subprocess.run(
+        [sys.executable, "-c", _snippet("x86-edge", "tensorrt_libs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path / "site")},
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.splitlines() == [str(libs)]
+
+
+def _fake_dist(site: Path, name: str, files: list[str]) -> None:
+    info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+
+
+def test_the_jetson_image_takes_onnx_runtime_gpu_from_the_jetson_index(tmp_path: Path) -> None:
+    text = DOCKERFILES["l4t"].read_text()
+    args = dict(re.findall(r"(?m)^ARG (\w+)=(\S+)$", text))
+    # a pinned GPU build, from an index for JetPack's CUDA, which cuda-python follows too
+    assert re.fullmatch(r"onnxruntime-gpu==\d+\.\d+\.\d+", args["ONNXRUNTIME_GPU"])
+    [cu] = re.findall(r"^https://\S+/cu(\d\d)(\d+)$", args["JETSON_PIP_INDEX"])
+    reqs = (DOCKER / "jetson" / "requirements-gpu.txt").read_text()
+    [cuda_python] = re.findall(r"(?m)^cuda-python==([\d.]+)", reqs)
+    assert _cuda_minor(cuda_python) == ".".join(cu)
+    runs = " ".join(parse_stages(text)[0].values("RUN"))
+    assert '--index-url "${JETSON_PIP_INDEX}"' in runs and '"${ONNXRUNTIME_GPU}"' in runs
+    assert "requirements-gpu.txt" in runs
+    # its check (the build step's own code, no import): the TensorRT provider is in the
+    # wheel, and no CPU onnxruntime shadows it
+    check = _snippet("l4t", "libonnxruntime_providers_tensorrt")
+    provider = "onnxruntime/capi/libonnxruntime_providers_tensorrt.so"
+
+    def verdict(*dists: tuple[str, list[str]]) -> subprocess.CompletedProcess:
+        site = tmp_path / f"site{len(list(tmp_path.iterdir()))}"
+        for name, files in dists:
+            _fake_dist(site, name, files)
+        return subprocess.run(  # -S: this venv's own onnxruntime out of sight
+            [sys.executable, "-S", "-c", check],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PYTHONPATH": str(site)},
+        )
+
+    assert verdict(("onnxruntime-gpu", [provider])).returncode == 0
+    lacking = verdict(("onnxruntime-gpu", ["onnxruntime/capi/libonnxruntime_providers_cuda.so"]))
+    assert "onnxruntime-gpu without its TensorRT provider" in lacking.stderr
+    shadowed = verdict(("onnxruntime-gpu", [provider]), ("onnxruntime", ["onnxruntime/x.py"]))
+    assert "a CPU onnxruntime shadows the GPU build" in shadowed.stderr
 
 
 def _req_name(requirement: str) -> str:

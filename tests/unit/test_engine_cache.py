@@ -9,15 +9,23 @@ import signal
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from edgefleet.shared.executor.base import ModelBlob
+from edgefleet.shared.executor.base import ModelBlob, ModelLoadError, TensorSpec
 from edgefleet.shared.executor.engine_cache import (
     cached_build,
     invalidate,
     reset_folder,
 )
-from edgefleet.shared.executor.onnxruntime_backend import OnnxRuntimeExecutor, ort_trt_key
+from edgefleet.shared.executor.onnxruntime_backend import (
+    OnnxRuntimeExecutor,
+    first_feeds,
+    graph_inputs,
+    open_and_run_once,
+    ort_trt_key,
+)
+from edgefleet.shared.executor.proof import TINY_ONNX, TINY_SHAPE
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.models.registry import sha256_bytes
 from tests.support.waiting import counter_value, eventually
@@ -204,3 +212,118 @@ def test_each_model_gets_its_own_onnx_runtime_tensorrt_cache_folder(tmp_path: Pa
     v1, v2 = executor.trt_cache_dir(_blob(b"v1")), executor.trt_cache_dir(_blob(b"v2"))
     assert v1 != v2 and v1.parent == v2.parent == tmp_path / "ort-trt"
     assert v1.name.startswith("det-fp32-")
+
+
+class _HeldFirstRun:
+    """A real ONNX Runtime CPU session whose runs are written to `log` and wait for
+    `release`: the first run stands for the TensorRT provider's lazy engine build."""
+
+    def __init__(self, log: str, started, release) -> None:
+        import onnxruntime as ort
+
+        with open(log, "a") as out:
+            out.write(f"open {os.getpid()}\n")
+        self._session = ort.InferenceSession(TINY_ONNX, providers=["CPUExecutionProvider"])
+        self._log, self._started, self._release = log, started, release
+
+    def run(self, names, feeds):
+        with open(self._log, "a") as out:
+            out.write(f"run {os.getpid()}\n")
+        self._started.set()
+        self._release.wait(60)
+        outputs = self._session.run(names, feeds)
+        with open(self._log, "a") as out:
+            out.write(f"ran {os.getpid()}\n")
+        return outputs
+
+
+def _open_in_child(cache: str, log: str, started, release, out) -> None:
+    feeds = first_feeds([TensorSpec("x", TINY_SHAPE)], [])
+    session = open_and_run_once(Path(cache), lambda: _HeldFirstRun(log, started, release), feeds)
+    out.put(type(session).__name__)
+
+
+def test_two_processes_opening_one_onnx_runtime_key_open_and_run_it_one_at_a_time(
+    tmp_path: Path,
+):
+    # given two processes opening a session on one cache folder, the first held in its run
+    ctx = multiprocessing.get_context("fork")
+    cache, log = tmp_path / "ort-trt" / "det-fp16-0123", tmp_path / "sessions.log"
+    started, release, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    args = (str(cache), str(log), started, release, out)
+    first = ctx.Process(target=_open_in_child, args=args)
+    first.start()
+    assert started.wait(60), "the first process never ran its session"
+    second = ctx.Process(target=_open_in_child, args=args)
+    second.start()
+    # then the second waits on the key's lock while the first is in its first run
+    eventually(lambda: _waiters_on(cache / ".lock") == 1, 30, "a lock waiter")
+    assert log.read_text().splitlines() == [f"open {first.pid}", f"run {first.pid}"]
+    release.set()
+    assert [out.get(timeout=60), out.get(timeout=60)] == ["_HeldFirstRun"] * 2
+    for proc in (first, second):
+        proc.join(60)
+        assert proc.exitcode == 0
+    # and it opened only once the first had run: one build, then a reader of it
+    assert log.read_text().splitlines() == [
+        f"{step} {proc.pid}" for proc in (first, second) for step in ("open", "run", "ran")
+    ]
+
+
+def test_a_first_run_that_fails_empties_the_cache_folder_and_opens_once_more(tmp_path: Path):
+    import onnxruntime as ort
+
+    # given a cache folder holding an engine, and a first run the runtime refuses (a feed
+    # of the wrong shape stands for an engine it cannot read)
+    cache = tmp_path / "ort-trt" / "det-fp16-0123"
+    cache.mkdir(parents=True)
+    (cache / "TensorrtExecutionProvider_TRTKernel_graph.engine").write_bytes(b"junk")
+    opened: list[str] = []
+
+    def open_session():
+        opened.append("open")
+        return ort.InferenceSession(TINY_ONNX, providers=["CPUExecutionProvider"])
+
+    refused = {"x": np.zeros((2, 2), np.float32)}
+    before = counter_value("ef_engine_cache_corrupt_total", reason="ort_load")
+    # when it opens, then the folder is emptied (counted) and the session opened once more;
+    # a run that fails again is the model's error, raised
+    with pytest.raises(ModelLoadError, match="the first run failed"):
+        open_and_run_once(cache, open_session, refused)
+    assert len(opened) == 2 and [p.name for p in cache.iterdir()] == [".lock"]
+    assert counter_value("ef_engine_cache_corrupt_total", reason="ort_load") == before + 1
+    # with nothing left in the folder to blame, a failing run is raised at once
+    with pytest.raises(ModelLoadError):
+        open_and_run_once(cache, open_session, refused)
+    assert len(opened) == 3
+    # and a run that works returns its session
+    session = open_and_run_once(cache, open_session, first_feeds([TensorSpec("x", TINY_SHAPE)], []))
+    assert session.get_providers() == ["CPUExecutionProvider"] and len(opened) == 4
+
+
+def test_the_tensorrt_provider_is_given_the_profile_its_cache_key_names(tmp_path: Path):
+    from tests.support.onnx_graphs import constant_model
+
+    # given a model with a dynamic batch, height and width (the key's bounds: settings')
+    data = constant_model(np.zeros((1, 4), np.float32), ["N", 3, "H", "W"])
+    executor = OnnxRuntimeExecutor(ExecutionSettings(engine_cache_dir=tmp_path), "tensorrt")
+    inputs = graph_inputs(_blob(data))
+    assert inputs == [TensorSpec("images", (None, 3, None, None), "float32")]
+    # when its provider options are made, then the TensorRT provider gets that profile
+    profile = executor.trt_profile("det", inputs)
+    options = executor.provider_options(tmp_path, profile)[0]
+    ts, batching = executor.settings.tensorrt, executor.settings.batching
+    assert options["trt_profile_min_shapes"] == f"images:1x3x{ts.min_hw[0]}x{ts.min_hw[1]}"
+    assert options["trt_profile_opt_shapes"] == (
+        f"images:{batching.preferred_batch_size}x3x{ts.opt_hw[0]}x{ts.opt_hw[1]}"
+    )
+    assert options["trt_profile_max_shapes"] == (
+        f"images:{batching.max_batch_size}x3x{ts.max_hw[0]}x{ts.max_hw[1]}"
+    )
+    # and the first run, under the lock, is at the profile's opt shape
+    feeds = first_feeds(inputs, profile)
+    assert feeds["images"].shape == (batching.preferred_batch_size, 3, *ts.opt_hw)
+    # a model with only fixed inputs needs no profile: the provider builds it as it is
+    fixed = graph_inputs(_blob(TINY_ONNX))
+    assert executor.trt_profile("proof", fixed) == []
+    assert "trt_profile_min_shapes" not in executor.provider_options(tmp_path, [])[0]

@@ -101,7 +101,7 @@ def test_dry_run_prints_each_step_with_its_cap_and_runs_nothing(tmp_path, capsys
 
 def test_cap_scale_and_bad_steps(tmp_path, capsys):
     assert main(["--dry-run", "--steps", "tensorrt", "--cap-scale", "0.5"]) == 0
-    assert "step 1/1 tensorrt (cap 75 s)" in capsys.readouterr().out
+    assert "step 1/1 tensorrt (cap 62 s)" in capsys.readouterr().out
     assert main(["--steps", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown step(s) nope" in capsys.readouterr().err
     assert main(["--dry-run", "--cap-scale", "0"]) == 2
@@ -312,3 +312,16 @@ def test_edgefleet_bench_gpu_check_runs_the_same_script():
     result = CliRunner().invoke(app, ["gpu-check", "--dry-run", "--steps", "nvml"])
     assert result.exit_code == 0, result.output
     assert "step 1/1 nvml (cap 25 s)" in result.output
+
+
+def test_the_defaults_step_measures_the_models_each_role_ships_with():
+    from edgefleet.bench.gpu_paths import DEFAULT_MODELS
+    from edgefleet.cloud.settings import CloudSettings
+    from edgefleet.edge.settings import ModelSettings
+
+    # the edge's model setting and the cloud's primary, as their defaults stand
+    assert dict(DEFAULT_MODELS) == {
+        "edge": ModelSettings().name,
+        "cloud": CloudSettings().models.primary,
+    }
+    assert "defaults" in {s.name for s in PLAN}
