@@ -183,9 +183,15 @@ def triton_repo(
     precision: Annotated[str, typer.Option(help="TensorRT precision: fp16 or fp32")] = "fp16",
     kind: Annotated[str, typer.Option(help="instances on the gpu or the cpu")] = "gpu",
     instances: Annotated[int, typer.Option(min=1, max=64, help="instances per device")] = 1,
-    max_batch_size: Annotated[int, typer.Option(min=1, max=1024)] = 16,
+    max_batch_size: Annotated[
+        int, typer.Option(min=1, max=1024, help="largest batch Triton's batcher forms")
+    ] = 16,
 ) -> None:
-    """Write a Triton model repository for the cloud's models (ONNX files hash-checked)."""
+    """Write a Triton model repository for the cloud's models (ONNX files hash-checked),
+    served as it is by `tritonserver --model-repository OUT`.
+
+    Example: edgefleet cloud triton-repo /srv/triton/models --tensorrt --instances 2
+    """
     from pydantic import ValidationError
 
     from edgefleet.cloud.services import model_registry

@@ -7,7 +7,6 @@ import importlib
 import importlib.util
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from edgefleet.shared.executor.base import Executor
 from edgefleet.shared.executor.settings import ExecutionSettings
@@ -24,20 +23,16 @@ BACKENDS: dict[str, tuple[str, str, dict]] = {
     "tensorrt": ("edgefleet.shared.executor.tensorrt_backend", "TensorRTExecutor", {}),
     "torch-cpu": ("edgefleet.shared.executor.torch_backend", "TorchExecutor", {"device": "cpu"}),
     "torch-cuda": ("edgefleet.shared.executor.torch_backend", "TorchExecutor", {"device": "cuda"}),
-    # chosen by a manifest entry's `triton:` (never by the preference order): the forward
-    # pass runs on a Triton server
-    "triton": ("edgefleet.shared.executor.triton_backend", "TritonExecutor", {}),
 }
 
 
-def create_executor(name: str, settings: ExecutionSettings, **options: Any) -> Executor:
-    """Import the chosen backend's module now (not before) and build it (`options`: what
-    the backend takes beyond the settings, e.g. triton's `serving`)."""
+def create_executor(name: str, settings: ExecutionSettings) -> Executor:
+    """Import the chosen backend's module now (not before) and build it."""
     if name not in BACKENDS:
         raise KeyError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
     module_name, attr, kwargs = BACKENDS[name]
     factory: Callable[..., Executor] = getattr(importlib.import_module(module_name), attr)
-    return factory(settings, **kwargs, **options)
+    return factory(settings, **kwargs)
 
 
 def _installed(module: str) -> bool:

@@ -206,7 +206,7 @@ class TritonExecutor:
         if s.protocol == "grpc":
             import tritonclient.grpc as client_module
         else:
-            import tritonclient.http as client_module  # type: ignore[no-redef]
+            import tritonclient.http as client_module
         from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
         inputs = []

@@ -149,9 +149,12 @@ def _open_on_triton(
 ) -> Session:
     """The manifest names a Triton server: the forward pass runs there (the model's memory
     is the server's, so none is admitted here); warmed up through it like a local one."""
+    # not in the registry's preference order: the manifest chose it, nothing is probed
+    from edgefleet.shared.executor.triton_backend import TritonExecutor
+
     serving = spec.triton
     assert serving is not None  # the caller checked
-    executor = create_executor("triton", settings, serving=serving)
+    executor = TritonExecutor(settings, serving)
     try:
         executor.load(blob)
         if settings.warmup and warmup_shape is not None:

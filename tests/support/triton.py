@@ -63,6 +63,8 @@ class TritonServer:
         return f"127.0.0.1:{self.http_port}"
 
     def start(self, *, wait_ready: bool = True) -> TritonServer:
+        """Start it and wait until it is ready (every model loaded), or only live (it
+        answers, whatever its models did: `model_state` says)."""
         env = {
             **os.environ,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -74,23 +76,24 @@ class TritonServer:
             [str(self.binary), "--model-repository", str(self.repository),
              "--backend-directory", str(self.backends), "--http-port", str(self.http_port),
              "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
-             "--disable-auto-complete-config", "--exit-on-error=false",
-             "--log-verbose=0"],
+             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+             "--metrics-address", "127.0.0.1", "--disable-auto-complete-config",
+             "--exit-on-error=false", "--log-verbose=0"],
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # killed with its Python stubs, as a group
         )  # fmt: skip
-        if wait_ready:
-            eventually(self.ready, 120, "tritonserver ready", detail=self.log_tail)
+        health = "ready" if wait_ready else "live"
+        eventually(lambda: self.health(health), 120, f"tritonserver {health}", detail=self.log_tail)
         return self
 
-    def ready(self) -> bool:
+    def health(self, which: str = "ready") -> bool:
         assert self.process is not None and self.process.poll() is None, (
             f"tritonserver exited:\n{self.log_tail()}"
         )
         try:
-            url = f"http://{self.http_url}/v2/health/ready"
+            url = f"http://{self.http_url}/v2/health/{which}"
             return httpx.get(url, timeout=2).status_code == 200
         except httpx.TransportError:
             return False
