@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from edgefleet.bench.harness import ServerThread, escalation_case, escalation_wire, verdict_of
+from edgefleet.bench.triton_server import TritonServer
 from edgefleet.cloud.app import create_app
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
@@ -32,7 +33,6 @@ from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import CloudVerdict
 from edgefleet.shared.models import ModelRegistry, load_model
 from edgefleet.shared.mqtt import MqttSettings, connect, make_client, publish
-from tests.support.triton import TritonServer
 from tests.support.waiting import counter_value, eventually
 
 PRIMARY, LIGHTER = "ppocr6-cloud", "ppocr6-tiny"

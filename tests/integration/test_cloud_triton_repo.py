@@ -17,9 +17,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from typer.testing import CliRunner
 
+from edgefleet.bench.triton_server import TritonServer, pytriton_root
 from edgefleet.cli import app
 from edgefleet.shared.models import ModelRegistry
-from tests.support.triton import TritonServer, pytriton_root
 
 COMPONENTS = {"ppocr6-small-det", "ppocr6-small-rec", "ppocr6-tiny-det", "ppocr6-tiny-rec"}
 

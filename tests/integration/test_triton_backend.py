@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from edgefleet.bench.triton_server import TritonServer
 from edgefleet.cloud.triton.repository import RepositoryOptions, write_repository
 from edgefleet.shared.errors import InferenceTimeout
 from edgefleet.shared.executor.base import ModelBlob, ModelLoadError
@@ -20,7 +21,6 @@ from edgefleet.shared.executor.settings import ExecutionSettings, TritonServing
 from edgefleet.shared.executor.triton_backend import TritonExecutor, TritonUnavailable
 from edgefleet.shared.models import ModelRegistry
 from edgefleet.shared.mosquitto import free_port
-from tests.support.triton import TritonServer
 
 REC = "ppocr6-tiny-rec"
 

@@ -1,6 +1,7 @@
-"""A real Triton Inference Server for the tests: the `tritonserver` 2.51 binary and its
-Python backend that the nvidia-pytriton wheel bundles, run on the CPU in a subprocess the
-test can kill and start again on the same ports.
+"""A real Triton Inference Server for the tests, the bench and the GPU check: the
+`tritonserver` 2.51 binary and its Python backend that the nvidia-pytriton wheel bundles
+(CPU only: no onnxruntime or TensorRT backend), run in a subprocess that can be killed and
+started again on the same ports.
 
 The wheel is found without importing pytriton (its Python half is not used). The Python
 backend's stub runs the system's libpython of this interpreter's version and finds its
@@ -16,21 +17,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 
+from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.mosquitto import free_port
-from tests.support.waiting import eventually
 
 
 def pytriton_root() -> Path:
-    """The installed nvidia-pytriton package folder, or a failure saying how to get it."""
+    """The installed nvidia-pytriton package folder, or an error saying how to get it."""
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
-        raise AssertionError(
-            "nvidia-pytriton is not installed (its tritonserver is the tests' Triton): "
-            "make install-dev installs it"
+        raise ConfigError(
+            "nvidia-pytriton is not installed (its tritonserver is the one run here)",
+            hint="pip install --no-deps nvidia-pytriton (make install-dev does)",
         )
     return Path(next(iter(spec.submodule_search_locations)))
 
@@ -62,7 +64,7 @@ class TritonServer:
     def http_url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
 
-    def start(self, *, wait_ready: bool = True) -> TritonServer:
+    def start(self, *, wait_ready: bool = True, timeout_s: float = 120) -> TritonServer:
         """Start it and wait until it is ready (every model loaded), or only live (it
         answers, whatever its models did: `model_state` says)."""
         env = {
@@ -85,13 +87,19 @@ class TritonServer:
             start_new_session=True,  # killed with its Python stubs, as a group
         )  # fmt: skip
         health = "ready" if wait_ready else "live"
-        eventually(lambda: self.health(health), 120, f"tritonserver {health}", detail=self.log_tail)
+        deadline = time.monotonic() + timeout_s
+        while not self.health(health):
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"tritonserver not {health} in {timeout_s} s:\n{self.log_tail()}"
+                )
+            time.sleep(0.05)
         return self
 
     def health(self, which: str = "ready") -> bool:
-        assert self.process is not None and self.process.poll() is None, (
-            f"tritonserver exited:\n{self.log_tail()}"
-        )
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError(f"tritonserver exited:\n{self.log_tail()}")
         try:
             url = f"http://{self.http_url}/v2/health/{which}"
             return httpx.get(url, timeout=2).status_code == 200
@@ -105,6 +113,22 @@ class TritonServer:
             if entry["name"] == name:
                 return entry.get("state") == "READY", entry.get("reason", "")
         return False, "not in the repository index"
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the server and its Python stubs so far."""
+        import psutil
+
+        if self.process is None or self.process.poll() is not None:
+            return 0.0
+        root = psutil.Process(self.process.pid)
+        total = 0.0
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
 
     def kill(self) -> None:
         """SIGKILL the server and its stubs: no goodbye to any client."""
