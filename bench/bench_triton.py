@@ -92,8 +92,7 @@ def _cloud(tmp: Path, broker, manifest: Path | None) -> tuple[Any, Any]:
     rules = tmp / "rules.yaml"
     tmp.mkdir(parents=True, exist_ok=True)
     rules.write_text(f"default: {{model: {PRIMARY}, timeout_s: 300}}\n")
-    settings = CloudSettings(
-        data_dir=tmp,
+    sections: dict[str, Any] = dict(  # validated as the YAML file's sections are
         mqtt={"host": broker.host, "port": broker.port},
         rules={"file": rules},
         models={"primary": PRIMARY, "lighter": PRIMARY, "served": [PRIMARY],
@@ -104,6 +103,7 @@ def _cloud(tmp: Path, broker, manifest: Path | None) -> tuple[Any, Any]:
         # a group of its own: the run before's session would take a share of the cases
         ingest={"client_id": f"bench-triton-{tmp.name}", "share_group": f"bt-{tmp.name}"},
     )  # fmt: skip
+    settings = CloudSettings(data_dir=tmp, **sections)
     services = CloudServices.build(settings)
     device = services.registry.enroll(f"bench-{tmp.name}")
     services.start()
@@ -112,7 +112,7 @@ def _cloud(tmp: Path, broker, manifest: Path | None) -> tuple[Any, Any]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{PRIMARY} did not load: {services.pool.status()}")
         time.sleep(0.1)
-    if not services.ingest.wait_connected(30):
+    if services.ingest is None or not services.ingest.wait_connected(30):
         raise RuntimeError("the cloud's ingest did not connect to the broker")
     return services, device
 
@@ -147,7 +147,7 @@ def bench_triton(client, tmp: Path, broker, cases: int) -> None:
     options = RepositoryOptions(backend="python", kind="cpu", intra_op_threads=0)
     write_repository(tmp / "triton-repo", ModelRegistry.default(), [PRIMARY], options)
     server = TritonServer(tmp / "triton-repo", tmp / "triton").start()
-    rows = []
+    rows: list[tuple[str, float, list[float], float, float | None, dict[int, int]]] = []
     try:
         on_triton = _manifest(tmp / "m.yaml", server.grpc_url)
         for where, manifest in (
