@@ -17,8 +17,10 @@ DEMO_APT_PROBES   := mosquitto gcc
 # The tests: mosquitto_pub, ffmpeg (a live UDP stream), an RTSP camera (GStreamer's RTSP
 # server, H.264, run by Debian's python3), the NEON kernels under qemu, the dashboard in a
 # headless browser, PostgreSQL's binaries (a disposable server where none runs), a Docker
-# engine, a registry and busybox (the image update tests start their own engine and registry).
-TEST_APT_PACKAGES := mosquitto-clients ffmpeg g++ gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+# engine, a registry and busybox (the image update tests start their own engine and registry),
+# and the libpython of this Python that the tests' Triton Python backend stub runs on.
+PY_MINOR := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+TEST_APT_PACKAGES := libpython$(PY_MINOR) mosquitto-clients ffmpeg g++ gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
                      qemu-user chromium postgresql gir1.2-gst-rtsp-server-1.0 python3-gst-1.0 \
                      gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly \
                      docker.io docker-registry busybox-static
@@ -74,7 +76,7 @@ system-deps:
 	$(call apt_install,$(DEMO_APT_PROBES),$(DEMO_APT_PACKAGES),$(PYTHON) -c '$(PY_PROBE)' >/dev/null 2>&1 || missing="$$missing python3-venv/python3-dev";)
 
 test-system-deps:
-	$(call apt_install,$(TEST_APT_PROBES),$(TEST_APT_PACKAGES),/usr/bin/python3 -I -c '$(RTSP_PROBE)' >/dev/null 2>&1 || missing="$$missing gst-rtsp-server";)
+	$(call apt_install,$(TEST_APT_PROBES),$(TEST_APT_PACKAGES),/usr/bin/python3 -I -c '$(RTSP_PROBE)' >/dev/null 2>&1 || missing="$$missing gst-rtsp-server"; ldconfig -p | grep -q 'libpython$(PY_MINOR)\.so\.1' || missing="$$missing libpython$(PY_MINOR)";)
 
 # The demo runs the edge and the cloud: the package with both extras (the edge's: PyAV).
 $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard shared/kernels/src/*.c shared/kernels/src/*.h)
@@ -93,6 +95,9 @@ $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard shared/kernels/src/
 # disk it fetches PyPI's, which is larger but works).
 $(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	# The tests' Triton Inference Server: the tritonserver and Python backend this wheel
+	# bundles (--no-deps: its Python half, unused, pins numpy<2).
+	$(PY) -m pip install -q -c constraints.txt --no-deps nvidia-pytriton
 	$(PY) -m pip install -q 'torch==2.13.0'
 	touch $(DEV_STAMP)
 

@@ -14,6 +14,7 @@ Run: `.venv/bin/python -m edgefleet.bench.bench_cloud` (defaults: 160 requests p
   against a naive inline consumer (auto-ack, everything in paho's network thread).
 - Telemetry ingest: 1,000 enrolled devices, each sending signed telemetry at QoS 1;
   messages/s until the registry has stored every one.
+- `--parts triton`: the primary's escalations in process vs on Triton (bench/bench_triton.py).
 
 Everything runs on a real Mosquitto, uvicorn serving create_app, SQLite on disk.
 """
@@ -396,7 +397,15 @@ def main(
     cases: Annotated[int, typer.Option(help="MQTT escalations")] = 2000,
     devices: Annotated[int, typer.Option(help="simulated devices for telemetry")] = 1000,
     per_device: Annotated[int, typer.Option(help="telemetry messages per device")] = 5,
-    parts: Annotated[str, typer.Option(help="comma list of: infer, ingest")] = "infer,ingest",
+    parts: Annotated[
+        str,
+        typer.Option(
+            help="comma list of: infer, ingest, triton (the primary in process vs on Triton)"
+        ),
+    ] = "infer,ingest",
+    triton_cases: Annotated[
+        int, typer.Option(help="escalations of each run of the triton part")
+    ] = 40,
 ) -> None:
     """REST inference and MQTT/telemetry ingest under load from a second process.
 
@@ -414,6 +423,10 @@ def main(
                 _bench_infer(client, tmp, broker, requests)
             if "ingest" in chosen:
                 _bench_ingest(client, tmp, broker, cases, devices, per_device)
+            if "triton" in chosen:
+                from edgefleet.bench.bench_triton import bench_triton
+
+                bench_triton(client, tmp, broker, triton_cases)
 
 
 class Broker:

@@ -94,14 +94,15 @@ def _step(name: str, cap_s: int, title: str) -> Step:
 
 # The plan: caps sum to TOTAL_CAP_S. `setup` installs only what is missing.
 PLAN: tuple[Step, ...] = (
-    _step("setup", 90, "install the GPU wheels that are missing (bounded pip)"),
-    _step("markers", 50, "pytest -m 'gpu or trt' on the unit tests"),
+    _step("setup", 80, "install the GPU wheels that are missing (bounded pip)"),
+    _step("markers", 45, "pytest -m 'gpu or trt' on the unit tests"),
     _step("kernels", 45, "CUDA vs C kernels: 1080p NV12 -> 640x640, NMS 1k/10k"),
     _step("defaults", 55, "the shipped defaults (ppocr6-tiny, ppocr6-cloud): backend, provider"),
     _step("onnxruntime", 45, "ONNX Runtime CUDA and TensorRT providers: ppocr accuracy"),
-    _step("tensorrt", 125, "TensorRT det+rec FP16 and INT8 (gated), engine cache, accuracy"),
+    _step("tensorrt", 115, "TensorRT det+rec FP16 and INT8 (gated), engine cache, accuracy"),
     _step("batching", 45, "dynamic batching vs batch 1 on the GPU (goal >= 3x)"),
     _step("nvml", 25, "NVML memory budget refuses above the watermark; telemetry fields"),
+    _step("triton", 25, "ppocr6-cloud's forward passes on Triton: same texts as in process"),
 )
 
 

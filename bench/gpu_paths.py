@@ -496,3 +496,59 @@ def step_nvml(rec: Recorder, deadline: float) -> None:
     rec.goal("DeviceTelemetry.gpu fields filled from NVML", "all five", not missing)
     if missing:
         rec.figure(telemetry_missing=missing)
+
+
+# --- Triton -----------------------------------------------------------------------------------
+
+
+def step_triton(rec: Recorder, deadline: float) -> None:
+    """ppocr6-cloud with its forward passes on a Triton server, against the same pipeline in
+    process on ONNX Runtime's CPU provider: equal texts and the latency of each.
+
+    The server is nvidia-pytriton's tritonserver, whose only model backend is Python: the
+    repository's python flavour runs ONNX Runtime on the CPU inside it. So this step checks
+    the Triton path on the GPU host (its libraries, the client, the parity), not Triton on
+    the GPU: that needs NVIDIA's container (`cloud triton-repo --tensorrt`).
+    """
+    need("tritonclient", "pytriton")
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from edgefleet.bench.triton_server import TritonServer
+    from edgefleet.cloud.triton.repository import RepositoryOptions, write_repository
+    from edgefleet.shared.models import ModelRegistry, load_model
+
+    registry = ModelRegistry.default()
+    images, _ = _scenes(6)
+    with tempfile.TemporaryDirectory(prefix="ef-gpu-triton-") as tmp:
+        work = Path(tmp)
+        options = RepositoryOptions(backend="python", kind="cpu", intra_op_threads=0)
+        write_repository(work / "repo", registry, ["ppocr6-cloud"], options)
+        left = max(5.0, deadline - time.monotonic())
+        server = TritonServer(work / "repo", work).start(timeout_s=left)
+        try:
+            entry = registry.get("ppocr6-cloud").model_dump(
+                mode="json", exclude={"base_dir"}, exclude_none=True
+            )
+            entry["triton"] = {"url": server.grpc_url}
+            manifest = work / "manifest.yaml"
+            manifest.write_text(yaml.safe_dump({"models": [entry]}))
+            on_triton = registry.merge(ModelRegistry.from_file(manifest))
+            results: dict[str, list[list[str]]] = {}
+            cpu = _settings(["onnxruntime-cpu"])  # the runtime inside the server: parity
+            for where, reg in (("in_process", registry), ("triton", on_triton)):
+                with load_model("ppocr6-cloud", settings=cpu, registry=reg) as model:
+                    rec.figure(**{f"{where}_backend": model.info.backend})
+                    texts, lat = [], []
+                    for image in images:
+                        t0 = time.perf_counter()
+                        texts.append([d.text or "" for d in model.predict(image)])
+                        lat.append(time.perf_counter() - t0)
+                    results[where] = texts
+                    rec.figure(**{f"{where}_p50_ms": _p(lat, 50), f"{where}_p95_ms": _p(lat, 95)})
+            same = results["in_process"] == results["triton"]
+            rec.goal("the same texts in process and on Triton", "all images equal", same)
+        finally:
+            server.kill()

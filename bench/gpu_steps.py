@@ -334,6 +334,7 @@ STEPS: dict[str, Callable[[], Callable[[Recorder, float], None]]] = {
     "tensorrt": lambda: _paths("tensorrt"),
     "batching": lambda: _paths("batching"),
     "nvml": lambda: _paths("nvml"),
+    "triton": lambda: _paths("triton"),
 }
 
 

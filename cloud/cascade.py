@@ -48,6 +48,14 @@ MODEL_LATENCY = Histogram(
 LEVEL_NAMES = {0: "primary", 1: "lighter", 2: "rules", 3: "busy"}
 
 
+class ModelUnavailable(EdgefleetError):
+    """A served model whose last load failed, asked for again before its retry is due."""
+
+    code = "model_unavailable"
+    http_status = 503
+    hint = "the model failed to load; /readyz says why, and it is tried again shortly"
+
+
 class CloudModel(Protocol):
     """What the orchestrator uses of a `edgefleet.shared.models.Model`."""
 
@@ -90,6 +98,8 @@ class _Slot:
     lock: threading.Lock
     model: CloudModel | None = None
     error: str | None = None
+    error_code: str | None = None
+    failed_at: float = -1e9  # monotonic time of the last failed load
     loading: bool = False
     calls: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
 
@@ -102,8 +112,11 @@ class _Slot:
 class ModelPool:
     """The served models: loaded once (at start or first use), looked up by name."""
 
-    def __init__(self, names: list[str], loader: ModelLoader):
+    def __init__(self, names: list[str], loader: ModelLoader, *, retry_s: float = 2.0):
         self._loader = loader
+        # a model that failed to load (its Triton down) is tried again on a case at most
+        # this often: in between, its cases go straight down the fallback chain
+        self.retry_s = retry_s
         self._slots = {name: _Slot(threading.Lock()) for name in dict.fromkeys(names)}
         self.on_loaded: Callable[[str, ModelInfo], None] | None = None
 
@@ -121,12 +134,17 @@ class ModelPool:
             return slot.model
         with slot.lock:
             if slot.model is None:
+                if slot.error is not None and time.monotonic() - slot.failed_at < self.retry_s:
+                    raise ModelUnavailable(
+                        f"model {name} is not loaded: {slot.error}", code=slot.error_code
+                    )
                 slot.loading = True
                 try:
                     slot.model = self._loader(name)
-                    slot.error = None
+                    slot.error = slot.error_code = None
                 except EdgefleetError as exc:
-                    slot.error = exc.message
+                    slot.error, slot.error_code = exc.message, exc.code
+                    slot.failed_at = time.monotonic()
                     raise
                 finally:
                     slot.loading = False
@@ -167,6 +185,7 @@ class ModelPool:
                     "memory_bytes": model.memory_bytes if model else 0,
                     "loading": slot.loading,
                     "error": slot.error,
+                    "error_code": slot.error_code,
                     "qps": slot.qps(),
                 }
             )

@@ -187,3 +187,56 @@ def _stderr_console():
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+@app.command("triton-repo")
+def triton_repo(
+    out: Annotated[Path, typer.Argument(help="the model repository folder to write")],
+    config: ConfigOption = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="a model to include; default: the served models"),
+    ] = None,
+    backend: Annotated[
+        str, typer.Option(help="onnxruntime (NVIDIA's container) or python (ORT in Python)")
+    ] = "onnxruntime",
+    tensorrt: Annotated[bool, typer.Option(help="ONNX Runtime's TensorRT provider")] = False,
+    precision: Annotated[str, typer.Option(help="TensorRT precision: fp16 or fp32")] = "fp16",
+    kind: Annotated[str, typer.Option(help="instances on the gpu or the cpu")] = "gpu",
+    instances: Annotated[int, typer.Option(min=1, max=64, help="instances per device")] = 1,
+    max_batch_size: Annotated[
+        int, typer.Option(min=1, max=1024, help="largest batch Triton's batcher forms")
+    ] = 16,
+) -> None:
+    """Write a Triton model repository for the cloud's models (ONNX files hash-checked),
+    served as it is by `tritonserver --model-repository OUT`.
+
+    Example: edgefleet cloud triton-repo /srv/triton/models --tensorrt --instances 2
+    """
+    from pydantic import ValidationError
+
+    from edgefleet.cloud.services import model_registry
+    from edgefleet.cloud.triton.repository import RepositoryOptions, write_repository
+
+    settings = _settings(config)
+    try:
+        options = RepositoryOptions(
+            backend=backend,  # type: ignore[arg-type]  # checked by the model
+            tensorrt=tensorrt,
+            precision=precision,  # type: ignore[arg-type]
+            kind=kind,  # type: ignore[arg-type]
+            instances=instances,
+            max_batch_size=max_batch_size,
+        )
+        written = write_repository(
+            out, model_registry(settings), model or settings.models.served, options
+        )
+    except ValidationError as exc:
+        typer.secho(f"bad option: {exc.errors()[0]['msg']}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    except EdgefleetError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    for path in written:
+        typer.echo(path.parent.name)
+    typer.echo(f"{len(written)} models written to {out}", err=True)

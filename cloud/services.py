@@ -29,20 +29,28 @@ from edgefleet.cloud.settings import CloudSettings
 from edgefleet.cloud.store import FeedbackStore
 from edgefleet.shared.db import Database
 from edgefleet.shared.executor.fallback import report as backend_report
+from edgefleet.shared.executor.triton_backend import report as triton_report
 from edgefleet.shared.image_ref import resolve_digest
 from edgefleet.shared.imaging import ImageLimits, decode_image
 from edgefleet.shared.imaging.budget import DecodeBudget
+from edgefleet.shared.models.registry import ModelRegistry
 from edgefleet.shared.private import private_dir
 
 log = logging.getLogger(__name__)
 
 
-def default_loader(settings: CloudSettings) -> ModelLoader:
-    from edgefleet.shared.models import ModelRegistry, load_model
-
+def model_registry(settings: CloudSettings) -> ModelRegistry:
+    """The built-in manifest, overridden by the operator's (`models.manifest`)."""
     registry = ModelRegistry.default()
     if settings.models.manifest is not None:
         registry = registry.merge(ModelRegistry.from_file(settings.models.manifest))
+    return registry
+
+
+def default_loader(settings: CloudSettings) -> ModelLoader:
+    from edgefleet.shared.models import load_model
+
+    registry = model_registry(settings)
 
     def load(name: str):
         return load_model(name, settings=settings.execution, registry=registry)
@@ -277,11 +285,19 @@ class CloudServices:
         reasons: list[str] = []
         self.router.maybe_reload()  # a rules file edited while no case comes is seen here
         models = self.pool.status()
+        degraded: list[str] = []
         if self.settings.models.preload:
             for model in models:
                 if not model["warmed"]:
                     state = model["error"] or ("loading" if model["loading"] else "not loaded")
-                    reasons.append(f"model {model['name']}: {state}")
+                    # a model whose Triton is down is answered down the fallback chain: the
+                    # replica still serves, so it stays ready and says so
+                    remote = model["error_code"] == "triton_unavailable"
+                    (degraded if remote else reasons).append(f"model {model['name']}: {state}")
+        triton = triton_report()
+        degraded += [
+            f"triton {t['url']} model {t['model']}: {t['reason']}" for t in triton if t["reason"]
+        ]
         broker = {"required": self.ingest is not None, "connected": False}
         if self.ingest is not None:
             broker["connected"] = self.ingest.connected
@@ -296,7 +312,9 @@ class CloudServices:
         body = {
             "ready": not reasons,
             "reasons": reasons,
+            "degraded": degraded,
             "models": models,
+            "triton": triton,
             "broker": broker,
             "store": store,
             "queue_depth": self.processor.depth,

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from edgefleet.shared.errors import EdgefleetError, InferenceTimeout, Overloaded
+from edgefleet.shared.executor.deadline import batch_deadline
 from edgefleet.shared.executor.metrics import BATCH_SIZE, QUEUE_DEPTH, REJECTED
 from edgefleet.shared.executor.settings import BatcherSettings
 
@@ -421,7 +422,8 @@ class DynamicBatcher(Generic[T, R]):
         """Run one batch; if it fails, run its requests one by one so that one poisoned
         input fails only its own caller."""
         try:
-            results = list(self._run_batch([r.item for r in live]))
+            with batch_deadline(max(r.deadline for r in live), self.clock):
+                results = list(self._run_batch([r.item for r in live]))
             if len(results) != len(live):
                 raise EdgefleetError(
                     f"{self.name}: batch of {len(live)} returned {len(results)} results"

@@ -72,3 +72,17 @@ ENGINE_CACHE_CORRUPT = Counter(
     "(ONNX Runtime's TensorRT cache folder failed to load)",
     ["reason"],
 )
+TRITON_CALLS = Counter(
+    "ef_triton_calls_total",
+    "Forward passes sent to Triton Inference Server, per served model and outcome: ok, "
+    "timeout (past the call's deadline), unavailable (the server or the model is down), "
+    "error (the server answered with an error)",
+    ["model", "outcome"],
+)
+TRITON_SECONDS = Histogram(
+    "ef_triton_call_seconds",
+    "Round trip of one forward pass on Triton as the orchestrator sees it (network, "
+    "Triton's queue and batching, the model)",
+    ["model"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)

@@ -160,3 +160,41 @@ class ExecutionSettings(Closed):
         default_factory=BatcherSettings, description="dynamic batching"
     )
     memory: MemorySettings = Field(default_factory=MemorySettings, description="memory budget")
+
+
+class TritonServing(Closed):
+    """Where a model's forward pass runs when Triton Inference Server serves it (KServe v2).
+
+    Pre- and post-processing stay in this process; only the tensors travel.
+    """
+
+    url: str = Field(
+        min_length=1,
+        max_length=256,
+        description="the server's host:port (gRPC 8001, HTTP 8000 in NVIDIA's container)",
+    )
+    protocol: Literal["grpc", "http"] = Field("grpc", description="KServe v2 over gRPC or HTTP")
+    model: str | None = Field(
+        None,
+        max_length=128,
+        description="the model's name on the server; none = the manifest entry's name (a "
+        "pipeline's components: each component's own name, as `cloud triton-repo` writes)",
+    )
+    version: str = Field(
+        "", max_length=32, description="model version on the server; empty = its version policy"
+    )
+    connect_timeout_s: float = Field(
+        2.0, gt=0, le=60, description="a server that does not answer this fast is down"
+    )
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="bound of a call that carries no deadline of its own (a call from the "
+        "model's scheduler carries its requests' deadline)",
+    )
+    verify_sha256: bool = Field(
+        True,
+        description="refuse a served model whose config's `edgefleet_sha256` parameter is not "
+        "the manifest's sha256 (absent: logged, not refused)",
+    )

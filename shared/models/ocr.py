@@ -279,7 +279,7 @@ class OcrModel(Model):
         sessions = []
         try:
             det = open_session(
-                registry.get(opts.det),
+                registry.component(opts.det, spec),
                 registry,
                 settings,
                 item_shape=(3, side, side),
@@ -292,7 +292,7 @@ class OcrModel(Model):
             def recogniser(name: str) -> Session:
                 """A recogniser (the reader or a voter): same input shape, same budget."""
                 session = open_session(
-                    registry.get(name),
+                    registry.component(name, spec),
                     registry,
                     settings,
                     item_shape=(8, 3, opts.rec_height, opts.rec_min_width * 2),
@@ -307,7 +307,7 @@ class OcrModel(Model):
             voters = [recogniser(name) for name in opts.voters]
             cls = None
             if opts.cls:
-                cls_spec = registry.get(opts.cls)
+                cls_spec = registry.component(opts.cls, spec)
                 ch, cw = cls_spec.input.height or 48, cls_spec.input.width or 192
                 cls = open_session(
                     cls_spec,

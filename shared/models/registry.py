@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError
 from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
 from edgefleet.shared.executor.base import ModelBlob
+from edgefleet.shared.executor.settings import TritonServing
 from edgefleet.shared.hashing import sha256_bytes
 from edgefleet.shared.messages import Sha256
 
@@ -154,6 +155,11 @@ class ModelSpec(Closed):
     top_k: int = Field(5, ge=1, description="classification: labels returned per image")
     ocr: OcrOptions | None = None
     yolo: YoloOptions | None = None
+    triton: TritonServing | None = Field(
+        None,
+        description="the forward pass runs on this Triton server instead of in process (on "
+        "a pipeline: each of its components, by its own name); none = in process",
+    )
     base_dir: Path | None = Field(None, exclude=True, description="set from the manifest")
 
     @property
@@ -259,6 +265,15 @@ class ModelRegistry:
 
     def specs(self) -> list[ModelSpec]:
         return [self._specs[n] for n in self.names()]
+
+    def component(self, name: str, pipeline: ModelSpec) -> ModelSpec:
+        """A pipeline's component: served where the pipeline says, unless it says itself."""
+        spec = self.get(name)
+        if spec.triton is not None or pipeline.triton is None:
+            return spec
+        return spec.model_copy(
+            update={"triton": pipeline.triton.model_copy(update={"model": None})}
+        )
 
     def get(self, name: str) -> ModelSpec:
         try:

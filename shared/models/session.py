@@ -85,6 +85,8 @@ def open_session(
     """Verify, then down the backend order: prove, admit memory, load, warm up (the first
     that does all four is chosen; each one passed over is logged with its reason)."""
     blob = registry.read_verified(spec)  # hash first: nothing parses an unverified file
+    if spec.triton is not None:
+        return _open_on_triton(spec, blob, settings, warmup_shape, budget)
     screened = screen(probe_backends(), settings.backends, spec, settings.precision)
 
     def open_on(backend: str) -> tuple[Executor, Footprint, MemoryBudget]:
@@ -136,3 +138,36 @@ def _load(
         # covered the window in which it did not yet
         budget.release(spec.name)
     return executor, footprint, budget
+
+
+def _open_on_triton(
+    spec: ModelSpec,
+    blob: ModelBlob,
+    settings: ExecutionSettings,
+    warmup_shape: tuple[int, ...] | None,
+    budget: MemoryBudget | None,
+) -> Session:
+    """The manifest names a Triton server: the forward pass runs there (the model's memory
+    is the server's, so none is admitted here); warmed up through it like a local one."""
+    # not in the registry's preference order: the manifest chose it, nothing is probed
+    from edgefleet.shared.executor.triton_backend import TritonExecutor
+
+    serving = spec.triton
+    assert serving is not None  # the caller checked
+    executor = TritonExecutor(settings, serving)
+    try:
+        executor.load(blob)
+        if settings.warmup and warmup_shape is not None:
+            started = time.perf_counter()
+            name = spec.input.name or executor.inputs[0].name
+            with warmup_guard(spec, executor):
+                executor.infer({name: np.zeros(warmup_shape, np.float32)})
+            MODEL_WARMUP_SECONDS.labels(spec.name, "triton").observe(time.perf_counter() - started)
+    except BaseException:
+        executor.close()
+        raise
+    choice = BackendChoice("triton", executor.capabilities.providers, ())
+    record(spec.name, choice)
+    log.info(explain("triton", []), extra={"model": spec.name, "url": serving.url})
+    used = budget or default_budget(settings, gpu=False)
+    return Session(spec, executor, "triton", blob.sha256, Footprint(0, 0), used, choice)

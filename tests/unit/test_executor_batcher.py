@@ -497,3 +497,25 @@ def test_a_batch_holds_one_request_per_tenant_by_default():
     # then each batch holds one request of each device (untenanted work is not bounded),
     # so a device's case never rides in a batch full of another's
     assert run.batches == [[0], [1, 4, 5, 6], [7, 2], [3]]
+
+
+def test_a_batch_runs_under_its_latest_deadline_for_backends_to_carry():
+    from edgefleet.shared.executor.deadline import current_deadline
+
+    seen: list[float | None] = []
+
+    def run(items: list[int]) -> list[int]:
+        deadline = current_deadline()
+        seen.append(deadline.remaining_s() if deadline is not None else None)
+        return items
+
+    clock = FakeClock()
+    settings = BatcherSettings(preferred_batch_size=2, max_batch_size=2, max_delay_ms=10_000)
+    # given two requests with 5 s and 9 s left, batched together
+    with DynamicBatcher(run, settings, name="t-deadline", clock=clock) as batcher:
+        first, second = batcher.submit(1, timeout_s=5), batcher.submit(2, timeout_s=9)
+        assert [first.result(), second.result()] == [1, 2]
+    # then the batch ran with the later one's deadline (it answers both), and outside a
+    # batch there is none
+    assert seen == [9.0]
+    assert current_deadline() is None

@@ -170,7 +170,12 @@ def test_service_and_pdb_select_the_orchestrator_pods() -> None:
     assert service["spec"]["ports"][0]["targetPort"] == _container()["ports"][0]["name"]
     pdb = _one("PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    claims = {d["metadata"]["name"] for _, d in DOCS if d["kind"] == "PersistentVolumeClaim"}
+    claims = {
+        d["metadata"]["name"]
+        for _, d in DOCS
+        if d["kind"] == "PersistentVolumeClaim"
+        and d["metadata"]["labels"]["app.kubernetes.io/name"] == "edgefleet-cloud"
+    }
     volumes = _one("StatefulSet")["spec"]["template"]["spec"]["volumes"]
     used = {
         v["persistentVolumeClaim"]["claimName"] for v in volumes if "persistentVolumeClaim" in v
@@ -256,3 +261,19 @@ def test_the_shared_rwx_component_puts_images_and_models_on_one_shared_claim(
     assert mounts[str(data_dir / "images")] in shared
     assert mounts[str(data_dir / "models")] in shared
     assert mounts[str(data_dir)] == "data"
+
+
+def test_triton_serves_beside_the_orchestrator_on_a_gpu() -> None:
+    deployment = _one("Deployment", "edgefleet-triton")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"].startswith("nvcr.io/nvidia/tritonserver:")
+    assert "--model-repository=/models" in container["args"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    service = _one("Service", "edgefleet-triton")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert {p["port"] for p in service["spec"]["ports"]} == {8000, 8001, 8002}
+    claim = pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    assert claim in {d["metadata"]["name"] for _, d in DOCS if d["kind"] == "PersistentVolumeClaim"}

@@ -1,0 +1,1 @@
+"""Triton Inference Server: the model repository the cloud's models are served from."""
