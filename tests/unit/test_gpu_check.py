@@ -101,7 +101,7 @@ def test_dry_run_prints_each_step_with_its_cap_and_runs_nothing(tmp_path, capsys
 
 def test_cap_scale_and_bad_steps(tmp_path, capsys):
     assert main(["--dry-run", "--steps", "tensorrt", "--cap-scale", "0.5"]) == 0
-    assert "step 1/1 tensorrt (cap 62 s)" in capsys.readouterr().out
+    assert "step 1/1 tensorrt (cap 58 s)" in capsys.readouterr().out
     assert main(["--steps", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown step(s) nope" in capsys.readouterr().err
     assert main(["--dry-run", "--cap-scale", "0"]) == 2
