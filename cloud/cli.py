@@ -49,7 +49,9 @@ def serve(
     from edgefleet.cloud.app import create_app
     from edgefleet.shared.executor.selftest import run_selftest
     from edgefleet.shared.logs import configure_logging
+    from edgefleet.shared.malloc import cap_arenas
 
+    cap_arenas()  # before any thread: request threads decoding at once bloat glibc's arenas
     settings = serve_settings(_settings(config), host=host, port=port)
     configure_logging(settings.log_level)
     # first the backend the models will get, logged and in /readyz; a host where no GPU
