@@ -1,10 +1,10 @@
 """glibc's malloc arenas, capped for a service of many threads.
 
 Each thread that allocates while another holds the main arena gets an arena of its own,
-up to eight per core, and an arena keeps the pages of what was freed in it: the cloud's
-request threads decoding images at once left the process hundreds of MiB larger than
-the images it held. `cap_arenas` limits them (mallopt M_ARENA_MAX), before the threads
-start; MALLOC_ARENA_MAX in the environment, where set, is the operator's and wins.
+up to eight per core, and an arena keeps the pages of what was freed in it, so request
+threads decoding images at once grow the process well past the images it holds.
+`cap_arenas` limits them (mallopt M_ARENA_MAX), before the threads start;
+MALLOC_ARENA_MAX in the environment, where set, is the operator's and wins.
 """
 
 from __future__ import annotations
