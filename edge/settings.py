@@ -42,8 +42,10 @@ class SourceSettings(Closed):
     decoder: Decoder = Field(
         "auto",
         description="who decodes: ffmpeg (PyAV: the decoder's YUV planes as they come), "
-        "opencv (BGR), gstreamer (Jetson: nvv4l2decoder to NV12); auto = ffmpeg when PyAV is "
-        "installed, else opencv (a GStreamer pipeline url always goes through OpenCV)",
+        "opencv (BGR), gstreamer (Jetson: nvv4l2decoder to NV12); auto = gstreamer for an "
+        "encoded stream where OpenCV has GStreamer and nvv4l2decoder loads (a Jetson), else "
+        "ffmpeg when PyAV is installed, else opencv (a GStreamer pipeline url always goes "
+        "through OpenCV)",
     )
     realtime: bool = Field(
         True,
@@ -98,8 +100,10 @@ class TrackSettings(Closed):
         2000, ge=1, description="ended tracks remembered, so that late verdicts still land"
     )
     revive_frames: int = Field(
-        30, ge=0, description="an ended track seen again within this many frames, near "
-        "where it was and reading alike, is taken up again with its answer (0: never)"
+        30,
+        ge=0,
+        description="an ended track seen again within this many frames, near "
+        "where it was and reading alike, is taken up again with its answer (0: never)",
     )
     border_px: int = Field(
         2, ge=0, description="a line this close to the frame's edge is cut by it: not whole"

@@ -12,7 +12,12 @@ that buffer as one block without row strides: keep widths a multiple of 4 there.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import cv2
 
@@ -23,6 +28,51 @@ from edgefleet.shared.errors import ConfigError, SourceDisconnected
 # appsink: the newest buffer only (the capture thread keeps the newest frame anyway), and
 # no clock sync, so a file is read as fast as the pipeline asks (Capture paces files).
 _SINK = "video/x-raw,format=NV12 ! appsink drop=true max-buffers=1 sync=false"
+
+
+# Where GStreamer looks for plugins when the environment names none (Debian's multiarch
+# folders; JetPack puts nvv4l2decoder, libgstnvvideo4linux2.so, in the aarch64 one).
+_PLUGIN_DIRS = (
+    "/usr/lib/aarch64-linux-gnu/gstreamer-1.0",
+    "/usr/lib/x86_64-linux-gnu/gstreamer-1.0",
+    "/usr/lib/gstreamer-1.0",
+    "/usr/local/lib/gstreamer-1.0",
+)
+_NVDEC_PLUGIN = "libgstnvvideo4linux2.so"
+
+
+def plugin_dirs(environ: dict[str, str] | None = None) -> list[Path]:
+    """The folders GStreamer loads plugins from: GST_PLUGIN_PATH, then the system path
+    (GST_PLUGIN_SYSTEM_PATH replaces the built-in folders, as it does for GStreamer)."""
+    env = os.environ if environ is None else environ
+    named = [p for p in env.get("GST_PLUGIN_PATH", "").split(os.pathsep) if p]
+    system = env.get("GST_PLUGIN_SYSTEM_PATH_1_0", env.get("GST_PLUGIN_SYSTEM_PATH"))
+    rest = [p for p in system.split(os.pathsep) if p] if system is not None else _PLUGIN_DIRS
+    return [Path(p) for p in (*named, *rest)]
+
+
+def has_nvdec_plugin(dirs: list[Path] | None = None) -> bool:
+    """Whether GStreamer can load nvv4l2decoder: its plugin file in a plugin folder, or,
+    where the file lies elsewhere, `gst-inspect-1.0 --exists` says so."""
+    if any((d / _NVDEC_PLUGIN).is_file() for d in (plugin_dirs() if dirs is None else dirs)):
+        return True
+    inspect = shutil.which("gst-inspect-1.0")
+    if inspect is None:
+        return False
+    try:
+        found = subprocess.run(
+            [inspect, "--exists", "nvv4l2decoder"], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return found.returncode == 0
+
+
+@functools.cache
+def nvdec_available() -> bool:
+    """NVDEC through GStreamer: an OpenCV built with GStreamer and nvv4l2decoder loadable.
+    Asked once per process: neither changes while it runs."""
+    return has_gstreamer() and has_nvdec_plugin()
 
 
 def _quoted(value: str) -> str:

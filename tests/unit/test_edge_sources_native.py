@@ -4,6 +4,7 @@ the decoder setting, and the path from capture to the kernel without a colour co
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,12 +22,13 @@ from edgefleet.edge.sources import (
     FfmpegSource,
     GstreamerSource,
     OpenCvSource,
+    choose_decoder,
     jetson_pipeline,
     make_source,
-    pick_decoder,
 )
 from edgefleet.edge.sources.capture import Capture, valid_frame
 from edgefleet.edge.sources.ffmpeg import CONVERTED, i420_from_planes
+from edgefleet.edge.sources.gstreamer import has_nvdec_plugin, plugin_dirs
 from edgefleet.edge.sources.opencv import has_gstreamer
 from edgefleet.edge.telemetry import WindowStats
 from edgefleet.shared import kernels
@@ -273,17 +275,67 @@ def test_yuv_frames_are_checked_for_shape() -> None:
     assert valid_frame(frame, "yuyv") is None
 
 
+def _decoder(settings: SourceSettings, pyav: bool, nvdec: bool = False) -> str:
+    return choose_decoder(settings, pyav=pyav, nvdec=nvdec)[0]
+
+
 def test_the_decoder_setting_picks_the_source() -> None:
     file = _settings("/data/clip.mp4")
-    assert pick_decoder(file, pyav=True) == "ffmpeg"
-    assert pick_decoder(file, pyav=False) == "opencv"
-    assert pick_decoder(_settings("/data/clip.mp4", decoder="opencv"), pyav=True) == "opencv"
+    assert _decoder(file, pyav=True) == "ffmpeg"
+    assert _decoder(file, pyav=False) == "opencv"
+    assert _decoder(_settings("/data/clip.mp4", decoder="opencv"), pyav=True) == "opencv"
     own = _settings("videotestsrc ! appsink", decoder="gstreamer")
-    assert pick_decoder(own, pyav=True) == "opencv"  # the user's own pipeline: OpenCV runs it
+    assert _decoder(own, pyav=True) == "opencv"  # the user's own pipeline: OpenCV runs it
     assert isinstance(make_source(file), FfmpegSource)  # PyAV is installed here
     assert isinstance(make_source(_settings("/x.mp4", decoder="opencv")), OpenCvSource)
     jetson = make_source(_settings("rtsp://cam/live", decoder="gstreamer"))
     assert isinstance(jetson, GstreamerSource) and jetson.pixel_format == "nv12"
+
+
+def test_auto_takes_nvdec_where_it_loads_and_says_why(caplog) -> None:
+    for url in ("rtsp://cam/live", "/data/clip.mp4", "udp://0.0.0.0:5000", "http://cam/mjpg"):
+        decoder, why = choose_decoder(_settings(url), pyav=True, nvdec=True)
+        assert (decoder, why) == (
+            "gstreamer",
+            "NVDEC: OpenCV has GStreamer and nvv4l2decoder loads",
+        )
+    # a camera gives raw frames: nothing for NVDEC to decode
+    assert choose_decoder(_settings("/dev/video0"), pyav=True, nvdec=True) == (
+        "ffmpeg",
+        "a v4l2 source; PyAV is installed",
+    )
+    # a decoder the user set wins over NVDEC, and the user's own pipeline stays theirs
+    assert (
+        _decoder(_settings("rtsp://cam/live", decoder="ffmpeg"), pyav=True, nvdec=True) == "ffmpeg"
+    )
+    assert _decoder(_settings("videotestsrc ! appsink"), pyav=True, nvdec=True) == "opencv"
+    assert choose_decoder(_settings("rtsp://cam/live"), pyav=False, nvdec=False)[1] == (
+        "no NVDEC here and PyAV is not installed"
+    )
+    with caplog.at_level(logging.INFO, logger="edgefleet.edge.sources"):
+        make_source(_settings("/data/clip.mp4"))  # this machine: no nvv4l2decoder
+    assert "stream n1: decoder ffmpeg (no NVDEC here; PyAV is installed)" in caplog.messages
+
+
+def test_the_nvdec_plugin_is_found_where_gstreamer_looks(tmp_path, monkeypatch) -> None:
+    empty, jetpack = tmp_path / "empty", tmp_path / "jetpack"
+    empty.mkdir()
+    jetpack.mkdir()
+    env = {"GST_PLUGIN_PATH": f"{empty}{os.pathsep}", "GST_PLUGIN_SYSTEM_PATH": str(jetpack)}
+    assert plugin_dirs(env) == [empty, jetpack]  # the system path replaces the built-in one
+    assert Path("/usr/lib/aarch64-linux-gnu/gstreamer-1.0") in plugin_dirs({})
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no gst-inspect-1.0
+    assert not has_nvdec_plugin([empty, jetpack])
+    (jetpack / "libgstnvvideo4linux2.so").write_bytes(b"\x7fELF")
+    assert has_nvdec_plugin([empty, jetpack])
+    # elsewhere, gst-inspect-1.0 answers for the registry
+    (tmp_path / "bin").mkdir()
+    inspect = tmp_path / "bin" / "gst-inspect-1.0"
+    inspect.write_text('#!/bin/sh\n[ "$1" = --exists ] && [ "$2" = nvv4l2decoder ]\n')
+    inspect.chmod(0o755)
+    assert has_nvdec_plugin([empty])
+    inspect.write_text("#!/bin/sh\nexit 1\n")
+    assert not has_nvdec_plugin([empty])
 
 
 @pytest.mark.parametrize(
