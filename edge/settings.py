@@ -21,6 +21,7 @@ from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.file_access import chown_hint, unreadable_reason
 from edgefleet.shared.messages import DEVICE_ID_PATTERN
+from edgefleet.shared.models.registry import DEFAULT_MODEL
 from edgefleet.shared.mqtt import MqttSettings
 
 SourceKind = Literal["auto", "file", "rtsp", "udp", "http", "v4l2", "gstreamer"]
@@ -68,7 +69,7 @@ class SourceSettings(Closed):
 
 
 class ModelSettings(Closed):
-    name: str = Field("ppocr6-tiny", min_length=1, description="model (pack) name in the registry")
+    name: str = Field(DEFAULT_MODEL, min_length=1, description="model (pack) name in the registry")
     execution: ExecutionSettings | None = Field(
         None,
         description="executor settings, over the edge's own defaults (one session thread "

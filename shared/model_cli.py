@@ -14,7 +14,7 @@ from rich.table import Table
 
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
-from edgefleet.shared.models.registry import ModelRegistry
+from edgefleet.shared.models.registry import DEFAULT_MODEL, ModelRegistry
 
 app = typer.Typer(
     help="Model files: check a file against the trusted manifest, list the known models, "
@@ -60,7 +60,8 @@ def verify(
 
 @app.command("list")
 def list_models(manifest: Path | None = MANIFEST_OPTION) -> None:
-    """List the models the manifest knows, and whether each file is present here.
+    """List the models the manifest knows, and whether each file is present here; the
+    default (read with when no model is named, the edge agent's) is marked.
 
     Example: edgefleet model list --manifest my-models.yaml
     """
@@ -83,7 +84,7 @@ def list_models(manifest: Path | None = MANIFEST_OPTION) -> None:
             except EdgefleetError as exc:
                 where = f"MISSING ({exc.message})"
         table.add_row(
-            spec.name,
+            f"{spec.name} (default)" if spec.name == DEFAULT_MODEL else spec.name,
             spec.version,
             spec.task,
             spec.format,
@@ -169,7 +170,9 @@ def infer(
     images: list[str] = typer.Argument(
         ..., metavar="IMAGE", help="image files (JPEG, PNG, BMP, WebP, TIFF)"
     ),
-    model: str = typer.Option("ppocr", "--model", "-m", help="model name from the manifest"),
+    model: str = typer.Option(
+        DEFAULT_MODEL, "--model", "-m", help="model name from the manifest (the edge agent's)"
+    ),
     json_: bool = typer.Option(False, "--json", help="JSON Lines: one object per image"),
     manifest: Path | None = MANIFEST_OPTION,
 ) -> None:

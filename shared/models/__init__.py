@@ -1,6 +1,6 @@
 """Models: the registry of trusted files and `load_model`, the one way to get a model.
 
-model = load_model("ppocr")              # edge default: PP-OCRv4, det at 640
+model = load_model()                     # DEFAULT_MODEL: the edge agent's, PP-OCRv6 tiny
 lines = model.predict(image_rgb)         # list[edgefleet.shared.messages.Detection]
 """
 
@@ -10,13 +10,20 @@ from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.models.base import Model
-from edgefleet.shared.models.registry import ModelRegistry, ModelSpec
+from edgefleet.shared.models.registry import DEFAULT_MODEL, ModelRegistry, ModelSpec
 
-__all__ = ["ExecutionSettings", "Model", "ModelRegistry", "ModelSpec", "load_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "ExecutionSettings",
+    "Model",
+    "ModelRegistry",
+    "ModelSpec",
+    "load_model",
+]
 
 
 def load_model(
-    name: str = "ppocr",
+    name: str = DEFAULT_MODEL,
     *,
     settings: ExecutionSettings | None = None,
     registry: ModelRegistry | None = None,

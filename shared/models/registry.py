@@ -25,6 +25,9 @@ from edgefleet.shared.messages import Sha256
 log = logging.getLogger(__name__)
 
 DEFAULT_MANIFEST = Path(__file__).with_name("manifest.yaml")
+# The model read with when none is named: the edge agent's, so that `edgefleet infer` and
+# `load_model()` read a still as the cameras will.
+DEFAULT_MODEL = "ppocr6-tiny"
 
 Task = Literal["ocr", "text-detection", "text-recognition", "text-angle", "yolo", "classification"]
 

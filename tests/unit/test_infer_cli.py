@@ -13,9 +13,11 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from edgefleet.edge.model import open_model
+from edgefleet.edge.settings import ModelSettings
 from edgefleet.shared.model_cli import app as model_app
 from edgefleet.shared.model_cli import infer
-from edgefleet.shared.models import ModelRegistry
+from edgefleet.shared.models import DEFAULT_MODEL, ModelRegistry
 
 cli = typer.Typer()
 cli.command("infer")(infer)
@@ -63,7 +65,7 @@ def test_json_lines_one_object_per_image_bad_images_reported(images):
     assert [o["image"] for o in lines] == args[1:6]
     ok = lines[0]
     assert set(ok) == {"image", "model", "results", "latency_ms"}
-    assert ok["model"] == "ppocr" and ok["latency_ms"] > 0
+    assert ok["model"] == DEFAULT_MODEL and ok["latency_ms"] > 0
     (line,) = ok["results"]
     assert set(line) == {"text", "label", "score", "box", "polygon"}
     assert line["text"] == "PARCEL 7781-XZ" and line["label"] is None
@@ -122,8 +124,10 @@ def test_model_verify_and_list(tmp_path):
     missing = runner.invoke(cli, ["model", "verify", str(tmp_path / "absent.onnx")])
     assert missing.exit_code == 1 and "cannot read" in missing.stderr
     assert "Traceback" not in unknown.output + missing.output
-    listed = runner.invoke(cli, ["model", "list"])
+    listed = runner.invoke(cli, ["model", "list"], env={"COLUMNS": "200"})
     assert listed.exit_code == 0 and "ppocr-heavy" in listed.stdout
+    marked = [line for line in listed.stdout.splitlines() if "(default)" in line]
+    assert len(marked) == 1 and f"{DEFAULT_MODEL} (default)" in marked[0]
     broken = tmp_path / "broken.yaml"
     broken.write_text("models: [")
     for command in (["list"], ["verify", str(det)]):
@@ -210,3 +214,48 @@ def test_the_image_field_is_the_path_exactly_as_given(images, monkeypatch):
     result = runner.invoke(cli, ["infer", *given, "--json"])
     assert result.exit_code == 1
     assert [json.loads(line)["image"] for line in result.stdout.splitlines()] == given
+
+
+def _hard_stills(folder: Path) -> list[Path]:
+    """Stills where readers differ: small, faint, blurred and JPEG-worn lines."""
+    rng = np.random.default_rng(7)
+    paths = []
+    for i, (text, scale, ink, blur, quality) in enumerate(
+        [
+            ("GATE 4 EXIT", 0.7, 60, 0, 90),
+            ("KX-2291 LOT B", 0.55, 120, 3, 60),
+            ("DOCK 12", 1.1, 150, 5, 40),
+            ("SHIP 0457/A", 0.6, 40, 0, 35),
+        ]
+    ):
+        img = np.full((240, 640, 3), 200, np.uint8)
+        img += rng.integers(0, 20, img.shape, dtype=np.uint8)
+        cv2.putText(img, text, (30, 130), cv2.FONT_HERSHEY_SIMPLEX, scale, (ink,) * 3, 2)
+        if blur:
+            img = cv2.GaussianBlur(img, (blur, blur), 0)
+        path = folder / f"hard{i}.jpg"
+        cv2.imwrite(str(path), img, [cv2.IMWRITE_JPEG_QUALITY, quality])
+        paths.append(path)
+    return paths
+
+
+def test_infer_without_a_model_reads_as_the_edge_agent(images, tmp_path):
+    # the agent's model, loaded as the agent loads it (its settings' default, the edge's
+    # executor tuning), and the CLI's default read the same texts off the same stills
+    stills = [images["good"], *_hard_stills(tmp_path)]
+    assert ModelSettings().name == DEFAULT_MODEL
+    result = runner.invoke(cli, ["infer", *map(str, stills), "--json"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {o["model"] for o in lines} == {DEFAULT_MODEL}
+    cli_texts = [[r["text"] for r in o["results"]] for o in lines]
+    agent = open_model(ModelSettings())
+    try:
+        agent_texts = [
+            [d.text for d in agent.predict(cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2RGB))]
+            for p in stills
+        ]
+    finally:
+        agent.close()
+    assert cli_texts == agent_texts
+    assert cli_texts[0] == ["PARCEL 7781-XZ"] and any(cli_texts[1:])
