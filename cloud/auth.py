@@ -98,7 +98,8 @@ def sign_body(key: bytes, body: bytes) -> str:
 
 
 def authenticator(request: Request) -> Authenticator:
-    return request.app.state.services.auth
+    auth: Authenticator = request.app.state.services.auth
+    return auth
 
 
 _bearer = HTTPBearer(auto_error=False, description="device token or operator API key")

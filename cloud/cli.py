@@ -5,12 +5,19 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from edgefleet.shared.config import load_settings
 from edgefleet.shared.errors import EdgefleetError
+
+if TYPE_CHECKING:
+    import socket
+
+    from rich.console import Console
+
+    from edgefleet.cloud.settings import CloudSettings
 
 app = typer.Typer(
     help="The cloud orchestrator: REST + MQTT ingest, cascade, feedback store.\n\n"
@@ -22,7 +29,7 @@ ConfigOption = Annotated[
 ]
 
 
-def _settings(config: Path | None):
+def _settings(config: Path | None) -> CloudSettings:
     from edgefleet.cloud.settings import CloudSettings
 
     try:
@@ -104,7 +111,9 @@ def selftest(
     print_selftest(_settings(config).execution, json_out)
 
 
-def serve_settings(settings, *, host: str | None = None, port: int | None = None):
+def serve_settings(
+    settings: CloudSettings, *, host: str | None = None, port: int | None = None
+) -> CloudSettings:
     """The settings with `--host/--port` written into `http`, so everything built from
     them (download links from `resolved_public_url`, logs) names where uvicorn listens."""
     from edgefleet.cloud.settings import HttpSettings
@@ -116,7 +125,7 @@ def serve_settings(settings, *, host: str | None = None, port: int | None = None
     return settings.model_copy(update={"http": http})
 
 
-def _bind(host: str):
+def _bind(host: str) -> socket.socket:
     """A TCP socket bound to a free port on `host` (IPv6 literals included)."""
     import socket
 
@@ -185,7 +194,7 @@ def hash_key(key: Annotated[str, typer.Argument(help="an operator API key")]) ->
     typer.echo(key_digest(key))
 
 
-def _stderr_console():
+def _stderr_console() -> Console:
     from rich.console import Console
 
     return Console(stderr=True)

@@ -28,8 +28,8 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge, Histogram
 
 from edgefleet.cloud.directory import DeviceDirectory
@@ -45,7 +45,13 @@ from edgefleet.shared.messages import (
     ReportedState,
     utcnow,
 )
-from edgefleet.shared.mqtt import MqttSettings, from_paho, make_client, publish
+from edgefleet.shared.mqtt import (
+    MqttSettings,
+    connect_properties,
+    from_paho,
+    make_client,
+    publish,
+)
 from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import (
     ReplayedMessage,
@@ -182,9 +188,7 @@ class Ingest:
     def start(self) -> None:
         for worker in self._light_workers:
             worker.start()
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = self.session_expiry_s
-        props.ReceiveMaximum = self.receive_maximum
+        props = connect_properties(self.session_expiry_s, self.receive_maximum)
         self.client.connect_async(
             self.settings.host,
             self.settings.port,
@@ -262,13 +266,27 @@ class Ingest:
 
     # --- paho callbacks (network thread: never block here) --------------------------
 
-    def _on_connect(self, client: mqtt.Client, userdata, flags, reason_code, properties) -> None:
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if reason_code.is_failure:
             log.error("broker refused the connection: %s", reason_code)
             return
         client.subscribe(self._subscriptions())
 
-    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+    def _on_subscribe(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
         refused = [str(rc) for rc in reason_codes if rc.is_failure]
         if refused:  # e.g. broker rules without the cloud's shared subscription: not ready
             log.error("the broker refused the ingest subscriptions: %s", ", ".join(refused))
@@ -280,12 +298,19 @@ class Ingest:
             extra={"client_id": self.client_id, "group": self.share_group or "(plain)"},
         )
 
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+    def _on_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        flags: mqtt.DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         self._connected.clear()
         BROKER_CONNECTED.set(0)
         log.warning("ingest disconnected: %s", reason_code)
 
-    def _on_message(self, client: mqtt.Client, userdata, message: mqtt.MQTTMessage) -> None:
+    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         mid, qos = message.mid, message.qos
         if qos > 0:
             self._taken()
@@ -351,7 +376,7 @@ class Ingest:
             self._ack(mid, qos)
             return
 
-        def done(f: Future) -> None:
+        def done(f: Future[CloudVerdict | None]) -> None:
             exc = f.exception()
             outcome = "stored" if exc is None else getattr(exc, "code", "failed")
             _ingested("escalations", outcome).inc()
@@ -463,7 +488,7 @@ class Ingest:
             return "error"
 
 
-def _left_for_redelivery(client: mqtt.Client, userdata, message: mqtt.MQTTMessage) -> None:
+def _left_for_redelivery(client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
     """While stopping: not acknowledged, so the broker keeps it for the next session."""
 
 

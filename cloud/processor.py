@@ -106,7 +106,7 @@ class Job:
     # MQTT: the message is acked only when the future resolves, so a case another worker
     # (or a crashed replica) holds is checked again later instead of being answered None
     hold: bool = field(compare=False, default=False)
-    future: Future = field(compare=False, default_factory=Future)
+    future: Future[CloudVerdict | None] = field(compare=False, default_factory=Future)
     sent: Sent | None = field(compare=False, default=None)  # its verdict, as published
 
 
@@ -201,7 +201,7 @@ class CaseProcessor:
         source: str,
         flow_controlled: bool = False,
         meta: bytes | None = None,
-    ) -> Future:
+    ) -> Future[CloudVerdict | None]:
         """Queue a case, to be admitted by the worker that takes it; the Future resolves
         to its verdict (None if another worker owns it).
 
@@ -216,7 +216,7 @@ class CaseProcessor:
 
     def accept(
         self, case: EscalationCase, image: bytes, *, source: str, meta: bytes | None = None
-    ) -> Future:
+    ) -> Future[CloudVerdict | None]:
         """Admit a case now (typed errors for a bad image, `Conflict` for a case_id already
         received), then queue it; for a caller that is there to be told (REST). `meta` as
         for `submit`."""
@@ -546,7 +546,7 @@ class CaseProcessor:
                 job.sent.wait_for_publish(wait)
             except (RuntimeError, ValueError) as exc:  # not sent: the ack will not be either
                 log.warning("the verdict of %s was not published: %s", job.case.case_id, exc)
-        job.future.set_result(result)
+        job.future.set_result(result if isinstance(result, CloudVerdict) else None)
 
     def _settled(self, job: Job) -> None:
         """Answered or failed: a sweep may take the case up again."""

@@ -23,7 +23,7 @@ import fnmatch
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -151,7 +151,7 @@ class Router:
         poll_s: float = 1.0,
         default_timeout_s: float = 20.0,
         models: Collection[str] | None = None,
-        clock=time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._builtin_default = default
         self._models = None if models is None else tuple(models)

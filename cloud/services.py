@@ -21,7 +21,7 @@ from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.drift import DriftWatch
 from edgefleet.cloud.ingest import Ingest
 from edgefleet.cloud.liveness import LivenessWatch
-from edgefleet.cloud.processor import CaseProcessor
+from edgefleet.cloud.processor import CaseProcessor, Decoder
 from edgefleet.cloud.refusals import RefusalBudget
 from edgefleet.cloud.replica import ReplicaIdentity
 from edgefleet.cloud.router import Router, RouteSpec
@@ -33,8 +33,10 @@ from edgefleet.shared.executor.triton_backend import report as triton_report
 from edgefleet.shared.image_ref import resolve_digest
 from edgefleet.shared.imaging import ImageLimits, decode_image
 from edgefleet.shared.imaging.budget import DecodeBudget
+from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.registry import ModelRegistry
 from edgefleet.shared.private import private_dir
+from edgefleet.shared.wire import WireMessage
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ def default_loader(settings: CloudSettings) -> ModelLoader:
 
     registry = model_registry(settings)
 
-    def load(name: str):
+    def load(name: str) -> Model:
         return load_model(name, settings=settings.execution, registry=registry)
 
     return load
@@ -244,7 +246,7 @@ class CloudServices:
         return services
 
     @property
-    def decode(self):
+    def decode(self) -> Decoder:
         return self.processor.decode
 
     def start(self) -> None:
@@ -324,5 +326,5 @@ class CloudServices:
         return not reasons, body
 
 
-def _no_broker(wire, retain: bool) -> None:
+def _no_broker(wire: WireMessage, retain: bool) -> None:
     log.warning("no broker configured: desired state for %s not published", wire.topic)

@@ -37,7 +37,9 @@ def main_line(lines: list[Detection]) -> Detection | None:
     return max(texts, key=lambda d: d.score * ((d.box[2] - d.box[0]) if d.box else 1.0))
 
 
-def fuse(reads: list[Detection | None], box: tuple[float, float, float, float] | None):
+def fuse(
+    reads: list[Detection | None], box: tuple[float, float, float, float] | None
+) -> list[Detection]:
     """One answer from the tiles' main lines: a confidence-weighted vote."""
     pools: dict[str, float] = defaultdict(float)
     spelling: dict[str, Detection] = {}

@@ -289,7 +289,9 @@ def write_broker_files(
 EMQX_HASH_ALGORITHM = {"name": "pbkdf2", "mac_fun": "sha512", "iterations": 101, "dk_length": 64}
 
 
-def emqx_users(accounts: Iterable[tuple[str, str]], superusers: Iterable[str] = ()) -> list[dict]:
+def emqx_users(
+    accounts: Iterable[tuple[str, str]], superusers: Iterable[str] = ()
+) -> list[dict[str, Any]]:
     """Records for EMQX's built-in database authenticator ("Import users", JSON format).
 
     Configure the authenticator with `password_hash_algorithm` = EMQX_HASH_ALGORITHM and

@@ -18,7 +18,7 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -240,7 +240,7 @@ async def _event_stream(
     rollouts: RolloutController,
     event_log: EventLog,
     interval_s: float,
-):
+) -> AsyncIterator[dict[str, str]]:
     """Batched changes: devices updated since the last batch, rollout progress when it moves,
     event-log lines as they are added."""
     cursor = datetime.now(timezone.utc) - timedelta(seconds=1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -101,7 +102,7 @@ class DeviceCA:
         assert isinstance(key, ec.EllipticCurvePrivateKey)
         return cert, key
 
-    def _issued(self) -> dict[str, list[dict]]:
+    def _issued(self) -> dict[str, list[dict[str, Any]]]:
         return json.loads(self.issued_path.read_text()) if self.issued_path.exists() else {}
 
     def _issue(

@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
@@ -26,6 +26,10 @@ from rich.table import Table
 
 from edgefleet.shared.config import load_settings
 from edgefleet.shared.errors import EdgefleetError, InvalidInput, NotFound
+
+if TYPE_CHECKING:
+    from edgefleet.fleet.broker_control import BrokerControl
+    from edgefleet.fleet.settings import FleetSettings
 
 app = typer.Typer(
     help="Fleet: enroll devices, broker credentials and ACLs, rollouts, status.\n\n"
@@ -60,7 +64,7 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _settings(config: Path | None, db: str | None, **overrides: Any):
+def _settings(config: Path | None, db: str | None, **overrides: Any) -> FleetSettings:
     from edgefleet.fleet.settings import FleetSettings
 
     if db:
@@ -120,7 +124,7 @@ class _Store:
         )
         return files.folder
 
-    def broker_control(self):
+    def broker_control(self) -> BrokerControl | None:
         """The running broker's control API as `ef-admin`; None before `broker-files` ran."""
         from edgefleet.fleet.broker_control import BrokerControl
 
@@ -131,7 +135,7 @@ class _Store:
         host = s.broker_admin_host or s.broker_host
         return BrokerControl(host, s.broker_port, secret.read_text().strip())
 
-    def apply_live(self, change) -> str:
+    def apply_live(self, change: Callable[[BrokerControl], object]) -> str:
         """Apply `change(control)` to the running broker; what happened, in words.
 
         No broker answering is fine (it loads the rewritten file when it starts); a broker
@@ -407,7 +411,8 @@ def _check(resp: httpx.Response) -> dict[str, Any]:
         except (ValueError, KeyError, TypeError):
             message = resp.text[:500]
         raise EdgefleetError(f"HTTP {resp.status_code} {message}")
-    return resp.json()
+    body: dict[str, Any] = resp.json()
+    return body
 
 
 @app.command()
@@ -604,7 +609,10 @@ def status(
             params = {"group": group} if group else {}
 
             def fetch() -> list[dict[str, Any]]:
-                return _check(client.get("/v1/devices", params=params))["devices"]
+                devices: list[dict[str, Any]] = _check(client.get("/v1/devices", params=params))[
+                    "devices"
+                ]
+                return devices
         else:
             store = _Store(config, db, create=False)
 

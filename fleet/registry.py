@@ -413,7 +413,7 @@ class DeviceRegistry:
         ordered = sorted(batch, key=lambda t: (t.device_id, t.ts))
         ids = sorted({t.device_id for t in ordered})
         # rows locked in one order (device id) by every replica: no crosswise waits
-        lock = " FOR UPDATE" if self.db.dialect == "postgres" else ""
+        lock = " FOR UPDATE" if self.db.dialect == "postgresql" else ""
         rows = self.db.query(
             "SELECT device_id, escalations_sent, last_seen, telemetry_ts FROM fleet_devices "
             f"WHERE device_id IN ({', '.join('?' for _ in ids)}) AND revoked_at IS NULL "
@@ -596,10 +596,11 @@ def _escalation_rate(t: DeviceTelemetry, prev: dict[str, Any]) -> float | None:
     """Escalations per minute since the device's previous telemetry (None if unknown)."""
     if prev["escalations_sent"] is None or prev["last_seen"] is None:
         return None
-    dt = (t.ts - prev["last_seen"]).total_seconds()
+    dt: float = (t.ts - prev["last_seen"]).total_seconds()
     if dt <= 0 or t.escalations.sent < prev["escalations_sent"]:
         return None
-    return (t.escalations.sent - prev["escalations_sent"]) * 60.0 / dt
+    sent: int = t.escalations.sent - prev["escalations_sent"]
+    return sent * 60.0 / dt
 
 
 def _summarise(t: DeviceTelemetry) -> dict[str, Any]:

@@ -401,7 +401,7 @@ class RolloutController:
     def _bounded(self, dep: dict[str, Any]) -> bool:
         return dep["min_fps"] is not None or dep["max_latency_p95_ms"] is not None
 
-    def _fresh_summary(self, dep: dict[str, Any], target: dict[str, Any]) -> dict | None:
+    def _fresh_summary(self, dep: dict[str, Any], target: dict[str, Any]) -> dict[str, Any] | None:
         """The device's telemetry taken after it reported healthy, or None."""
         detail = self.registry.get_device(target["device_id"])
         tel = detail.telemetry

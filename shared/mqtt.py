@@ -93,14 +93,23 @@ def make_client(
     return client
 
 
+def connect_properties(session_expiry_s: int, receive_maximum: int | None = None) -> Properties:
+    """A CONNECT's properties: how long the broker keeps the session, and how many QoS 1
+    messages it may have in flight to us (None: the broker's default)."""
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = session_expiry_s
+    if receive_maximum is not None:
+        props.ReceiveMaximum = receive_maximum
+    return props
+
+
 def connect(client: mqtt.Client, settings: MqttSettings, *, clean_start: bool = False) -> None:
     """Connect in the background; paho keeps reconnecting with backoff afterwards.
 
     Without `clean_start` the broker keeps the session (subscriptions and queued QoS 1
     messages) for `session_expiry_s`, so nothing addressed to us is lost while we are away.
     """
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = 0 if clean_start else settings.session_expiry_s
+    props = connect_properties(0 if clean_start else settings.session_expiry_s)
     client.connect_async(
         settings.host,
         settings.port,

@@ -37,7 +37,8 @@ def error_responses(**descriptions: str) -> dict[int | str, dict[str, Any]]:
 
 
 def services(request: Request) -> CloudServices:
-    return request.app.state.services
+    found: CloudServices = request.app.state.services
+    return found
 
 
 def media_type(request: Request) -> str:

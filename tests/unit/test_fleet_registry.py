@@ -1,8 +1,7 @@
-"""Device registry on a real SQLite file (and PostgreSQL where it runs): secrets, state, history."""
+"""Device registry on a real SQLite file (and on the tests' PostgreSQL): secrets, state, history."""
 
 from __future__ import annotations
 
-import secrets
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,8 +19,6 @@ from edgefleet.shared.messages import (
     EscalationCounters,
     ReportedState,
 )
-
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 def telemetry(device: str, seq: int, sent: int, ts: datetime) -> DeviceTelemetry:
@@ -164,55 +161,43 @@ def test_telemetry_arriving_late_or_twice_never_replaces_the_newest(db: Database
     assert points[-1].escalation_rate == pytest.approx(12.0)  # 6 in 30 s
 
 
-def test_postgres_store() -> None:
+def test_postgres_store(pg_url: str) -> None:
     """The scale path: the same registry and rollout tables on PostgreSQL, in a fresh schema."""
+    db = Database.connect(pg_url)
     try:
-        admin = Database.connect(PG_URL)
-    except Exception as exc:  # no server here: say so instead of pretending
-        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {exc}")
-    schema = "fleet_t_" + secrets.token_hex(4)
-    admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        db = Database.connect(f"{PG_URL}?options=-csearch_path%3D{schema}")
-        try:
-            registry = DeviceRegistry(db)
-            for i in range(3):
-                registry.enroll(f"cam-{i}", group="pg")
-            now = datetime.now(timezone.utc)
-            registry.record_telemetry(telemetry("cam-1", 1, 1, now))
-            registry.record_telemetry(telemetry("cam-1", 2, 2, now))  # same bucket: upsert
-            assert len(registry.history("cam-1")) == 1
-            sent = []
-            rollouts = RolloutController(
-                registry, db, lambda w, r: sent.append(w), tick_interval_s=None
+        registry = DeviceRegistry(db)
+        for i in range(3):
+            registry.enroll(f"cam-{i}", group="pg")
+        now = datetime.now(timezone.utc)
+        registry.record_telemetry(telemetry("cam-1", 1, 1, now))
+        registry.record_telemetry(telemetry("cam-1", 2, 2, now))  # same bucket: upsert
+        assert len(registry.history("cam-1")) == 1
+        sent = []
+        rollouts = RolloutController(
+            registry, db, lambda w, r: sent.append(w), tick_interval_s=None
+        )
+        dep = rollouts.create(
+            {
+                "group": "pg",
+                "image": "edge:1",
+                "models": [{"name": "m", "version": "1", "url": "http://x", "sha256": "a" * 64}],
+                "soak_s": 0,
+            }
+        )
+        with pytest.raises(Conflict):
+            rollouts.create({"group": "pg", "image": "edge:2"})
+        rollouts.on_reported(
+            ReportedState(
+                device_id=dep.canaries[0],
+                deployment_id=dep.id,
+                image="edge:1",
+                status="healthy",
+                running_image="edge:1",
             )
-            dep = rollouts.create(
-                {
-                    "group": "pg",
-                    "image": "edge:1",
-                    "models": [
-                        {"name": "m", "version": "1", "url": "http://x", "sha256": "a" * 64}
-                    ],
-                    "soak_s": 0,
-                }
-            )
-            with pytest.raises(Conflict):
-                rollouts.create({"group": "pg", "image": "edge:2"})
-            rollouts.on_reported(
-                ReportedState(
-                    device_id=dep.canaries[0],
-                    deployment_id=dep.id,
-                    image="edge:1",
-                    status="healthy",
-                    running_image="edge:1",
-                )
-            )
-            assert rollouts.get(dep.id).status == "rolling" and len(sent) == 3
-        finally:
-            db.close()
+        )
+        assert rollouts.get(dep.id).status == "rolling" and len(sent) == 3
     finally:
-        admin.execute(f"DROP SCHEMA {schema} CASCADE")
-        admin.close()
+        db.close()
 
 
 def test_revoke_and_re_enroll_by_another_process_reach_a_running_cloud(tmp_path: Path) -> None:
