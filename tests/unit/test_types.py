@@ -1,5 +1,6 @@
 """mypy (with the pydantic plugin) is clean on the parts under their import names, and the
-message contracts (messages, wire, topics) and the edge are checked with mypy's strict flags."""
+message contracts (messages, wire, topics), the edge, the cloud and the fleet are checked with
+mypy's strict flags."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ STRICT_MODULES = {
     "edgefleet.shared.wire",
     "edgefleet.shared.topics",
     "edgefleet.edge.*",
+    "edgefleet.cloud.*",
+    "edgefleet.fleet.*",
 }
 # What `mypy --strict` enables that a per-module section can set (`strict = true` there
 # would apply to every module).
@@ -37,7 +40,7 @@ def test_mypy_is_clean():
     assert "Success: no issues found" in result.stdout, result.stdout
 
 
-def test_the_contracts_and_the_edge_are_checked_strictly():
+def test_the_contracts_edge_cloud_and_fleet_are_checked_strictly():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert "pydantic.mypy" in config["plugins"]
     strict = [
@@ -45,7 +48,7 @@ def test_the_contracts_and_the_edge_are_checked_strictly():
         for o in config["overrides"]
         if set(o["module"]) >= STRICT_MODULES and all(o.get(f) is True for f in STRICT_FLAGS)
     ]
-    assert strict, "no override sets the strict flags on messages, wire, topics and edge.*"
+    assert strict, "no override sets the strict flags on messages, wire, topics, edge, cloud, fleet"
     assert "strict" not in config, "a global strict would hide which modules are strict"
     for override in config["overrides"]:
         assert "strict" not in override, "mypy applies an override's `strict` to every module"
