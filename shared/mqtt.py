@@ -62,7 +62,7 @@ def make_client(
     if not publish_properties.install():
         log.error(
             "paho's PUBLISH decoder is not the one edgefleet wraps: a message with a malformed"
-            " property will drop this connection (install paho-mqtt 2.x)"
+            " property will drop this connection (install paho-mqtt 2.2)"
         )
     client = mqtt.Client(
         mqtt.CallbackAPIVersion.VERSION2,

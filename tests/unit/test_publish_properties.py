@@ -154,3 +154,16 @@ def test_install_puts_it_in_pahos_publish_decoder() -> None:
     assert isinstance(result.properties, PublishProperties)
     assert result.properties.UserProperty == [("ef-schema", "ef.telemetry/1")]
     assert result.payload == PAYLOAD and result.mid == 7
+
+
+def test_the_bench_decodes_the_edges_messages_alike_both_ways() -> None:
+    from typer.testing import CliRunner
+
+    from edgefleet.bench.bench_mqtt_properties import app
+
+    result = CliRunner().invoke(app, ["--messages", "20", "--rounds", "1"])
+    assert result.exit_code == 0, result.output
+    rows = [
+        line for line in result.output.splitlines() if line.startswith(("| telemetry", "| case"))
+    ]
+    assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), result.output
