@@ -221,7 +221,8 @@ class Ingest:
         for _ in self._light_workers:
             self._light.put(None)
         for worker in self._light_workers:
-            worker.join(timeout=5)
+            if worker.ident is not None:  # started (services closed before start: not)
+                worker.join(timeout=5)
         self.client.disconnect()
         self.client.loop_stop()
 

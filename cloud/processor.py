@@ -175,6 +175,18 @@ class CaseProcessor:
         )
         for worker in self._workers:
             worker.daemon = True
+        self._start_lock = threading.Lock()
+        self._running = False
+
+    def start(self) -> None:
+        """Start the workers, the stale sweep (which runs at once: a restarted replica's
+        cases) and the redelivery checks; once everything its verdicts go through is given
+        (idempotent)."""
+        with self._start_lock:
+            if self._running:
+                return
+            self._running = True
+        for worker in self._workers:
             worker.start()
 
     @property
@@ -710,4 +722,5 @@ class CaseProcessor:
         self._stopping.set()
         self._redeliveries.stop()
         for worker in self._workers:
-            worker.join(timeout=5)
+            if worker.ident is not None:  # started
+                worker.join(timeout=5)

@@ -243,6 +243,9 @@ class CloudServices:
             services.rollouts = rollouts
             if services.ingest is not None:
                 services.ingest.on_reported = rollouts.on_reported
+        # its workers last: a case swept at once (this replica's from before a restart)
+        # finds its verdict's way out wired
+        processor.start()
         return services
 
     @property

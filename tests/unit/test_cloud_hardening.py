@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgefleet.bench.harness import escalation_case
+from edgefleet.cloud.processor import CaseProcessor
 from edgefleet.cloud.replica import ReplicaIdentity
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.shared.errors import Overloaded
@@ -188,3 +189,25 @@ def test_without_a_master_key_the_cloud_says_loudly_what_that_means(
         assert stat.S_IMODE((tmp_path / "data" / "cloud.db").stat().st_mode) == 0o600
     finally:
         svc.close()
+
+
+def test_a_case_processor_runs_nothing_until_started(tmp_path: Path) -> None:
+    # a processor's stale sweep runs as soon as its thread starts: before its verdicts have
+    # their way out, a case it swept would be answered and never sent
+    services = rules_only_services(tmp_path)
+    try:
+
+        def sweeps() -> int:
+            return sum(t.name == "case-sweep" for t in threading.enumerate())
+
+        before = sweeps()
+        processor = CaseProcessor(
+            services.store, services.router, services.cascade, services.decode, replica="x"
+        )
+        assert sweeps() == before
+        processor.start()
+        processor.start()  # idempotent
+        assert sweeps() == before + 1
+        processor.close()
+    finally:
+        services.close()
