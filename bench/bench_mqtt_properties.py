@@ -102,6 +102,10 @@ def main(
     rounds: Annotated[int, typer.Option(help="alternating rounds; the best of each counts")] = 5,
     case_kb: Annotated[int, typer.Option(help="the image a case carries, kB")] = 60,
 ) -> None:
+    """paho's PUBLISH property decoder against edgefleet's on the edge's own messages.
+
+    Example: edgefleet bench mqtt-properties --messages 5000 --rounds 7
+    """
     image = bytes(range(256)) * (case_kb * 1000 // 256)
     kinds = {"telemetry": _telemetry(), f"case ({case_kb} kB image)": _case(image)}
     typer.echo(f"{messages} messages per round, best of {rounds} alternating rounds")
