@@ -63,10 +63,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 IMAGES_DECODED = Counter(
-    "edgefleet_images_decoded_total", "Images decoded to RGB, by format", ["format"]
+    "ef_images_decoded_total", "Images decoded to RGB, by format", ["format"]
 )
 IMAGES_REJECTED = Counter(
-    "edgefleet_images_rejected_total", "Images refused before or during decode, by code", ["code"]
+    "ef_images_rejected_total", "Images refused before or during decode, by code", ["code"]
 )
 
 _PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "bmp": "BMP", "webp": "WEBP", "tiff": "TIFF"}

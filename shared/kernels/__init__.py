@@ -42,7 +42,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 BACKENDS = ("cuda", "native", "reference")
 BACKEND_ACTIVE = Gauge(
-    "edgefleet_kernels_backend", "1 for the active kernel backend, 0 for the others", ["backend"]
+    "ef_kernels_backend", "1 for the active kernel backend, 0 for the others", ["backend"]
 )
 
 

@@ -141,7 +141,7 @@ def jpeg_with_app1(jpeg: bytes, payload: bytes) -> bytes:
 
 
 def rejected_count(code: str) -> float:
-    return REGISTRY.get_sample_value("edgefleet_images_rejected_total", {"code": code}) or 0.0
+    return REGISTRY.get_sample_value("ef_images_rejected_total", {"code": code}) or 0.0
 
 
 # ---------------------------------------------------------------- the bad inputs

@@ -117,7 +117,7 @@ def test_backend_choice_explains_itself_and_can_be_forced():
     assert any(name == "cuda" and why for name, why in choice.rejected)
     try:
         assert kernels.use_backend("reference") == "reference"
-        gauge = "edgefleet_kernels_backend"
+        gauge = "ef_kernels_backend"
         assert REGISTRY.get_sample_value(gauge, {"backend": "reference"}) == 1
         assert REGISTRY.get_sample_value(gauge, {"backend": choice.name}) == 0
         idx = kernels.nms(np.zeros((1, 4), np.float32), np.ones(1, np.float32), 0.5)
