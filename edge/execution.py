@@ -25,14 +25,13 @@ def edge_execution(workers: int) -> ExecutionSettings:
     """The edge's executor defaults: `workers` runs side by side, the cores split between,
     and ONNX Runtime's idle threads not spinning.
 
-    Measured on 2 shared cores (bench/bench_edge.py, one run, A/B): a spinning session burns
-    ~150 ms of CPU per frame instead of ~60 and runs 3x slower, because its idle threads
-    compete with decode, the post stage and the machine's other work. Without spinning, one
-    worker spreading each frame over every core (the default, `infer_workers: 1`) has
-    0.5-0.7x the p95 of two single-threaded workers; those overlap OCR's single-threaded
-    parts and have more throughput on otherwise idle cores (x1.44 in the quietest run):
-    `infer_workers: 2` trades p95 for it. The batcher still queues requests (several
-    streams share the model) but sends a batch as soon as one waits.
+    A spinning session burns CPU per frame that decode, the post stage and the machine's
+    other work need, and runs slower for it. Without spinning, one worker spreading each
+    frame over every core (the default, `infer_workers: 1`) has the lower p95; two
+    single-threaded workers overlap OCR's single-threaded parts and have more throughput on
+    otherwise idle cores: `infer_workers: 2` trades p95 for it (`edgefleet bench edge`
+    measures both; docs/decisions.md). The batcher still queues requests (several streams
+    share the model) but sends a batch as soon as one waits.
     """
     cores = usable_cores()
     return ExecutionSettings(

@@ -247,11 +247,10 @@ def write_cloud_config(
         },
         "data_dir": str(workdir / "cloud"),
         "api_keys": [{"name": "demo", "sha256": key_digest(operator_key)}],
-        # One thread per model run, one frame per run: measured on 2 loaded cores, the
-        # heavy model took 206 ms of CPU per frame on one thread and 504 ms on two (their
-        # threads spin and wait for each other while the agents hold the cores), and
-        # 208-214 ms one frame at a time against 270-306 ms in batches of four (padded to
-        # the largest), whose first answer also waits for the last.
+        # One thread per model run, one frame per run: on cores the agents hold, two threads
+        # cost the heavy model more CPU per frame than one (they spin and wait for each
+        # other), and batches of four (padded to the largest) more than one frame at a
+        # time, their first answer also waiting for the last (docs/decisions.md).
         "execution": {
             "intra_op_threads": 1,
             "inter_op_threads": 1,
@@ -275,10 +274,9 @@ def write_cloud_config(
     return path
 
 
-# Escalations per minute the demo's cloud is given, shared by the devices. Measured on 2
-# shared cores with 2-3 agents: the heavy model answers about 40 cases a minute; more
-# would queue behind it and come back late (or `busy`), and the backlog would hold up
-# the final report.
+# Escalations per minute the demo's cloud is given, shared by the devices: under what the
+# heavy model answers on 2 shared cores beside 2-3 agents; more would queue behind it and
+# come back late (or `busy`), and the backlog would hold up the final report.
 CLOUD_CASES_PER_MIN = 30.0
 
 

@@ -28,9 +28,9 @@ def agent_niceness(devices: int) -> int:
 
     Here the agents share the cores that, in a real fleet, the cloud would not share with
     them; the cloud needs little (its budget of cases, demo_stack.CLOUD_CASES_PER_MIN, is a
-    share of a core) but needs it at once, or verdicts queue: measured on 2 loaded cores,
-    with 3 agents at its own priority it took 2.4 s per escalated frame instead of 0.3 s,
-    and with 8 the verdicts' p95 was 22-28 s. Each nice step is a factor of about 1.25 in
+    share of a core) but needs it at once, or verdicts queue: on 2 loaded cores, with the
+    agents at its own priority, each escalated frame took it many times longer, and with 8
+    agents the verdicts came back tens of seconds late. Each nice step is a factor of about 1.25 in
     the scheduler's weight, so n agents at nice log(n)/log(1.25) weigh as much as one
     process at nice 0.
     """

@@ -159,7 +159,7 @@ class MemoryBudget:
 
     def _recent(self) -> MemorySnapshot:
         """A snapshot at most `cache_s` old: the per-request checks stay cheap (reading
-        memory costs ~0.3 ms), admission always reads afresh."""
+        memory is a query to the device or the OS), admission always reads afresh."""
         now = time.monotonic()
         cached = self._cached
         if cached is not None and now - cached[0] < self.cache_s:

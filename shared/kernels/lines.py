@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 # Shrink factor above which one bilinear tap aliases: a tap already averages over +-1 source
-# pixel, enough up to 2x. Between 1.5x and 2x, four taps cost ~40 % more time (bench
-# kernels' 16 lines) and read no better (seed 5000 easy stills: 0.9925 either way).
+# pixel, enough up to 2x. Between 1.5x and 2x, four taps cost more time (bench kernels'
+# 16 lines) and read no better (seed 5000's easy stills).
 MIN_SUPERSAMPLE = 2.0
 MAX_TAPS = 8  # per axis: a line shrunk more than 8x is averaged over 8 x 8 taps
 TURN_RATIO = 1.5  # thickness / length at which a line is read turned

@@ -60,12 +60,12 @@ DET_PAD = 114  # the detector's canvas outside the image: mid-grey, no edges
 # Lines are read half a pixel up and left of the detector's quads, where PP-OCR's
 # warpPerspective crop read them (it puts corner tl on its first pixel's centre; the kernels
 # put corners on pixel corners). Chosen on seed 5000's hard scenes (never the held-out 3000
-# and 7000): +0.003 character accuracy over 200 images, the easy ones unchanged.
+# and 7000), where it read better, the easy ones unchanged.
 READ_SHIFT = -0.5
 # Recogniser input widths: rec_min_width, then each 1.5x the last (in steps of 32) up to
-# rec_max_width; a line is padded to the first that holds it. Chosen on seed 5000 (hard
-# 0.7948 character accuracy against 0.7932 for steps of 32 and 0.7950 padding to the
-# widest line of a batch, easy level) with 10 % fewer recogniser calls than steps of 32.
+# rec_max_width; a line is padded to the first that holds it, so its read never depends on
+# the lines batched with it. Chosen on seed 5000: level with padding to the widest line of
+# a batch and with steps of 32, in fewer recogniser calls than steps of 32 (docs/decisions.md).
 REC_WIDTH_GROWTH = 1.5
 ZOOM_MAX = 8  # regions zoomed per frame, largest first: a frame of noise costs 8 calls at most
 

@@ -1,8 +1,8 @@
 """Word kinds: a letter among digits, or a digit among letters, read again by its word.
 
 The recogniser reads each character by its shape, and where two shapes are alike it
-guesses, sometimes surely (`OOLU` read `00LU` at 0.99, the J of `JM` read 5 at 0.77 with
-J at 0.18). A reader settles these by the word: a character of the other kind than the
+guesses, sometimes surely (`OOLU` read `00LU`, the J of `JM` read 5 with J a distant
+second). A reader settles these by the word: a character of the other kind than the
 nearest characters of its word on both sides (or on the one side it has) becomes the
 likeliest character of their kind, where the recogniser gives that one at least a floor.
 O and 0, which fonts draw nearly alike, are settled by the word whatever the recogniser
