@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, TypeVar
@@ -146,8 +146,10 @@ class DeviceRegistry:
         history_retention_s: int = 24 * 3600,
         key_cache_s: float = 5.0,
         key_cache_entries: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.db = db
+        self._clock = clock
         # A revoke or re-enroll made by another process (the `fleet` CLI, another replica)
         # must bite in every running replica within `key_cache_s`: cached keys are kept
         # until their device's key changes, found by one indexed query every `key_cache_s`
@@ -155,7 +157,7 @@ class DeviceRegistry:
         # every 5 s to the store). The backstop expiry only limits a change missed
         # through a clock far off.
         self.key_cache_s = key_cache_s
-        self._keys_checked = time.monotonic()
+        self._keys_checked = clock()
         self._keys_since = utcnow()
         self._keys_checking = threading.Lock()
         self.sealer = KeySealer(master_key)
@@ -168,6 +170,7 @@ class DeviceRegistry:
             max_bytes=key_cache_entries * _KEY_ENTRY_BYTES,
             size_of=lambda device_id, key: _KEY_ENTRY_BYTES,
             ttl_s=KEY_BACKSTOP_S,
+            clock=clock,
         )
         self._lock = threading.Lock()
         self._writes = 0
@@ -265,7 +268,7 @@ class DeviceRegistry:
         """Fill the key cache with every active device's key (as many as it holds) in one
         query: a replica starting under a fleet's traffic would otherwise read each device's
         key alone. Returns how many it holds."""
-        self._keys_checked, self._keys_since = time.monotonic(), utcnow()
+        self._keys_checked, self._keys_since = self._clock(), utcnow()
         rows = self.db.query(
             "SELECT device_id, key_sealed, key_changed_at FROM fleet_devices "
             "WHERE revoked_at IS NULL AND key_sealed IS NOT NULL ORDER BY device_id LIMIT ?",
@@ -280,12 +283,12 @@ class DeviceRegistry:
         """Every `key_cache_s`, drop the cached keys of devices enrolled or revoked since
         they were read. It looks back a margin before the last look (another host's clock,
         a commit still open); a change already read is recognised by its time."""
-        if time.monotonic() - self._keys_checked < self.key_cache_s:
+        if self._clock() - self._keys_checked < self.key_cache_s:
             return
         if not self._keys_checking.acquire(blocking=False):
             return  # another thread is looking; this lookup uses the cache as it is
         try:
-            checked, now = time.monotonic(), utcnow()
+            checked, now = self._clock(), utcnow()
             rows = self.db.query(
                 "SELECT device_id, key_changed_at FROM fleet_devices WHERE key_changed_at > ?",
                 (self._keys_since - timedelta(seconds=KEY_CHANGE_MARGIN_S),),

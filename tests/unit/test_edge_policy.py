@@ -8,14 +8,7 @@ import numpy as np
 from edgefleet.edge.policy import EscalationPolicy, TokenBucket, dhash, hamming
 from edgefleet.edge.settings import PolicySettings
 from edgefleet.shared.messages import Detection
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def _frame(seed: int, size: tuple[int, int] = (120, 160)) -> np.ndarray:

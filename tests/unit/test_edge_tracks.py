@@ -12,14 +12,7 @@ from edgefleet.edge.settings import BudgetSettings, PolicySettings, TrackSetting
 from edgefleet.edge.tracks import Tracker, report, similarity
 from edgefleet.edge.verdicts import VerdictBook
 from edgefleet.shared.messages import CloudVerdict, Detection
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def _frame(seed: int = 0) -> np.ndarray:

@@ -14,16 +14,7 @@ from prometheus_client import REGISTRY
 from edgefleet.shared.errors import InferenceTimeout, Overloaded
 from edgefleet.shared.executor.batcher import BatcherClosed, DynamicBatcher
 from edgefleet.shared.executor.settings import BatcherSettings
-
-
-class FakeClock:
-    """The batcher's clock, moved by the test (the batcher's deadlines and delays read it)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def rejected(batcher: str, reason: str) -> float:

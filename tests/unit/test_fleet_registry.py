@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from edgefleet.shared.messages import (
     EscalationCounters,
     ReportedState,
 )
+from tests.support.clock import FakeClock
 
 
 def telemetry(device: str, seq: int, sent: int, ts: datetime) -> DeviceTelemetry:
@@ -224,22 +224,24 @@ def test_a_replica_reads_device_keys_in_one_query_and_keeps_them_until_they_chan
     url = f"sqlite:///{tmp_path}/shared.db"
     cli = DeviceRegistry(Database.connect(url))  # `edgefleet fleet enroll`, another process
     keys = {f"cam-{i}": cli.enroll(f"cam-{i}").device_key for i in range(5)}
-    # given a replica that loaded the keys at start and checks for changes every 50 ms
-    cloud = DeviceRegistry(Database.connect(url), key_cache_s=0.05)
+    # given a replica that loaded the keys at start and checks for changes every 5 s
+    clock = FakeClock()
+    cloud = DeviceRegistry(Database.connect(url), key_cache_s=5.0, clock=clock)
     assert cloud.load_keys() == 5
     single_reads = []
     query_one = cloud.db.query_one
     cloud.db.query_one = lambda *a, **k: single_reads.append(a) or query_one(*a, **k)  # type: ignore[method-assign]
     # when each device's messages arrive over several checks
     for _ in range(3):
+        clock.now += 6.0
         for device_id, key in keys.items():
             assert cloud.device_key(device_id) == key
-        time.sleep(0.06)  # time passing, not a wait for an event
     # then no key was read alone from the store
     assert single_reads == []
     # and a revoke by another process is seen at the next check
     cli.revoke("cam-3")
-    time.sleep(0.06)
+    assert cloud.device_key("cam-3") == keys["cam-3"]  # cached until the next check
+    clock.now += 6.0
     assert cloud.device_key("cam-3") is None and cloud.device_key("cam-1") == keys["cam-1"]
 
 
