@@ -25,6 +25,8 @@ from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge
 
+from edgefleet.shared.gauges import observe
+
 ENTRIES = Gauge("ef_cloud_held_entries", "MQTT redeliveries held to be checked again")
 BYTES = Gauge("ef_cloud_held_bytes", "Payload bytes of the held MQTT redeliveries")
 FULL = Counter(
@@ -49,8 +51,8 @@ class HeldRedeliveries(Generic[K, T]):
         self._bytes = 0
         self._changed = threading.Condition()
         self._stopped = False
-        ENTRIES.set_function(self.__len__)
-        BYTES.set_function(lambda: self._bytes)
+        observe(ENTRIES, self, len)
+        observe(BYTES, self, lambda held: held._bytes)
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -36,6 +36,7 @@ from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.processor import BACKPRESSURE, CaseProcessor
 from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.errors import EdgefleetError, PayloadRejected
+from edgefleet.shared.gauges import observe
 from edgefleet.shared.messages import (
     CloudStatus,
     CloudVerdict,
@@ -175,9 +176,9 @@ class Ingest:
         self._collecting = threading.Lock()  # one worker fills a batch while others store
         self._light: queue.Queue[Light | None] = queue.Queue()
         # read when scraped, not set per message (a gauge update costs more than the count)
-        LIGHT_QUEUE_DEPTH.set_function(self._light.qsize)
-        LIGHT_QUEUE_BYTES.set_function(lambda: self._light_bytes)
-        UNACKED.set_function(lambda: self._unacked)
+        observe(LIGHT_QUEUE_DEPTH, self, lambda ingest: ingest._light.qsize())
+        observe(LIGHT_QUEUE_BYTES, self, lambda ingest: ingest._light_bytes)
+        observe(UNACKED, self, lambda ingest: ingest._unacked)
         self._light_workers = [
             threading.Thread(target=self._light_loop, name=f"ingest-light-{i}", daemon=True)
             for i in range(light_workers)

@@ -41,6 +41,7 @@ from edgefleet.fleet.devices import (
 from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.db import Database
 from edgefleet.shared.errors import Conflict, NotFound
+from edgefleet.shared.gauges import observe
 from edgefleet.shared.messages import (
     DesiredState,
     DeviceStatus,
@@ -204,7 +205,8 @@ class DeviceRegistry:
             "fleet_registry_v4",
             [f"ALTER TABLE fleet_devices ADD COLUMN heard_at {t.timestamp}"],
         )
-        DEVICES.set_function(self._count_for_metrics)
+        # several registries of a process read one store: the count is the same, not a sum
+        observe(DEVICES, self, DeviceRegistry._count_for_metrics, combine=max)
 
     # --- enrollment and credentials ---------------------------------------------------
 

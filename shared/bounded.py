@@ -21,6 +21,8 @@ from typing import Any, Generic, TypeVar
 
 from prometheus_client import Counter, Gauge
 
+from edgefleet.shared.gauges import observe
+
 ENTRIES = Gauge("ef_bounded_entries", "Entries held by a bounded in-memory map", ["name"])
 BYTES = Gauge("ef_bounded_bytes", "Estimated bytes held by a bounded in-memory map", ["name"])
 EVICTIONS = Counter(
@@ -71,9 +73,9 @@ class BoundedMap(Generic[K, V]):
         self._lock = threading.Lock()
         self._expired = EVICTIONS.labels(name, "expired")
         self._full = EVICTIONS.labels(name, "full")
-        # read when scraped (the newest map of a name is the one reported)
-        ENTRIES.labels(name).set_function(self.__len__)
-        BYTES.labels(name).set_function(lambda: self._bytes)
+        # read when scraped, summed over the live maps of a name
+        observe(ENTRIES.labels(name), self, len)
+        observe(BYTES.labels(name), self, lambda bounded: bounded._bytes)
 
     def __len__(self) -> int:
         return len(self._items)
