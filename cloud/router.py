@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import yaml
 from prometheus_client import Counter, Gauge
@@ -34,7 +33,7 @@ from pydantic import Field, ValidationError
 
 from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError
-from edgefleet.shared.messages import EscalationCase
+from edgefleet.shared.messages import EscalationCase, EscalationReason
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class Match(Closed):
 
     device: str | list[str] | None = Field(None, description="device id glob(s)")
     stream: str | list[str] | None = Field(None, description="stream id glob(s)")
-    reason: list[Literal["unsure", "empty", "sampled", "error", "disagreement"]] | None = None
+    reason: list[EscalationReason] | None = None
     model: str | list[str] | None = Field(None, description="edge model name glob(s)")
     edge_score_min: float | None = Field(None, ge=0, le=1, description="edge score at least")
     edge_score_max: float | None = Field(None, ge=0, le=1, description="edge score at most")
