@@ -13,7 +13,7 @@ import statistics
 import time
 from functools import partial
 
-from edgefleet.bench.gpu_steps import (
+from edgefleet.bench.gpu_record import (
     CACHE_DIR,
     MissingPackage,
     Recorder,

@@ -24,6 +24,7 @@ from edgefleet.edge.cases import CaseWriter
 from edgefleet.edge.clock import ClockWatch
 from edgefleet.edge.device_lock import DeviceLock
 from edgefleet.edge.health import HealthReport, HealthServer
+from edgefleet.edge.host_runtime import runtime_from_settings
 from edgefleet.edge.model import Predictor, load_deployed, open_model
 from edgefleet.edge.outbox import Outbox
 from edgefleet.edge.pipeline import Pipeline, Work
@@ -34,7 +35,7 @@ from edgefleet.edge.sources import VideoSource, make_source
 from edgefleet.edge.sources.capture import Capture
 from edgefleet.edge.telemetry import TelemetryReporter, WindowStats, gpu_probe
 from edgefleet.edge.tracks import TrackReport, report
-from edgefleet.edge.updater import DesiredStateApplier, runtime_from_settings
+from edgefleet.edge.updater import DesiredStateApplier
 from edgefleet.edge.uplink import Uplink
 from edgefleet.edge.verdicts import MatchedVerdict, VerdictBook
 from edgefleet.shared.errors import DeviceTaken

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from edgefleet.edge.image_update import SignedRequest, UpdateStatus
-from edgefleet.edge.updater import HandedOver, UpdateFailed, atomic_write
+from edgefleet.edge.settings import RuntimeSettings
+from edgefleet.edge.updater import HandedOver, NullRuntime, Runtime, UpdateFailed, atomic_write
 from edgefleet.shared.wire import WireMessage
 
 
@@ -99,3 +100,10 @@ def _image_of(wire: WireMessage) -> str | None:
     except ValueError:
         return None
     return image if isinstance(image, str) else None
+
+
+def runtime_from_settings(settings: RuntimeSettings, state_dir: Path) -> Runtime:
+    """The runtime a device's settings name (`runtime.kind`)."""
+    if settings.kind == "host":
+        return HostRuntime(settings.updater_dir)
+    return NullRuntime()

@@ -37,7 +37,6 @@ from edgefleet.shared.wire import WireMessage
 
 if TYPE_CHECKING:
     from edgefleet.edge.control import AgentControl
-    from edgefleet.edge.settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +89,6 @@ class NullRuntime:
         raise ImageNotApplied(
             f"image not applied: {image} (runtime.kind is none: the agent runs on the host)"
         )
-
-
-def runtime_from_settings(settings: RuntimeSettings, state_dir: Path) -> Runtime:
-    """The runtime a device's settings name (`runtime.kind`)."""
-    if settings.kind == "host":
-        from edgefleet.edge.host_runtime import HostRuntime
-
-        return HostRuntime(settings.updater_dir)
-    return NullRuntime()
 
 
 class DesiredStateApplier:

@@ -46,6 +46,21 @@ def lint_imports(*args: str) -> subprocess.CompletedProcess[str]:
         )
 
 
+def import_circles() -> subprocess.CompletedProcess[str]:
+    """JSON on stdout: how many modules the installed layout has, and its import circles
+    (every import, lazy ones included), as `tests.support.circles` finds them."""
+    with tempfile.TemporaryDirectory(prefix="edgefleet-circles-") as tmp:
+        installed_layout(Path(tmp))
+        return subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "support" / "circles.py")],
+            cwd=tmp,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": tmp, "PYTHONSAFEPATH": ""},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+
 if __name__ == "__main__":
     result = lint_imports(*sys.argv[1:])
     sys.stdout.write(result.stdout)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgefleet.edge.host_runtime import HostRuntime
+from edgefleet.edge.host_runtime import HostRuntime, runtime_from_settings
 from edgefleet.edge.settings import EdgeSettings
-from edgefleet.edge.updater import NullRuntime, runtime_from_settings
+from edgefleet.edge.updater import NullRuntime
 from edgefleet.shared.config import load_settings
 
 

@@ -5,12 +5,13 @@ from product code."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import tomllib
 
-from tests.support.layers import ROOT, lint_imports
+from tests.support.layers import ROOT, import_circles, lint_imports
 
 
 def test_import_linter_contracts_hold():
@@ -33,3 +34,11 @@ def test_the_edge_agent_imports_no_web_stack():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_installed_packages_import_in_no_circle() -> None:
+    result = import_circles()
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = json.loads(result.stdout)
+    assert found["modules"] > 100, found
+    assert found["circles"] == []
