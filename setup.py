@@ -19,7 +19,7 @@ from setuptools import Extension, find_packages, setup
 PARTS = ("shared", "edge", "cloud", "fleet", "bench")
 
 package_dir = {"edgefleet": "edgefleet"}
-packages = ["edgefleet"]
+packages = ["edgefleet"] + [f"edgefleet.{sub}" for sub in find_packages(where="edgefleet")]
 for part in PARTS:
     package_dir[f"edgefleet.{part}"] = part
     packages.append(f"edgefleet.{part}")

@@ -106,9 +106,11 @@ def selftest(
 
     Example: docker run --rm --gpus all edgefleet-cloud:0.1.0 cloud selftest --json
     """
-    from edgefleet.shared.cli import print_selftest
+    from edgefleet.shared.executor.selftest import selftest_output
 
-    print_selftest(_settings(config).execution, json_out)
+    text, status = selftest_output(_settings(config).execution, json_out)
+    typer.echo(text)
+    raise typer.Exit(status)
 
 
 def serve_settings(

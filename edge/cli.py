@@ -80,8 +80,8 @@ def selftest(
     from edgefleet.edge.execution import edge_execution
     from edgefleet.edge.model import model_execution
     from edgefleet.edge.settings import EdgeSettings
-    from edgefleet.shared.cli import print_selftest
     from edgefleet.shared.config import load_settings
+    from edgefleet.shared.executor.selftest import selftest_output
 
     try:
         execution = (
@@ -92,7 +92,9 @@ def selftest(
     except EdgefleetError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    print_selftest(execution, json_out)
+    text, status = selftest_output(execution, json_out)
+    typer.echo(text)
+    raise typer.Exit(status)
 
 
 @app.command()

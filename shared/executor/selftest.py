@@ -10,7 +10,10 @@ without raising, so the process goes on and its model load gives the error.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -93,3 +96,13 @@ def last_selftest() -> dict[str, Any] | None:
     """What the health pages show: the start-up self-test's result (None before it ran)."""
     with _LOCK:
         return _LAST.as_json() if _LAST is not None else None
+
+
+def selftest_output(settings: ExecutionSettings, as_json: bool) -> tuple[str, int]:
+    """`edgefleet edge|cloud selftest`: the self-test run on `settings`, as the text to print
+    and the exit status (0 when a backend ran the tiny model, 1 when none did). ONNX Runtime
+    prints its provider errors to stdout: they go to stderr, keeping stdout for the result."""
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run_selftest(settings)
+    text = json.dumps(result.as_json(), indent=2) if as_json else result.summary()
+    return text, 0 if result.backend is not None else 1

@@ -13,10 +13,10 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from edgefleet.cli.model import app as model_app
+from edgefleet.cli.model import infer
 from edgefleet.edge.model import open_model
 from edgefleet.edge.settings import ModelSettings
-from edgefleet.shared.model_cli import app as model_app
-from edgefleet.shared.model_cli import infer
 from edgefleet.shared.models import DEFAULT_MODEL, ModelRegistry
 
 cli = typer.Typer()

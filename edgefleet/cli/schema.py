@@ -1,17 +1,13 @@
-"""`edgefleet schema` (the JSON Schema of every message, and a checker for documents) and
-the self-test printer both parts' `selftest` commands share."""
+"""`edgefleet schema`: the JSON Schema of every message, and a checker for documents."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
 from pathlib import Path
 
 import typer
 from pydantic import ValidationError
 
-from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import MESSAGE_TYPES, json_schemas
 
 
@@ -56,16 +52,3 @@ def schema(
             typer.echo(f"{check}: {where}: {err['msg']}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{check}: valid {schema_id}")
-
-
-def print_selftest(settings: ExecutionSettings, as_json: bool) -> None:
-    """`edgefleet edge|cloud selftest`: run the start-up self-test on `settings`, print it,
-    exit 0 when a backend ran the tiny model and 1 when none did."""
-    from edgefleet.shared.executor.selftest import run_selftest
-
-    # ONNX Runtime prints its provider errors to stdout: keep stdout for the result
-    with contextlib.redirect_stdout(sys.stderr):
-        result = run_selftest(settings)
-    typer.echo(json.dumps(result.as_json(), indent=2) if as_json else result.summary())
-    if result.backend is None:
-        raise typer.Exit(1)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import typer
 
 from edgefleet.bench.cli import app as bench_app
+from edgefleet.cli.model import app as model_app
+from edgefleet.cli.model import infer
+from edgefleet.cli.schema import schema
 from edgefleet.cloud.cli import app as cloud_app
 from edgefleet.demo import demo
 from edgefleet.edge.cli import app as edge_app
 from edgefleet.fleet.cli import app as fleet_app
-from edgefleet.shared.cli import schema
-from edgefleet.shared.model_cli import app as model_app
-from edgefleet.shared.model_cli import infer
 
 ROOT_HELP = (
     "Edge-plus-cloud computer vision for Jetson fleets: run models on the devices, send "
