@@ -12,9 +12,11 @@ def eventually(
     what: str = "",
     *,
     detail: Callable[[], object] | None = None,
+    interval_s: float = 0.02,
 ) -> None:
     """Return as soon as `predicate()` is true; fail naming `what` after `timeout_s`, with
-    `detail()` (logs, output) read at that moment."""
+    `detail()` (logs, output) read at that moment. `interval_s` paces a predicate that costs
+    something to ask (an HTTP request, a case posted)."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
@@ -22,7 +24,7 @@ def eventually(
             raise AssertionError(
                 f"timed out after {timeout_s} s waiting for {what or predicate}{extra}"
             )
-        time.sleep(0.02)
+        time.sleep(interval_s)
 
 
 def counter_value(name: str, **labels: str) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from edgefleet.shared.config import load_settings
 from edgefleet.shared.errors import AuthError, ConfigError, ModelNotFound
 from edgefleet.shared.executor import BatcherSettings, DynamicBatcher
 from edgefleet.shared.messages import Detection, ModelInfo
+from tests.support.waiting import eventually
 
 RULES = """
 default: {model: ppocr-heavy, timeout_s: 9}
@@ -376,10 +376,14 @@ def test_readyz_reports_a_rejected_rules_file_before_any_case_arrives(tmp_path: 
     assert client.get("/readyz").json()["rules_error"] is None
     # when the file is broken while no case comes in
     rules.write_text("default: {model: rules}\nrules: [oops\n")
-    deadline = time.monotonic() + 30
-    while (error := client.get("/readyz").json()["rules_error"]) is None:
-        assert time.monotonic() < deadline, "the broken rules file was never noticed"
-        time.sleep(0.05)
+    said: list[str | None] = []
+
+    def noticed() -> bool:
+        said.append(client.get("/readyz").json()["rules_error"])
+        return said[-1] is not None
+
+    eventually(noticed, 30, "the broken rules file noticed", interval_s=0.05)
+    error = said[-1]
     # then readiness says why, and the old rules stay in force
     assert "not valid YAML" in error
     route = app.state.services.router.route(escalation_case("cam-1"), 100)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -36,6 +35,7 @@ from edgefleet.shared.config import load_settings
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.mqtt import device_client_id
 from tests.support.docker_files import EDGE, assert_env_sets_real_settings
+from tests.support.waiting import eventually
 
 
 def test_agent_environment_names_real_edge_settings(
@@ -143,9 +143,12 @@ def test_fleet_enrolled_devices_reach_the_demo_broker_and_are_metered(tmp_path: 
             device.disconnect()
             device.loop_stop()
             # then the meter, subscribed with the cloud's account, counted its bytes
-            deadline = time.monotonic() + 30
-            while meter.bytes.get("cam-01", 0) < 100 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            eventually(
+                lambda: meter.bytes.get("cam-01", 0) >= 100,
+                30,
+                "the meter to count cam-01's bytes",
+                detail=lambda: (meter.bytes, meter.messages),
+            )
             assert meter.bytes["cam-01"] >= 100 + len("ef/v1/cam-01/telemetry")
             assert meter.messages["cam-01"] >= 1
         finally:

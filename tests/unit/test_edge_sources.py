@@ -114,14 +114,16 @@ def test_every_frame_mode_delivers_each_frame_in_order(tmp_path: Path) -> None:
     capture = Capture(_settings(str(video), realtime=False), OpenCvSource(_settings(str(video))))
     capture.start()
     seen = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def read_to_the_end() -> bool:
         frame = capture.get(timeout=0.2)
         if frame is not None:
             seen.append(frame.index)
             time.sleep(0.01)  # a slow consumer: the file waits for it
-        elif capture.finished and not capture.alive:
-            break
+            return False
+        return capture.finished and not capture.alive
+
+    eventually(read_to_the_end, 30, "the file read to its end", detail=lambda: seen)
     capture.stop()
     assert seen == list(range(12))
     assert capture.dropped == 0
