@@ -7,7 +7,6 @@ import json
 import queue
 import secrets
 import struct
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from edgefleet.shared.messages import CloudVerdict
 from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client, publish
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import Verifier, WireMessage
+from tests.support.waiting import eventually
 
 OP_KEY = "op-test-key-" + "x" * 20
 TEXT = "EF-2048"
@@ -67,15 +67,16 @@ class Env:
 
 
 def _wait_ready(url: str, timeout_s: float = 180.0) -> dict:
-    deadline = time.monotonic() + timeout_s
     body: dict = {}
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         response = httpx.get(f"{url}/readyz", timeout=10)
-        body = response.json()
-        if response.status_code == 200:
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"not ready after {timeout_s} s: {body}")
+        body.clear()
+        body.update(response.json())
+        return response.status_code == 200
+
+    eventually(ready, timeout_s, f"{url}/readyz to answer 200", detail=lambda: body, interval_s=0.2)
+    return body
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +133,20 @@ def env(broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 
 def _next_verdict(env: Env, case_id: str, timeout_s: float = 90.0) -> CloudVerdict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            verdict = env.results.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if isinstance(verdict, CloudVerdict) and verdict.case_id == case_id:
-            return verdict  # (the topic also carries the cloud's lag status)
-    raise AssertionError(f"no verdict for {case_id} on the results topic in {timeout_s} s")
+    found: list[CloudVerdict] = []
+
+    def arrived() -> bool:
+        while True:
+            try:
+                verdict = env.results.get_nowait()
+            except queue.Empty:
+                return False
+            if isinstance(verdict, CloudVerdict) and verdict.case_id == case_id:
+                found.append(verdict)  # (the topic also carries the cloud's lag status)
+                return True
+
+    eventually(arrived, timeout_s, f"a verdict for {case_id} on the results topic")
+    return found[0]
 
 
 def _post_case(env: Env, case, image: bytes, *, wait: float | None = 90, headers=None, token=None):
@@ -226,19 +232,25 @@ def test_rules_file_edited_at_run_time_takes_effect(env: Env) -> None:
     env.rules_path.write_text(
         RULES_V1 + '  - name: hot-stream\n    when: {stream: "hot"}\n    route: {model: rules}\n'
     )
-    deadline = time.monotonic() + 60
-    route = "default"
-    while route != "hot-stream" and time.monotonic() < deadline:
-        response = _post_case(env, escalation_case("cam-01", stream_id="hot"), png)
-        route = response.json()["route"]
-    assert route == "hot-stream"
-    assert response.json()["fallback_level"] == 2  # the rule-based level answered
+    answers: list[dict] = []
+
+    def routed_hot() -> bool:
+        answers[:] = [_post_case(env, escalation_case("cam-01", stream_id="hot"), png).json()]
+        return answers[0]["route"] == "hot-stream"
+
+    eventually(routed_hot, 60, "stream hot routed by the edited rules", detail=lambda: answers)
+    assert answers[0]["route"] == "hot-stream"
+    assert answers[0]["fallback_level"] == 2  # the rule-based level answered
     # a broken file is rejected and the rules in force stay
     env.rules_path.write_text("rules: [this is: not valid")
-    deadline = time.monotonic() + 60
-    while env.services.router.last_error is None and time.monotonic() < deadline:
+
+    def rejected() -> bool:
+        if env.services.router.last_error is not None:
+            return True
         _post_case(env, escalation_case("cam-01", stream_id="cheap-1"), png, wait=None)
-        time.sleep(0.1)
+        return False
+
+    eventually(rejected, 60, "the broken rules file rejected", interval_s=0.1)
     assert env.services.router.last_error is not None
     again = _post_case(env, escalation_case("cam-01", stream_id="hot"), png)
     assert again.json()["route"] == "hot-stream"
@@ -512,10 +524,14 @@ def test_bad_inputs_are_typed_4xx_and_the_server_keeps_serving(env: Env) -> None
     bad = escalation_wire(escalation_case("cam-01"), b"not the key", png)
     rejected_before = _metric(url, 'ef_messages_rejected_total{reason="bad_signature"}')
     publish(env.device_client, bad, qos=1).wait_for_publish(10)
-    deadline = time.monotonic() + 30
-    while _metric(url, 'ef_messages_rejected_total{reason="bad_signature"}') <= rejected_before:
-        assert time.monotonic() < deadline, "bad signature not counted"
-        time.sleep(0.1)
+    eventually(
+        lambda: (
+            _metric(url, 'ef_messages_rejected_total{reason="bad_signature"}') > rejected_before
+        ),
+        30,
+        "the bad signature counted",
+        interval_s=0.1,
+    )
     # and after all that the server still serves
     assert httpx.get(f"{url}/healthz").status_code == 200
     assert _post_case(env, escalation_case("cam-01", stream_id="cheap-2"), png).status_code == 200
@@ -539,10 +555,12 @@ def test_unsigned_wire_without_sig_is_rejected(env: Env) -> None:
     )
     before = _metric(env.url, 'ef_messages_rejected_total{reason="unsigned"}')
     publish(env.device_client, stripped, qos=1).wait_for_publish(10)
-    deadline = time.monotonic() + 30
-    while _metric(env.url, 'ef_messages_rejected_total{reason="unsigned"}') <= before:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    eventually(
+        lambda: _metric(env.url, 'ef_messages_rejected_total{reason="unsigned"}') > before,
+        30,
+        "the unsigned message counted",
+        interval_s=0.1,
+    )
     # and nothing was stored for it
     assert case.case_id not in env.services.store.attempts()
 
