@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -19,6 +18,7 @@ from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.shared.db import Database
 from edgefleet.shared.mqtt import device_client_id
 from tests.support.fleet import fleet_broker
+from tests.support.waiting import eventually
 
 NOT_AUTHORIZED = 135
 NO_SUBSCRIBERS = 16  # a success: nobody may read it
@@ -91,16 +91,17 @@ class Client:
         self.client.loop_stop()
 
 
-def wait_received(client: Client, topic: str, timeout_s: float = 20) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            msg = client.received.get(timeout=0.2)
-        except queue.Empty:
-            continue
-        if msg.topic == topic:
-            return True
-    return False
+def wait_received(client: Client, topic: str, timeout_s: float = 20) -> None:
+    def arrived() -> bool:
+        while True:
+            try:
+                msg = client.received.get_nowait()
+            except queue.Empty:
+                return False
+            if msg.topic == topic:
+                return True
+
+    eventually(arrived, timeout_s, f"a message on {topic}", detail=lambda: client.seen)
 
 
 @pytest.fixture
@@ -138,13 +139,13 @@ def test_device_publishes_only_under_its_own_id(fleet) -> None:
     assert cam.connect() == 0
     # when it publishes on its own telemetry topic, the broker accepts and relays it
     assert cam.publish("ef/v1/cam-01/telemetry") == 0
-    assert wait_received(cloud, "ef/v1/cam-01/telemetry")
+    wait_received(cloud, "ef/v1/cam-01/telemetry")
     # when it publishes under cam-02's id, the broker answers "not authorized"
     assert cam.publish("ef/v1/cam-02/telemetry") == NOT_AUTHORIZED
     assert cam.publish("ef/v1/cam-01/desired") == NOT_AUTHORIZED
     # and the subscriber never sees the forged message (a marker sent after it arrives first)
     assert cam.publish("ef/v1/cam-01/status") == 0
-    assert wait_received(cloud, "ef/v1/cam-01/status")
+    wait_received(cloud, "ef/v1/cam-01/status")
     assert "ef/v1/cam-02/telemetry" not in cloud.seen
 
 
@@ -166,8 +167,8 @@ def test_device_reads_only_its_own_results_and_desired(fleet) -> None:
     assert cloud.publish("ef/v1/cam-01/results") == 0
     assert cloud.publish("ef/v1/cam-01/desired") == 0
     # then cam-01 receives its own, and never cam-02's
-    assert wait_received(cam, "ef/v1/cam-01/results")
-    assert wait_received(cam, "ef/v1/cam-01/desired")
+    wait_received(cam, "ef/v1/cam-01/results")
+    wait_received(cam, "ef/v1/cam-01/desired")
     assert not [t for t in cam.seen if "cam-02" in t]
     # and the cloud may not impersonate a device's telemetry
     assert cloud.publish("ef/v1/cam-01/telemetry") == NOT_AUTHORIZED
@@ -181,7 +182,7 @@ def test_cloud_uses_shared_subscriptions(fleet) -> None:
     cam = client("cam-02", enrollments["cam-02"].broker_password)
     assert cam.connect() == 0
     assert cam.publish("ef/v1/cam-02/telemetry") == 0
-    assert wait_received(cloud, "ef/v1/cam-02/telemetry")
+    wait_received(cloud, "ef/v1/cam-02/telemetry")
 
 
 def test_device_cannot_join_the_clouds_share_group_or_read_wide(fleet) -> None:
@@ -209,9 +210,9 @@ def test_device_cannot_join_the_clouds_share_group_or_read_wide(fleet) -> None:
     assert cam.connect() == 0
     for _ in range(40):
         assert cam.publish("ef/v1/cam-02/telemetry") == 0
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and len(cloud.seen) < 40:
-        time.sleep(0.05)
+    eventually(
+        lambda: len(cloud.seen) >= 40, 20, "40 messages delivered", detail=lambda: cloud.seen
+    )
     assert cloud.seen.count("ef/v1/cam-02/telemetry") == 40
     # and its own topics still work
     assert thief.subscribe("ef/v1/cam-01/results") == [1]
