@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from edgefleet.shared.mosquitto import free_port
 from tests.support.fleet import tiny_onnx
+from tests.support.waiting import eventually
 
 
 def _serve(tmp: Path, mqtt_port: int) -> tuple[subprocess.Popen, str]:
@@ -40,17 +40,23 @@ def _serve(tmp: Path, mqtt_port: int) -> tuple[subprocess.Popen, str]:
 
 
 def _poll(url: str, want: int, timeout_s: float = 120) -> httpx.Response:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
+    last: list[httpx.Response] = []
+
+    def answers() -> bool:
         try:
-            last = httpx.get(url, timeout=10)
-            if last.status_code == want:
-                return last
+            last[:] = [httpx.get(url, timeout=10)]
         except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} never answered {want}: {last and last.text}")
+            return False
+        return last[0].status_code == want
+
+    eventually(
+        answers,
+        timeout_s,
+        f"{url} to answer {want}",
+        detail=lambda: last and last[0].text,
+        interval_s=0.2,
+    )
+    return last[0]
 
 
 def _stop(process: subprocess.Popen) -> int:
@@ -82,14 +88,20 @@ def test_readyz_says_why_without_a_broker(tmp_path: Path) -> None:
     process, url = _serve(tmp_path, free_port())  # nothing listens there
     try:
         _poll(f"{url}/healthz", 200)
-        deadline = time.monotonic() + 60
-        while True:
-            response = httpx.get(f"{url}/readyz", timeout=10)
-            reasons = response.json()["reasons"]
-            if reasons == ["broker not connected"]:  # once the model has warmed up
-                break
-            assert time.monotonic() < deadline, reasons
-            time.sleep(0.2)
+        last: list[httpx.Response] = []
+
+        def only_the_broker_missing() -> bool:
+            last[:] = [httpx.get(f"{url}/readyz", timeout=10)]
+            return last[0].json()["reasons"] == ["broker not connected"]  # the model warmed
+
+        eventually(
+            only_the_broker_missing,
+            60,
+            "readyz to name only the broker",
+            detail=lambda: last and last[0].json()["reasons"],
+            interval_s=0.2,
+        )
+        response = last[0]
         assert response.status_code == 503 and response.headers["Retry-After"] == "5"
     finally:
         _stop(process)
@@ -179,17 +191,24 @@ def test_port_zero_serves_a_free_port_that_the_settings_know(tmp_path: Path) -> 
         stderr=log_path.open("wb"),
     )
     try:
-        deadline = time.monotonic() + 120
-        while not (
-            found := re.search(
+
+        def serving() -> re.Match[str] | None:
+            return re.search(
                 r"serving on 127\.0\.0\.1:(\d+); download links name "
                 r"http://127\.0\.0\.1:(\d+)",
                 log_path.read_text(),
             )
-        ):
-            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
+
+        def said_or_died() -> bool:
+            if serving() is not None:
+                return True
+            assert process.poll() is None, log_path.read_text()
+            return False
+
+        eventually(said_or_died, 120, "the server's port in its log", detail=log_path.read_text)
         # then: the port it says it serves is the port the links name, and it answers there
+        found = serving()
+        assert found is not None
         port, linked = found.groups()
         assert port == linked and port != "0"
         assert _poll(f"http://127.0.0.1:{port}/readyz", 200).json()["ready"] is True

@@ -7,7 +7,6 @@ import hmac
 import queue
 import shutil
 import subprocess
-import time
 import uuid
 
 import pytest
@@ -18,6 +17,7 @@ from edgefleet.shared.messages import DeviceTelemetry, EscalationCase, Escalatio
 from edgefleet.shared.mqtt import MqttSettings
 from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import Verifier, WireMessage, encode
+from tests.support.waiting import eventually
 
 KEY = b"device-key-of-cam-01-32-bytes!!!"
 TOPICS = Topics()
@@ -116,9 +116,7 @@ def test_our_encoder_round_trips_through_the_broker(broker, received):
     settings = MqttSettings(host=broker.host, port=broker.port)
     publisher = efmqtt.make_client(settings, "pub-test")
     efmqtt.connect(publisher, settings, clean_start=True)
-    deadline = time.monotonic() + 10
-    while not publisher.is_connected() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(publisher.is_connected, 10, "the publisher connected to the broker")
     try:
         message = EscalationCase(
             device_id="cam-01",
