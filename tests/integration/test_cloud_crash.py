@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -42,20 +41,20 @@ def _serve(config: Path, log: Path) -> subprocess.Popen:
 def _ready(log: Path, process: subprocess.Popen, timeout_s: float = 180) -> None:
     """Wait for /readyz on the port the cloud says it serves (it picks a free one itself:
     no port handed over between a probe and its bind, which another process could take)."""
-    deadline = time.monotonic() + timeout_s
-    url = None
-    while time.monotonic() < deadline:
+    url: list[str] = []
+
+    def ready() -> bool:
         assert process.poll() is None, "the cloud exited during start-up"
-        if url is None:
-            served = re.search(r"serving on 127\.0\.0\.1:(\d+)", log.read_text())
-            url = served and f"http://127.0.0.1:{served.group(1)}"
+        if not url and (served := re.search(r"serving on 127\.0\.0\.1:(\d+)", log.read_text())):
+            url.append(f"http://127.0.0.1:{served.group(1)}")
         try:
-            if url and httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
+            return bool(url) and httpx.get(f"{url[0]}/readyz", timeout=5).status_code == 200
         except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the cloud never became ready")
+            return False
+
+    eventually(
+        ready, timeout_s, "the cloud ready", detail=lambda: log.read_text()[-2000:], interval_s=0.2
+    )
 
 
 def _rules(tmp_path: Path) -> dict:

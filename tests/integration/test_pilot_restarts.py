@@ -142,10 +142,20 @@ def test_cases_sent_while_the_broker_restarts_are_answered_once_the_cloud_is_bac
         pilot_broker.start()
         # and the agent sends cases and telemetry before the cloud is connected again
         sent_before_cloud: set[str] = set()
-        while not _broker_connected(cloud):
-            sent_before_cloud |= _awaiting(agent, restarted_at)
-            assert time.time() - restarted_at < 60, "the cloud never reconnected"
-            time.sleep(0.1)  # a sampling period while waiting for the event above
+
+        def reconnected() -> bool:
+            if _broker_connected(cloud):
+                return True
+            sent_before_cloud.update(_awaiting(agent, restarted_at))  # sampled while waiting
+            return False
+
+        eventually(
+            reconnected,
+            60 - (time.time() - restarted_at),  # 60 s from the restart
+            "the cloud reconnected to the broker",
+            detail=cloud.tail,
+            interval_s=0.1,
+        )
         assert sent_before_cloud, "no case was sent while the cloud was away"
         # then each is answered within seconds of the cloud's return
         eventually(
