@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from edgefleet.shared.executor import BatcherSettings, DynamicBatcher
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import Detection, ModelInfo
 from edgefleet.shared.models import load_model
+from tests.support.waiting import eventually
 
 OP_KEY = "op-fallback-key-0123456789"
 
@@ -213,18 +213,20 @@ def test_wait_that_runs_out_is_a_202_and_the_verdict_comes_later(server) -> None
     accepted = response.json()
     assert accepted["status"] == "processing" and len(accepted["trace_id"]) == 32
     # and the verdict (from the fallback) is there to fetch once it is made
-    deadline = time.monotonic() + 60
-    while True:
-        record = httpx.get(
-            f"{url}/v1/escalations/{accepted['case_id']}",
-            headers={"Authorization": f"Bearer {OP_KEY}"},
-            timeout=30,
-        ).json()
-        if record["verdict"] is not None:
-            break
-        assert time.monotonic() < deadline, record
-        time.sleep(0.1)
-    assert record["verdict"]["fallback_level"] == 1
+    records: list[dict] = []
+
+    def answered() -> bool:
+        records[:] = [
+            httpx.get(
+                f"{url}/v1/escalations/{accepted['case_id']}",
+                headers={"Authorization": f"Bearer {OP_KEY}"},
+                timeout=30,
+            ).json()
+        ]
+        return records[0]["verdict"] is not None
+
+    eventually(answered, 60, "the case's verdict stored", detail=lambda: records, interval_s=0.1)
+    assert records[0]["verdict"]["fallback_level"] == 1
 
 
 def test_full_queue_answers_429_with_retry_after(server) -> None:
@@ -240,7 +242,10 @@ def test_full_queue_answers_429_with_retry_after(server) -> None:
             break
     assert 429 in statuses, statuses
     # and once the queue drains, cases are accepted again
-    deadline = time.monotonic() + 60
-    while services.processor.depth > 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(
+        lambda: services.processor.depth == 0,
+        60,
+        "the queue drained",
+        detail=lambda: services.processor.depth,
+    )
     assert _escalate(url, wait=None).status_code == 202

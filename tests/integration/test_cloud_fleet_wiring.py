@@ -10,7 +10,6 @@ import hashlib
 import json
 import queue
 import secrets
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import Verifier
 from tests.support.fleet import tiny_onnx
+from tests.support.waiting import eventually
 
 OP_KEY = "op-wiring-key-" + "w" * 20
 DEVICE = "cam-w1"
@@ -87,10 +87,13 @@ def env(broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     connect(device, mqtt_settings, clean_start=True)
     server = ServerThread(app, port=port).start()
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{server.url}/readyz", timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, "the cloud did not become ready"
-            time.sleep(0.1)
+        eventually(
+            lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200,
+            60,
+            "the cloud ready",
+            detail=lambda: httpx.get(f"{server.url}/readyz", timeout=10).text,
+            interval_s=0.1,
+        )
         yield Env(server.url, settings.data_dir, services, cam.token, other.token, desired, device)
     finally:
         server.stop()
