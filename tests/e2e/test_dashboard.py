@@ -22,6 +22,7 @@ from edgefleet.shared.messages import (
     StreamTelemetry,
 )
 from tests.support.fleet import OPERATOR_KEY, FleetServer
+from tests.support.waiting import eventually
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -250,7 +251,6 @@ def test_dashboard_in_the_cloud_shows_a_case_with_its_thumbnail_and_verdict(
     the stored image (fetched from /v1/escalations/{id}/image with the operator key)."""
     import json
     import secrets
-    import time
 
     import httpx
     import numpy as np
@@ -282,10 +282,13 @@ def test_dashboard_in_the_cloud_shows_a_case_with_its_thumbnail_and_verdict(
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{server.url}/readyz", timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, "the cloud did not become ready"
-            time.sleep(0.1)
+        eventually(
+            lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200,
+            60,
+            "the cloud ready",
+            detail=lambda: httpx.get(f"{server.url}/readyz", timeout=10).text,
+            interval_s=0.1,
+        )
         # given a 160x64 crop the device escalated and the cloud answered
         image = np.full((64, 160, 3), 255, np.uint8)
         image[20:44, 20:140] = 0
