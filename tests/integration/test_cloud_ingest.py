@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from edgefleet.bench.harness import escalation_case, escalation_wire, verdict_of
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
+from edgefleet.fleet.registry import DeviceDetail
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import (
     CloudVerdict,
@@ -130,10 +131,12 @@ def test_slow_processing_holds_messages_at_the_broker_not_in_memory(
         cases = [escalation_case("cam-bp", frame_index=i) for i in range(20)]
         sent = [publish(client, escalation_wire(c, cam.device_key, png), qos=1) for c in cases]
         # when the orchestrator has taken all it may (1 running + 3 queued)
-        deadline = time.monotonic() + 60
-        while not (gate.calls == 1 and services.processor.depth == 3):
-            assert time.monotonic() < deadline, (gate.calls, services.processor.depth)
-            time.sleep(0.05)
+        eventually(
+            lambda: gate.calls == 1 and services.processor.depth == 3,
+            60,
+            "1 case running and 3 queued",
+            detail=lambda: (gate.calls, services.processor.depth),
+        )
         # and the broker has routed all 20 (PUBACKs), and whatever it sent the orchestrator
         # before a QoS 0 telemetry message (not held by the window) has been read
         for info in sent:
@@ -147,10 +150,12 @@ def test_slow_processing_holds_messages_at_the_broker_not_in_memory(
         assert _backpressure_count() > before
         # and once the model answers, every case is processed exactly once
         gate.gate.set()
-        deadline = time.monotonic() + 120
-        while len({v.case_id for v in verdicts}) < len(cases):
-            assert time.monotonic() < deadline, f"{len(verdicts)} verdicts"
-            time.sleep(0.05)
+        eventually(
+            lambda: len({v.case_id for v in verdicts}) >= len(cases),
+            120,
+            f"a verdict for each of the {len(cases)} cases",
+            detail=lambda: f"{len(verdicts)} verdicts",
+        )
         assert {v.case_id for v in verdicts} == {c.case_id for c in cases}
         assert set(services.store.attempts().values()) == {1}
     finally:
@@ -195,13 +200,14 @@ def test_telemetry_status_and_reported_reach_the_registry(broker, tmp_path: Path
         ]
         for message, topic in messages:
             publish(client, encode(message, cam.device_key, topic), qos=1)
-        deadline = time.monotonic() + 30
-        while True:
-            device = services.registry.get_device("cam-tl")
-            if device.online and device.outbox_depth == 7 and device.reported:
-                break
-            assert time.monotonic() < deadline, device
-            time.sleep(0.05)
+        read: list[DeviceDetail] = []
+
+        def all_three_in() -> bool:
+            read[:] = [services.registry.get_device("cam-tl")]
+            return bool(read[0].online and read[0].outbox_depth == 7 and read[0].reported)
+
+        eventually(all_three_in, 30, "status, telemetry and reported in", detail=lambda: read)
+        device = read[0]
         assert device.agent_version == "1.2.3" and device.cpu_pct == 42.0
         assert device.reported["deployment_id"] == "dep-1"
     finally:
@@ -230,13 +236,19 @@ def test_an_mqtt_case_whose_image_will_not_decode_is_refused_and_not_stored(
         before = REGISTRY.get_sample_value("ef_cloud_cases_total", refused) or 0.0
         publish(client, escalation_wire(bad, cam.device_key, truncated), qos=1)
         publish(client, escalation_wire(good, cam.device_key, good_png), qos=1)
-        deadline = time.monotonic() + 30
-        while not any(v.case_id == good.case_id for v in verdicts):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        while (REGISTRY.get_sample_value("ef_cloud_cases_total", refused) or 0.0) <= before:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+
+        def answered() -> bool:
+            return any(v.case_id == good.case_id for v in verdicts)
+
+        def counted() -> bool:
+            return (REGISTRY.get_sample_value("ef_cloud_cases_total", refused) or 0.0) > before
+
+        eventually(
+            lambda: answered() and counted(),  # (one 30 s for both)
+            30,
+            "the good case answered and the bad one counted refused",
+            detail=lambda: {"answered": answered(), "counted": counted()},
+        )
         assert bad.case_id not in services.store.attempts()
         assert all(v.case_id != bad.case_id for v in verdicts)
         # and both copies that arrived are in the store's audit, the refused one unstored
