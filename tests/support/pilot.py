@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,19 +85,21 @@ class Cloud:
             stdout=subprocess.DEVNULL,
             stderr=self.log.open("ab"),
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"the cloud exited:\n{self.tail()}"
+        process = self.process
+
+        def ready() -> bool:
+            assert process.poll() is None, f"the cloud exited:\n{self.tail()}"
             served = re.search(r"serving on 127\.0\.0\.1:(\d+)", self.log.read_text()[offset:])
-            if served:
-                self.url = f"http://127.0.0.1:{served.group(1)}"
-                try:
-                    if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
-                        return self
-                except httpx.TransportError:
-                    pass
-            time.sleep(0.1)
-        raise AssertionError(f"the cloud never became ready:\n{self.tail()}")
+            if not served:
+                return False
+            self.url = f"http://127.0.0.1:{served.group(1)}"
+            try:
+                return httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        eventually(ready, timeout_s, "the cloud ready", detail=self.tail, interval_s=0.1)
+        return self
 
     def stop(self, timeout_s: float = 60) -> int:
         """SIGTERM, as systemd or docker stop send: the graceful path."""

@@ -14,12 +14,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from edgefleet.shared.mosquitto import free_port
+from tests.support.waiting import eventually
 
 LOCAL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -81,11 +81,23 @@ def postgres_server() -> Iterator[str]:
     )
     admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     try:
-        deadline = time.monotonic() + 60
-        while not _answers(admin):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the disposable PostgreSQL did not start: {root}/postgres.log")
-            time.sleep(0.2)
+
+        def answers() -> bool:
+            if _answers(admin):
+                return True
+            if server.poll() is not None:
+                raise RuntimeError(
+                    f"the disposable PostgreSQL exited at start: {root}/postgres.log"
+                )
+            return False
+
+        eventually(
+            answers,
+            60,
+            "the disposable PostgreSQL to answer",
+            detail=lambda: f"{root}/postgres.log",
+            interval_s=0.2,
+        )
         import psycopg
 
         with psycopg.connect(admin, autocommit=True) as conn:
