@@ -16,13 +16,13 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import docker
+from tests.support.waiting import eventually
 
 TELEMETRY = 'ef_edge_uplink_published_total{kind="telemetry"} 3.0\n'
 BASE = "ef-test-base:1"
@@ -58,17 +58,27 @@ def docker_engine() -> Iterator[docker.DockerClient]:
     with open(root / "dockerd.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=log)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+        clients: list[docker.DockerClient] = []
+
+        def answers() -> bool:  # polling the engine's own socket until it answers
             try:  # the client asks the engine's API version as it is made
-                client = docker.DockerClient(base_url=f"unix://{sock}", timeout=120)
-                client.test_base_url = f"unix://{sock}"
-                break
+                clients.append(docker.DockerClient(base_url=f"unix://{sock}", timeout=120))
             except docker.errors.DockerException:
-                if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is not None:
                     tail = (root / "dockerd.log").read_text()[-2000:]
-                    raise RuntimeError(f"dockerd did not start: {tail}") from None
-                time.sleep(0.2)  # polling the engine's own socket until it answers
+                    raise RuntimeError(f"dockerd exited at start: {tail}") from None
+                return False
+            return True
+
+        eventually(
+            answers,
+            60,
+            "dockerd to answer on its socket",
+            detail=lambda: (root / "dockerd.log").read_text()[-2000:],
+            interval_s=0.2,
+        )
+        client = clients[0]
+        client.test_base_url = f"unix://{sock}"
         yield client
     finally:
         proc.terminate()
