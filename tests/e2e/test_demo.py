@@ -10,12 +10,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.demo import demo_missing
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -197,14 +197,23 @@ def _has(results: Path, kind: str) -> bool:
 
 
 def _wait_for(check, timeout_s: float, demo: subprocess.Popen, lines: list[str]):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
+    values: list = []
+
+    def holds() -> bool:
+        values[:] = [check()]
+        if values[0]:
+            return True
         assert demo.poll() is None, "".join(lines)[-4000:]
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout_s} s; output:\n{''.join(lines)[-4000:]}")
+        return False
+
+    eventually(
+        holds,
+        timeout_s,
+        "the demo to reach its next step",
+        detail=lambda: "".join(lines)[-4000:],
+        interval_s=0.5,
+    )
+    return values[0]
 
 
 @pytest.mark.skipif(demo_missing() is not None, reason=str(demo_missing()))
