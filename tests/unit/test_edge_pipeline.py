@@ -92,10 +92,18 @@ def test_frames_go_to_the_model_as_captured_without_colour_conversion(
         writer.write(np.full((48, 64, 3), (200, 0, 0), np.uint8))
     writer.release()
     settings = SourceSettings(id="blue", url=str(video), realtime=False)
-    capture = Capture(settings, OpenCvSource(settings))
     delivered: list[np.ndarray] = []
-    offer = capture._offer
-    monkeypatch.setattr(capture, "_offer", lambda f: (delivered.append(f.image), offer(f))[1])
+
+    class Recorded(OpenCvSource):
+        """The file's frames, each kept as the source returned it."""
+
+        def read(self) -> np.ndarray | None:
+            image = super().read()
+            if image is not None:
+                delivered.append(image)
+            return image
+
+    capture = Capture(settings, Recorded(settings))
     converted: list[tuple[int, ...]] = []
     real_cvt = cv2.cvtColor
     monkeypatch.setattr(
