@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import Counter, Histogram
 
@@ -24,9 +25,8 @@ from edgefleet.edge.settings import PipelineSettings
 from edgefleet.edge.slot import ModelSlot
 from edgefleet.edge.sources.base import Frame
 from edgefleet.edge.sources.capture import Capture
-from edgefleet.edge.telemetry import WindowStats
 from edgefleet.shared.errors import Overloaded
-from edgefleet.shared.messages import Detection, ModelInfo
+from edgefleet.shared.messages import Detection, ModelInfo, StreamId
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,13 @@ E2E = Histogram(
 OVERLOADED = Counter(
     "ef_edge_frames_shed_total", "Frames the executor refused (overloaded or memory watermark)"
 )
+
+
+class FrameStats(Protocol):
+    """Where each frame's latency goes (the agent's telemetry windows): the real-time loop
+    knows only this, not telemetry."""
+
+    def record(self, stream_id: StreamId, latency_ms: float) -> None: ...
 
 
 @dataclass
@@ -72,7 +79,7 @@ class Pipeline:
         model: ModelSlot,
         policy: EscalationPolicy,
         sink: Sink,
-        stats: WindowStats,
+        stats: FrameStats,
         settings: PipelineSettings,
     ):
         self.captures = captures
