@@ -7,7 +7,8 @@ import cv2
 import numpy as np
 
 from edgefleet.bench import bench_ocr
-from edgefleet.bench.ocr_scenes import easy_scene, scenes
+from edgefleet.bench.ocr_scenes import TTF_FONTS, easy_scene, scenes, ttf_scenes
+from edgefleet.bench.scenarios import SCENARIOS, available_fonts
 
 
 def test_same_seed_same_images_and_truth():
@@ -57,3 +58,36 @@ def test_the_contenders_take_turns_image_by_image(monkeypatch):
     assert len(a.times["easy"]) == 1 and len(b.times["hard"]) == 2
     assert a.tallies["easy"].char_accuracy == 1.0  # it read the first image's truth
     assert peer.skipped.startswith("not installed (faster_paddle)") and not peer.times
+
+
+def test_the_ttf_set_is_truetype_hard_frames_that_follow_from_the_seed():
+    # given the TrueType hard set of one seed, twice, and of another seed
+    a, b = ttf_scenes(6, seed=21), ttf_scenes(6, seed=21)
+    other = ttf_scenes(2, seed=22)
+    # then the same seed renders the same bytes and truth, another seed other bytes
+    assert [s.jpeg for s in a] == [s.jpeg for s in b]
+    assert [s.truth for s in a] == [s.truth for s in b]
+    assert other[0].jpeg != a[0].jpeg
+    # and every frame is a 640x360 TrueType frame with a line to read inside it
+    for scene in a:
+        assert scene.level == "ttf" and scene.truth
+        assert scene.font.split("/")[0] in TTF_FONTS
+        image = cv2.imdecode(np.frombuffer(scene.jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert image.shape == (360, 640, 3)
+        for line in scene.truth:
+            x0, y0, x1, y1 = line.box
+            assert 0 <= x0 < x1 <= 640 and 0 <= y0 < y1 <= 360 and line.text
+
+
+def test_the_ttf_set_meets_every_font_and_scenario_in_turn():
+    fonts = available_fonts(TTF_FONTS)
+    seen = {s.font for s in ttf_scenes(4 * 10 * 4, seed=3)}  # four rounds of the scenarios
+    assert {f.split("/")[0] for f in seen} == set(fonts)
+    assert {f.split("/")[1] for f in seen} == set(SCENARIOS)
+    if len(fonts) == len(TTF_FONTS):
+        assert len(seen) == len(SCENARIOS) * len(TTF_FONTS)  # every pair, one clip each
+
+
+def test_scenes_give_the_three_sets_in_order():
+    levels = [s.level for s in scenes(1, 2, seed=11, ttf=2)]
+    assert levels == ["easy", "hard", "hard", "ttf", "ttf"]
