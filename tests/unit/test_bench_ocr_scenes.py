@@ -7,6 +7,7 @@ import cv2
 import numpy as np
 
 from edgefleet.bench import bench_ocr
+from edgefleet.bench.hard_scenes import Tally
 from edgefleet.bench.ocr_scenes import TTF_FONTS, easy_scene, scenes, ttf_scenes
 from edgefleet.bench.scenarios import SCENARIOS, available_fonts
 
@@ -91,3 +92,24 @@ def test_the_ttf_set_meets_every_font_and_scenario_in_turn():
 def test_scenes_give_the_three_sets_in_order():
     levels = [s.level for s in scenes(1, 2, seed=11, ttf=2)]
     assert levels == ["easy", "hard", "hard", "ttf", "ttf"]
+
+
+def test_the_bench_gives_the_verdict_over_tiny_and_the_gap_to_small(capsys):
+    # given our reader and two peers timed and scored on the two hard sets
+    def result(name: str, ms: float, read: float) -> bench_ocr.Result:
+        r = bench_ocr.Result(name)
+        for level in ("hard", "ttf"):
+            r.times[level] = [ms / 1000]
+            r.tallies[level] = Tally(chars=read * 10, exact=0, lines=10)
+            r.settled[level] = r.tallies[level]
+        return r
+
+    ours = result("ours", 70, 0.80)
+    tiny, small = result("faster-paddle-tiny", 100, 0.78), result("faster-paddle-small", 280, 0.9)
+    # when the bench prints its verdict and the gap
+    bench_ocr.verdict(ours, tiny, ["hard", "ttf"])
+    bench_ocr.gap(ours, small, ["hard", "ttf"])
+    out = capsys.readouterr().out
+    # then both sets are met against tiny, and the gap to small is its difference
+    assert out.count("p50 x0.70  char acc 0.8000 vs 0.7800  met") == 2
+    assert out.count("p50 x0.25  char acc 0.8000 vs 0.9000  gap -0.1000") == 2
