@@ -1,10 +1,17 @@
 """Still images for the OCR benchmark, as JPEG bytes with the truth of every line.
 
-Two sets, both seeded (the same seed renders the same bytes):
+Three sets, all seeded (the same seed renders the same bytes):
 - easy: 1080p camera stills, 3-5 clean plates of large text (caps 22-60 px), mild noise,
   JPEG quality 85-95; the detector downscales them ~2.6x (the area-filter case);
 - hard: frames of the hard clips (bench/hard_scenes.py: 640x360, small faint text, motion
-  blur, glare, JPEG 35-70), one frame every few so that neighbours do not repeat.
+  blur, glare, JPEG 35-70, OpenCV's Hershey fonts), one frame every few so that
+  neighbours do not repeat;
+- ttf: hard frames in TrueType fonts, from the cascade's scenario renderer
+  (bench/scenarios.py: 640x360, text 7-14 px, faded plates, perspective, shake, low light,
+  H.264, ...): clip i is scenario `SCENARIOS[i % 10]`, its seed the set's seed + i, the
+  fonts of `TTF_FONTS` taken in turn (shifted by one after each round of the ten
+  scenarios, so that every font meets every scenario); frames with no line to read are
+  left out.
 """
 
 from __future__ import annotations
@@ -17,9 +24,13 @@ import cv2
 import numpy as np
 
 from edgefleet.bench.hard_scenes import LineTruth, render_clip
+from edgefleet.bench.scenarios import SCENARIOS, available_fonts, render_scenario
 from edgefleet.bench.scene_text import Kind, make_text
 
-Level = Literal["easy", "hard"]
+Level = Literal["easy", "hard", "ttf"]
+# The scenario renderer's TrueType fonts (DejaVu and Pillow's own), taken in turn by the
+# ttf set; a machine without DejaVu draws Pillow's only.
+TTF_FONTS = ("dejavu-sans", "dejavu-serif", "dejavu-mono", "pillow")
 _KINDS: tuple[Kind, ...] = ("container", "plate", "sign")
 _FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_TRIPLEX]
 
@@ -30,6 +41,7 @@ class Scene:
     seed: int
     jpeg: bytes
     truth: list[LineTruth]
+    font: str = ""  # the ttf set's font, a scenario's name after it ("dejavu-mono/shake")
 
 
 def easy_scene(seed: int, width: int = 1920, height: int = 1080) -> Scene:
@@ -83,6 +95,30 @@ def hard_scenes(count: int, seed: int, every: int = 5) -> list[Scene]:
     return out
 
 
-def scenes(easy: int, hard: int, seed: int) -> list[Scene]:
-    """The benchmark's images: `easy` stills then `hard` frames, all following from `seed`."""
-    return [easy_scene(seed + i) for i in range(easy)] + hard_scenes(hard, seed)
+def ttf_scenes(
+    count: int, seed: int, every: int = 5, fonts: tuple[str, ...] = TTF_FONTS
+) -> list[Scene]:
+    """`count` frames of scenario clips in TrueType fonts (clip seeds seed, seed+1, ...),
+    one every `every` frames, those with at least one line to read."""
+    drawable = available_fonts(fonts)
+    out: list[Scene] = []
+    index = 0
+    while len(out) < count:
+        kind = SCENARIOS[index % len(SCENARIOS)]
+        font = drawable[(index + index // len(SCENARIOS)) % len(drawable)]
+        clip = render_scenario(kind, seed + index, font, frames=4 * every)
+        for k in range(0, len(clip.frames), every):
+            if len(out) < count and clip.truth[k]:
+                out.append(Scene("ttf", clip.seed, clip.jpegs[k], clip.truth[k], f"{font}/{kind}"))
+        index += 1
+    return out
+
+
+def scenes(easy: int, hard: int, seed: int, ttf: int = 0) -> list[Scene]:
+    """The benchmark's images: `easy` stills, `hard` frames, then `ttf` frames, all
+    following from `seed`."""
+    return (
+        [easy_scene(seed + i) for i in range(easy)]
+        + hard_scenes(hard, seed)
+        + ttf_scenes(ttf, seed)
+    )
