@@ -18,7 +18,9 @@ from prometheus_client import Gauge
 
 T = TypeVar("T")
 
-_SOURCES: dict[int, weakref.WeakKeyDictionary[Any, Callable[[Any], float]]] = {}
+# gauge -> its live owners and how each is read (a gauge that goes takes its entry along)
+_SOURCES: weakref.WeakKeyDictionary[Gauge, weakref.WeakKeyDictionary[Any, Callable[[Any], float]]]
+_SOURCES = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -32,10 +34,10 @@ def observe(
     """Report `read(owner)` on `gauge` while `owner` lives, combined with the readings of
     the other live owners of the same gauge. `read` must not hold `owner` itself."""
     with _LOCK:
-        sources = _SOURCES.get(id(gauge))
+        sources = _SOURCES.get(gauge)
         if sources is None:
             sources = weakref.WeakKeyDictionary()
-            _SOURCES[id(gauge)] = sources
+            _SOURCES[gauge] = sources
             live = sources
 
             def value() -> float:
