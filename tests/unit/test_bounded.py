@@ -3,6 +3,9 @@ each is filled past its bounds here, and its gauges and eviction counter must sa
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client import REGISTRY
@@ -25,6 +28,23 @@ class Clock:
 
 def gauge(metric: str, name: str) -> float | None:
     return REGISTRY.get_sample_value(metric, {"name": name})
+
+
+@contextlib.contextmanager
+def gauge_growth(metric: str, **labels: str) -> Iterator[Callable[[], float]]:
+    """How much the gauge grew within the block: its value sums every live object it reads,
+    and those of earlier tests may still live (collected first, and not during the block)."""
+
+    def value() -> float:
+        return REGISTRY.get_sample_value(metric, labels) or 0.0
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = value()
+        yield lambda: value() - before
+    finally:
+        gc.enable()
 
 
 def evicted(name: str, reason: str) -> float:
@@ -126,28 +146,30 @@ def test_replay_guard_byte_bound() -> None:
 
 
 def test_verdict_cache_is_bounded_by_bytes_too() -> None:
-    # given a cache of up to 10,000 verdicts but 200 kB
-    cache = VerdictCache(size=10_000, min_score=0.5, max_bytes=200_000)
-    long_line = Detection(text="W" * 500, score=0.99, box=(0.0, 0.0, 10.0, 10.0))
-    # when 1,000 verdicts of four long lines are put
-    for i in range(1000):
-        cache.put(CacheKey(f"{i:064x}", "m@1", "default"), Cached((long_line,) * 4, "m@1", 0))
-    # then it keeps what fits in 200 kB, the newest
-    assert 0 < len(cache) < 1000 and cache.bytes <= 200_000
-    assert cache.get(CacheKey(f"{999:064x}", "m@1", "default")) is not None
-    assert gauge("ef_bounded_bytes", "verdict_cache") == cache.bytes
+    with gauge_growth("ef_bounded_bytes", name="verdict_cache") as growth:
+        # given a cache of up to 10,000 verdicts but 200 kB
+        cache = VerdictCache(size=10_000, min_score=0.5, max_bytes=200_000)
+        long_line = Detection(text="W" * 500, score=0.99, box=(0.0, 0.0, 10.0, 10.0))
+        # when 1,000 verdicts of four long lines are put
+        for i in range(1000):
+            cache.put(CacheKey(f"{i:064x}", "m@1", "default"), Cached((long_line,) * 4, "m@1", 0))
+        # then it keeps what fits in 200 kB, the newest
+        assert 0 < len(cache) < 1000 and cache.bytes <= 200_000
+        assert cache.get(CacheKey(f"{999:064x}", "m@1", "default")) is not None
+        assert growth() == cache.bytes
 
 
 def test_registry_key_cache_is_bounded(tmp_path: Path) -> None:
-    # given a registry whose key cache holds 3 devices
-    db = Database.connect(f"sqlite:///{tmp_path / 'fleet.db'}")
-    registry = DeviceRegistry(db, key_cache_entries=3, key_cache_s=60)
-    keys = {f"cam-{i}": registry.enroll(f"cam-{i}").device_key for i in range(8)}
-    # when every device's key is looked up
-    for device_id, key in keys.items():
-        assert registry.device_key(device_id) == key
-    # then the cache holds 3 (the rest come from the store again) and says so
-    assert gauge("ef_bounded_entries", "device_keys") == 3
+    with gauge_growth("ef_bounded_entries", name="device_keys") as growth:
+        # given a registry whose key cache holds 3 devices
+        db = Database.connect(f"sqlite:///{tmp_path / 'fleet.db'}")
+        registry = DeviceRegistry(db, key_cache_entries=3, key_cache_s=60)
+        keys = {f"cam-{i}": registry.enroll(f"cam-{i}").device_key for i in range(8)}
+        # when every device's key is looked up
+        for device_id, key in keys.items():
+            assert registry.device_key(device_id) == key
+        # then the cache holds 3 (the rest come from the store again) and says so
+        assert growth() == 3
     assert registry.device_key("cam-0") == keys["cam-0"]
     db.close()
 
@@ -157,30 +179,32 @@ def test_ingest_light_queue_drops_qos0_past_its_byte_bound() -> None:
 
     # given an ingest (not started: nothing drains its queue) allowed 2,000 payload bytes
     key = bytes(32)
-    ingest = idle_ingest(key, light_queue_bytes=2_000)
-
-    def deliver(seq: int, qos: int) -> int:
-        return deliver_telemetry(ingest, key, seq, qos)
-
     dropped = (
         REGISTRY.get_sample_value(
             "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "dropped_full"}
         )
         or 0.0
     )
-    # when 20 QoS 0 messages arrive
-    size = max(deliver(seq, qos=0) for seq in range(20))
-    # then what waits stays within 2,000 bytes and the rest is counted as dropped
-    held = REGISTRY.get_sample_value("ef_cloud_light_queue_bytes") or 0.0
-    assert 2_000 - size < held <= 2_000
-    now_dropped = REGISTRY.get_sample_value(
-        "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "dropped_full"}
-    )
-    waiting = REGISTRY.get_sample_value("ef_cloud_light_queue_depth") or 0.0
-    assert now_dropped is not None and now_dropped - dropped == 20 - waiting > 0
-    # and a QoS 1 message is still taken (the broker bounds those: receive_maximum)
-    deliver(100, qos=1)
-    assert (REGISTRY.get_sample_value("ef_cloud_light_queue_bytes") or 0) > 2_000
+    with (
+        gauge_growth("ef_cloud_light_queue_bytes") as held,
+        gauge_growth("ef_cloud_light_queue_depth") as waiting,
+    ):
+        ingest = idle_ingest(key, light_queue_bytes=2_000)
+
+        def deliver(seq: int, qos: int) -> int:
+            return deliver_telemetry(ingest, key, seq, qos)
+
+        # when 20 QoS 0 messages arrive
+        size = max(deliver(seq, qos=0) for seq in range(20))
+        # then what waits stays within 2,000 bytes and the rest is counted as dropped
+        assert 2_000 - size < held() <= 2_000
+        now_dropped = REGISTRY.get_sample_value(
+            "ef_cloud_ingest_total", {"channel": "telemetry", "outcome": "dropped_full"}
+        )
+        assert now_dropped is not None and now_dropped - dropped == 20 - waiting() > 0
+        # and a QoS 1 message is still taken (the broker bounds those: receive_maximum)
+        deliver(100, qos=1)
+        assert held() > 2_000
 
 
 def test_drift_gauges_follow_the_devices_that_have_readings() -> None:

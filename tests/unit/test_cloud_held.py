@@ -10,22 +10,20 @@ from pathlib import Path
 from edgefleet.bench.harness import escalation_case
 from edgefleet.cloud.held import HeldRedeliveries
 from edgefleet.shared.messages import CloudVerdict, utcnow
+from tests.support.clock import FakeClock
 from tests.support.cloud import PNG, rules_only_services
 from tests.support.waiting import counter_value, eventually
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_held_redeliveries_are_bounded_by_count_and_released_when_due() -> None:
-    clock = Clock()
+    clock = FakeClock()
     held: HeldRedeliveries[str, str] = HeldRedeliveries(max_entries=2, clock=clock)
     full = counter_value("ef_cloud_held_full_total")
+    # the gauges sum every live holder: what others (earlier tests') hold is counted apart
+    entries, held_bytes = (
+        counter_value("ef_cloud_held_entries"),
+        counter_value("ef_cloud_held_bytes"),
+    )
     # given two redeliveries held, the later one due first
     assert held.hold("a", "job-a", size=100, after_s=5)
     assert held.hold("b", "job-b", size=30, after_s=2)
@@ -33,8 +31,8 @@ def test_held_redeliveries_are_bounded_by_count_and_released_when_due() -> None:
     assert not held.hold("c", "job-c", size=7, after_s=1)
     # then it is refused and counted, and the gauges show what is held
     assert counter_value("ef_cloud_held_full_total") == full + 1
-    assert counter_value("ef_cloud_held_entries") == 2
-    assert counter_value("ef_cloud_held_bytes") == 130
+    assert counter_value("ef_cloud_held_entries") == entries + 2
+    assert counter_value("ef_cloud_held_bytes") == held_bytes + 130
     assert held.holds("a") and held.holds("b") and not held.holds("c")
     # and each is handed back only when its time comes, earliest first
     assert held.due() == []
@@ -53,6 +51,10 @@ def test_a_redelivery_past_the_bound_is_acked_without_a_verdict_not_held(
     svc = rules_only_services(tmp_path, ingest={"held_max": 1})
     svc.processor.recheck_s = 3600  # held ones stay held for the whole test
     full = counter_value("ef_cloud_held_full_total")
+    entries, held_bytes = (
+        counter_value("ef_cloud_held_entries"),
+        counter_value("ef_cloud_held_bytes"),
+    )
     try:
         # given two cases another live replica has just claimed
         first, second = escalation_case("cam-a"), escalation_case("cam-b")
@@ -67,14 +69,14 @@ def test_a_redelivery_past_the_bound_is_acked_without_a_verdict_not_held(
             )
         # when the broker redelivers the first here, it is held (its message not acked)
         held = svc.processor.submit(first, PNG, source="mqtt", flow_controlled=True)
-        eventually(lambda: counter_value("ef_cloud_held_entries") == 1, what="first held")
-        assert counter_value("ef_cloud_held_bytes") == len(PNG)
+        eventually(lambda: counter_value("ef_cloud_held_entries") == entries + 1, what="first held")
+        assert counter_value("ef_cloud_held_bytes") == held_bytes + len(PNG)
         # and when the second comes with the bound reached
         refused = svc.processor.submit(second, PNG, source="mqtt", flow_controlled=True)
         # then it is answered without a verdict (acked), counted; the held one stays held
         assert refused.result(timeout=30) is None
         assert counter_value("ef_cloud_held_full_total") == full + 1
-        assert counter_value("ef_cloud_held_entries") == 1
+        assert counter_value("ef_cloud_held_entries") == entries + 1
         assert not held.done()
         # and the case is not lost: it is still claimed in the store for its owner to answer
         assert svc.store.verdict(second.case_id) is None
