@@ -77,10 +77,10 @@ def _cpu_s(pid: int) -> float:
 def measure(devices: int, period_s: float, seconds: float, connect_rate: float) -> dict[str, Any]:
     import paho.mqtt.client as mqtt
 
+    from edgefleet.bench.mosquitto import MosquittoBroker, free_port
     from edgefleet.fleet.acl import BrokerListener, write_broker_files
     from edgefleet.fleet.registry import DeviceRegistry
     from edgefleet.shared.db import Database
-    from edgefleet.shared.mosquitto import MosquittoBroker, free_port
     from edgefleet.shared.mqtt import device_client_id
     from edgefleet.shared.topics import Channel, Topics
 

@@ -2,7 +2,7 @@
 
 Run: `edgefleet bench cascade` (about 4-5 minutes on 2 cores; `--quick` for ~1 minute).
 
-It renders seeded hard clips (bench/hard_scenes.py: small, faint, moving text with motion
+It renders seeded hard clips (edgefleet/demo/scenes/clips.py: small, faint, moving text with motion
 blur, glare and JPEG quality 35-70), then on the same frames:
 
 - the OCR ladder (`--ladder`): ms/image p50/p95 and accuracy of each pipeline of the pack
@@ -34,11 +34,11 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from edgefleet.bench.hard_scenes import Clip, Tally, frame_scores, render_clips
-from edgefleet.bench.scenarios import SCENARIOS, scenario_clips
 from edgefleet.cloud.cache import VerdictCache
 from edgefleet.cloud.cascade import Cascade, ModelPool
 from edgefleet.cloud.router import Route
+from edgefleet.demo.scenes.clips import Clip, Tally, frame_scores, render_clips
+from edgefleet.demo.scenes.scenarios import SCENARIOS, scenario_clips
 from edgefleet.edge.policy import Escalation, EscalationPolicy
 from edgefleet.edge.settings import BudgetSettings, PolicySettings, TrackSettings
 from edgefleet.edge.tracks import Track
@@ -279,7 +279,8 @@ def scenarios(
     cloud_every: int,
     plot_to: Path | None,
 ) -> None:
-    """Per scenario of bench/scenarios.py: edge-only, tracks alone, edge+cloud, cloud-only."""
+    """Per scenario of edgefleet/demo/scenes/scenarios.py: edge-only, tracks alone, edge+cloud,
+    cloud-only."""
     started = time.perf_counter()
     pool = ModelPool([cloud], load_model)
     results = []
@@ -341,9 +342,9 @@ def main(
     cloud_every: Annotated[int, typer.Option(help="cloud-only reads every n-th frame")] = 4,
     plot_to: Annotated[Path | None, typer.Option("--plot", help="draw the budgets (PNG)")] = None,
 ) -> None:
-    """Per scenario (bench/scenarios.py), on held-out fonts and seeds: edge-only, tracks
-    alone, edge+cloud, cloud-only; `--hard-clips`: the hard clips, the OCR ladder and every
-    budget side by side.
+    """Per scenario (edgefleet/demo/scenes/scenarios.py), on held-out fonts and seeds:
+    edge-only, tracks alone, edge+cloud, cloud-only; `--hard-clips`: the hard clips, the OCR
+    ladder and every budget side by side.
 
     Example: edgefleet bench cascade --clips 3 --frames 40 --plot cascade.png
     """

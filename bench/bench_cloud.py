@@ -436,14 +436,14 @@ class Broker:
     host = "127.0.0.1"
 
     def __init__(self, workdir: Path) -> None:
-        from edgefleet.shared.mosquitto import free_port
+        from edgefleet.bench.mosquitto import free_port
 
         self.port = free_port()
         self.workdir = workdir
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Broker:
-        from edgefleet.shared.mosquitto import mosquitto_binary
+        from edgefleet.bench.mosquitto import mosquitto_binary
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "mosquitto.conf"

@@ -71,6 +71,7 @@ def measure(devices: int, changed: int, ticks: int, chromium: str) -> dict[str, 
     from playwright.sync_api import sync_playwright
 
     from edgefleet.bench.harness import ServerThread
+    from edgefleet.bench.mosquitto import free_port
     from edgefleet.cloud.app import create_app
     from edgefleet.cloud.auth import key_digest
     from edgefleet.cloud.settings import (
@@ -81,7 +82,6 @@ def measure(devices: int, changed: int, ticks: int, chromium: str) -> dict[str, 
         OperatorKey,
     )
     from edgefleet.shared.messages import DeviceStatus
-    from edgefleet.shared.mosquitto import free_port
 
     with tempfile.TemporaryDirectory(prefix="ef-dash-") as tmp:
         port = free_port()

@@ -308,7 +308,7 @@ def bench_case_way_out(count: int) -> dict[str, float]:
 
 
 def _broker(workdir: Path):
-    from edgefleet.shared.mosquitto import MosquittoBroker
+    from edgefleet.bench.mosquitto import MosquittoBroker
 
     return MosquittoBroker(workdir, extra_config="user root" if os.geteuid() == 0 else "")
 

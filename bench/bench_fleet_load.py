@@ -202,7 +202,7 @@ def _cpu_seconds(pids: list[int]) -> float:
 def _start_replicas(count: int, tmp: Path, broker_port: int, db_url: str) -> list[Replica]:
     import httpx
 
-    from edgefleet.shared.mosquitto import free_port
+    from edgefleet.bench.mosquitto import free_port
 
     rules = tmp / "rules.yaml"
     rules.write_text("default: {model: rules, timeout_s: 30}\n")
@@ -362,7 +362,7 @@ def measure(
     db: str,
     naive: bool = False,
 ) -> dict[str, Any]:
-    from edgefleet.shared.mosquitto import MosquittoBroker
+    from edgefleet.bench.mosquitto import MosquittoBroker
 
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="ef-load-") as tmpdir:

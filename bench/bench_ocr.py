@@ -9,12 +9,12 @@ Contenders, each given the same JPEG bytes (decoding is part of every figure):
   skipped, and said so, where it is not installed;
 - `rapidocr-onnxruntime` (PP-OCRv4 mobile, Python + ONNX Runtime), same threads.
 
-Images (bench/ocr_scenes.py, all from `--seed`): easy 1080p stills, hard 640x360
+Images (edgefleet/demo/scenes/stills.py, all from `--seed`): easy 1080p stills, hard 640x360
 frames of two renderers: `hard`, OpenCV's Hershey fonts (small, faint, blurred, glare,
-heavy JPEG; bench/hard_scenes.py), and `ttf`, TrueType fonts (the cascade's scenarios:
-perspective, shake, low light, H.264, faded plates; bench/scenarios.py). Per contender
-and set: ms per image
-(p50, p95; each image read `--rounds` times, one image at a time, after a warm-up; the
+heavy JPEG; edgefleet/demo/scenes/clips.py), and `ttf`, TrueType fonts (the cascade's
+scenarios: perspective, shake, low light, H.264, faded plates;
+edgefleet/demo/scenes/scenarios.py). Per contender and set: ms per image (p50, p95; each
+image read `--rounds` times, one image at a time, after a warm-up; the
 contenders take turns image by image, so the host's load falls on all alike, with a pause
 between two so that one's spinning threads do not slow the next) and
 character accuracy / exact lines per true line (the best read overlapping it, case and
@@ -37,8 +37,8 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from edgefleet.bench.hard_scenes import Tally, frame_scores
-from edgefleet.bench.ocr_scenes import Scene, scenes
+from edgefleet.demo.scenes.clips import Tally, frame_scores
+from edgefleet.demo.scenes.stills import Scene, scenes
 from edgefleet.shared.models.decoders.kinds import settle_kinds
 from edgefleet.shared.models.registry import DEFAULT_MODEL
 

@@ -90,7 +90,7 @@ def write_clip(path: Path, fps: float, frames: int) -> Path:
     """A looping camera: one of the rendered hard clips (moving text) as an MP4."""
     import cv2
 
-    from edgefleet.bench.hard_scenes import render_clip
+    from edgefleet.demo.scenes.clips import render_clip
 
     clip = render_clip(seed=7, frames=frames)
     h, w = clip.frames[0].shape[:2]
@@ -163,7 +163,7 @@ def soak(
     db: str,
     log: Path | None,
 ) -> dict[str, Any]:
-    from edgefleet.shared.mosquitto import MosquittoBroker
+    from edgefleet.bench.mosquitto import MosquittoBroker
 
     ctx = multiprocessing.get_context("spawn")
     samples: list[dict[str, Any]] = []

@@ -127,12 +127,12 @@ def main() -> None:
     import numpy as np
 
     from edgefleet.bench.harness import ServerThread, escalation_case, escalation_wire, verdict_of
+    from edgefleet.bench.mosquitto import MosquittoBroker
     from edgefleet.cloud.app import create_app
     from edgefleet.cloud.auth import key_digest
     from edgefleet.cloud.services import CloudServices
     from edgefleet.cloud.settings import CloudSettings
     from edgefleet.shared.imaging import encode_png
-    from edgefleet.shared.mosquitto import MosquittoBroker
     from edgefleet.shared.mqtt import MqttSettings, make_client, publish
     from edgefleet.shared.topics import Topics
 

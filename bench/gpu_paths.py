@@ -129,7 +129,7 @@ def _scenes(count: int, start: int = 0):
 
 def ocr_accuracy(model, images, truths) -> tuple[float, list[float]]:
     """Mean character accuracy (the demo's scorer) and per-image seconds, one at a time."""
-    from edgefleet.bench.scoring import best_match_accuracy
+    from edgefleet.demo.scoring import best_match_accuracy
 
     scores, latencies = [], []
     model.predict_many([images[0]])  # warm

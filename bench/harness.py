@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import uvicorn
 from fastapi import FastAPI
 
+from edgefleet.bench.mosquitto import free_port
 from edgefleet.shared.messages import (
     CloudVerdict,
     Detection,
@@ -22,7 +23,6 @@ from edgefleet.shared.messages import (
     ImageContentType,
     ModelInfo,
 )
-from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import WireMessage, encode
 

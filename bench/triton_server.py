@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from edgefleet.bench.mosquitto import free_port
 from edgefleet.shared.errors import ConfigError
-from edgefleet.shared.mosquitto import free_port
 
 
 def pytriton_root() -> Path:

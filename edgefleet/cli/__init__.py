@@ -9,7 +9,7 @@ from edgefleet.cli.model import app as model_app
 from edgefleet.cli.model import infer
 from edgefleet.cli.schema import schema
 from edgefleet.cloud.cli import app as cloud_app
-from edgefleet.demo import demo
+from edgefleet.demo.cli import demo
 from edgefleet.edge.cli import app as edge_app
 from edgefleet.fleet.cli import app as fleet_app
 

@@ -256,11 +256,11 @@ def test_dashboard_in_the_cloud_shows_a_case_with_its_thumbnail_and_verdict(
     import numpy as np
 
     from edgefleet.bench.harness import ServerThread, escalation_case
+    from edgefleet.bench.mosquitto import free_port
     from edgefleet.cloud.app import create_app
     from edgefleet.cloud.auth import key_digest
     from edgefleet.cloud.settings import CloudSettings
     from edgefleet.shared.imaging import encode_jpeg
-    from edgefleet.shared.mosquitto import free_port
 
     rules = tmp_path / "rules.yaml"
     rules.write_text("default: {model: rules, timeout_s: 30}\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from edgefleet.shared.mosquitto import free_port
+from edgefleet.bench.mosquitto import free_port
 from tests.support.fleet import tiny_onnx
 from tests.support.waiting import eventually
 

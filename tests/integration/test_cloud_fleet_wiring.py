@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edgefleet.bench.harness import ServerThread, escalation_case
+from edgefleet.bench.mosquitto import free_port
 from edgefleet.cloud.app import create_app
 from edgefleet.cloud.auth import key_digest
 from edgefleet.cloud.services import CloudServices
@@ -28,7 +29,6 @@ from edgefleet.cloud.settings import CloudSettings
 from edgefleet.fleet.cli import app as fleet_cli
 from edgefleet.shared.imaging import encode_jpeg
 from edgefleet.shared.messages import DesiredState
-from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.mqtt import MqttSettings, connect, from_paho, make_client
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import Verifier

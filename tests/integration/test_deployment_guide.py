@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.shared.mosquitto import free_port, mosquitto_binary
+from edgefleet.bench.mosquitto import free_port, mosquitto_binary
 from tests.support.edge import write_video
 from tests.support.waiting import eventually
 

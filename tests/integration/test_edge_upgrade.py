@@ -6,9 +6,9 @@ import sqlite3
 from datetime import timedelta
 from pathlib import Path
 
+from edgefleet.bench.mosquitto import MosquittoBroker
 from edgefleet.edge.agent import Agent
 from edgefleet.shared.messages import EscalationCase, ModelInfo, utcnow
-from edgefleet.shared.mosquitto import MosquittoBroker
 from edgefleet.shared.topics import Topics
 from tests.support.edge import DEVICE, Collector, build_settings, edge_settings
 from tests.support.outbox import OLD_SCHEMA

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import docker
+from edgefleet.bench.mosquitto import free_port
 from edgefleet.edge.agent_container import AgentContainer
 from edgefleet.edge.image_update import ImageUpdater, Probe, SignedRequest
 from edgefleet.shared.messages import DesiredState
-from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import encode
 from tests.support.cloud_link import CloudLink

@@ -18,13 +18,13 @@ import httpx
 import pytest
 
 import docker
+from edgefleet.bench.mosquitto import free_port
 from edgefleet.edge.agent_container import AgentContainer
 from edgefleet.edge.host_runtime import HostRuntime
 from edgefleet.edge.image_update import ImageUpdater, Probe, SignedRequest
 from edgefleet.edge.updater import DesiredStateApplier
 from edgefleet.shared.image_ref import resolve_digest
 from edgefleet.shared.messages import DesiredState
-from edgefleet.shared.mosquitto import free_port
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import WireMessage, encode
 from tests.support.docker_engine import build_agent, import_base, push

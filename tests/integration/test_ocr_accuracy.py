@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edgefleet.bench.scoring import edit_distance
+from edgefleet.demo.scoring import edit_distance
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import load_model
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from edgefleet.bench.mosquitto import free_port
 from edgefleet.bench.triton_server import TritonServer
 from edgefleet.cloud.triton.repository import RepositoryOptions, write_repository
 from edgefleet.shared.errors import InferenceTimeout
@@ -20,7 +21,6 @@ from edgefleet.shared.executor.onnxruntime_backend import OnnxRuntimeExecutor
 from edgefleet.shared.executor.settings import ExecutionSettings, TritonServing
 from edgefleet.shared.executor.triton_backend import TritonExecutor, TritonUnavailable
 from edgefleet.shared.models import ModelRegistry
-from edgefleet.shared.mosquitto import free_port
 
 REC = "ppocr6-tiny-rec"
 

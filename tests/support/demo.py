@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgefleet.demo_stack import mosquitto_binary
+from edgefleet.demo.stack import mosquitto_binary
 from edgefleet.shared.errors import ConfigError
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from edgefleet.shared.mosquitto import free_port
+from edgefleet.bench.mosquitto import free_port
 from tests.support.waiting import eventually
 
 LOCAL = "postgresql://postgres@127.0.0.1:5432/test"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from edgefleet.shared.mosquitto import free_port, wait_for_port
+from edgefleet.bench.mosquitto import free_port, wait_for_port
 
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 

@@ -7,9 +7,9 @@ import cv2
 import numpy as np
 
 from edgefleet.bench import bench_ocr
-from edgefleet.bench.hard_scenes import Tally
-from edgefleet.bench.ocr_scenes import TTF_FONTS, easy_scene, scenes, ttf_scenes
-from edgefleet.bench.scenarios import SCENARIOS, available_fonts
+from edgefleet.demo.scenes.clips import Tally
+from edgefleet.demo.scenes.scenarios import SCENARIOS, available_fonts
+from edgefleet.demo.scenes.stills import TTF_FONTS, easy_scene, scenes, ttf_scenes
 
 
 def test_same_seed_same_images_and_truth():

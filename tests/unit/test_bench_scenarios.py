@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgefleet.bench.scenarios import (
+from edgefleet.demo.scenes.scenarios import (
     FONTS_HELD_OUT,
     FONTS_TUNED,
     SCENARIOS,

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet import demo_cache
-from edgefleet.demo_cache import (
+from edgefleet.demo import cache as demo_cache
+from edgefleet.demo.cache import (
     ABANDONED_AFTER_S,
     MANIFEST_FILE,
     cache_dir,
     cached_scene,
     scene_key,
 )
-from edgefleet.demo_video import GroundTruth, VideoSpec, truth_path
+from edgefleet.demo.video import GroundTruth, VideoSpec, truth_path
 
 SMALL = VideoSpec(width=320, height=180, fps=5, duration_s=2, seed=3)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 import threading
 
-from edgefleet.demo_chaos import FAULTS, WINDOW, broker_answers, chaos_schedule
-from edgefleet.demo_proxy import UplinkRelay
+from edgefleet.demo.chaos import FAULTS, WINDOW, broker_answers, chaos_schedule
+from edgefleet.demo.proxy import UplinkRelay
 
 AGENTS = ["demo-cam-01", "demo-cam-02", "demo-cam-03"]
 

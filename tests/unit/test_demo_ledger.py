@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from edgefleet.demo_ledger import build_ledger, outbox_case_ids
+from edgefleet.demo.ledger import build_ledger, outbox_case_ids
 
 
 def _account(case_id: str, **over: object) -> dict[str, object]:

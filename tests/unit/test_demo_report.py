@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet import demo_cloud_only
-from edgefleet.demo_cloud_only import (
+from edgefleet.demo import cloud_only as demo_cloud_only
+from edgefleet.demo.cloud_only import (
     CloudOnlyScore,
     cache_file,
     reader_key,
     sample_indexes,
     score_cloud_only,
 )
-from edgefleet.demo_report import (
+from edgefleet.demo.report import (
     DeviceScore,
     agent_pace,
     percentile,
@@ -26,8 +26,8 @@ from edgefleet.demo_report import (
     story,
     total_score,
 )
-from edgefleet.demo_stack import Device
-from edgefleet.demo_video import VideoSpec, render_video
+from edgefleet.demo.stack import Device
+from edgefleet.demo.video import VideoSpec, render_video
 from edgefleet.shared.models.registry import ModelRegistry
 
 SMALL = VideoSpec(width=320, height=180, fps=5, duration_s=2, seed=3)

@@ -18,7 +18,7 @@ import yaml
 from rich.console import Console
 
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.demo_stack import (
+from edgefleet.demo.stack import (
     Device,
     Interrupted,
     Stack,
@@ -189,8 +189,8 @@ def test_a_missing_mosquitto_says_how_to_install_it(
 ) -> None:
     from typer.testing import CliRunner
 
-    from edgefleet import demo_stack
     from edgefleet.cli import app
+    from edgefleet.demo import stack as demo_stack
 
     # given a machine without the broker: nothing on PATH, nothing in sbin
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
@@ -210,7 +210,7 @@ def test_a_missing_mosquitto_says_how_to_install_it(
 def test_ctrl_c_skips_waiting_for_the_clouds_late_answers(tmp_path: Path) -> None:
     import httpx
 
-    from edgefleet.demo import _collect_cases
+    from edgefleet.demo.cli import _collect_cases
 
     # given a device with an escalated case and a cloud that does not answer (nothing listens)
     results = tmp_path / "results.jsonl"
@@ -260,7 +260,7 @@ def test_a_child_started_nice_yields_in_its_own_session_group_too(tmp_path: Path
 
 @pytest.mark.parametrize("devices", range(1, 17))
 def test_the_agents_together_weigh_no_more_than_the_cloud(devices: int) -> None:
-    from edgefleet.demo_steps import agent_niceness
+    from edgefleet.demo.steps import agent_niceness
 
     nice = agent_niceness(devices)
     # the scheduler's weight falls by about 1.25 per nice step (1024 at 0, 110 at 10)

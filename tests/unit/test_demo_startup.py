@@ -15,8 +15,8 @@ import psutil
 import pytest
 from rich.console import Console
 
-from edgefleet.demo_stack import Interrupted, Stack
-from edgefleet.demo_startup import Step, StepContext, StepFailed, check_graph, run_steps
+from edgefleet.demo.stack import Interrupted, Stack
+from edgefleet.demo.startup import Step, StepContext, StepFailed, check_graph, run_steps
 from edgefleet.shared.errors import ConfigError
 
 WAIT_S = 60  # a safety net for a broken orchestrator, never reached when it works

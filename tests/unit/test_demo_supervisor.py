@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from edgefleet.demo_chaos import broker_answers
-from edgefleet.demo_stack import Stack
-from edgefleet.demo_supervisor import GaveUp, Incident, Supervised, Supervisor
-from edgefleet.shared.mosquitto import MosquittoBroker
+from edgefleet.bench.mosquitto import MosquittoBroker
+from edgefleet.demo.chaos import broker_answers
+from edgefleet.demo.stack import Stack
+from edgefleet.demo.supervisor import GaveUp, Incident, Supervised, Supervisor
 
 
 class Clock:

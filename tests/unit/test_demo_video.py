@@ -9,17 +9,17 @@ import cv2
 import numpy as np
 import pytest
 
-from edgefleet.bench.scene_text import container_check_digit
-from edgefleet.bench.scoring import best_match_accuracy, char_accuracy, edit_distance
-from edgefleet.demo_report import (
+from edgefleet.demo.report import (
     DeviceScore,
     is_correction,
     jpeg_bytes_per_frame,
     score_device,
     total_score,
 )
-from edgefleet.demo_stack import Device
-from edgefleet.demo_video import (
+from edgefleet.demo.scenes.text import container_check_digit
+from edgefleet.demo.scoring import best_match_accuracy, char_accuracy, edit_distance
+from edgefleet.demo.stack import Device
+from edgefleet.demo.video import (
     GroundTruth,
     VideoSpec,
     render_video,
@@ -254,7 +254,7 @@ def _users_clip(path: Path) -> Path:
 
 
 def test_users_videos_are_cycled_over_the_devices_without_truth(tmp_path: Path) -> None:
-    from edgefleet.demo_steps import prepare_videos
+    from edgefleet.demo.steps import prepare_videos
 
     # given two of the user's own clips, no ground truth beside them
     a, b = _users_clip(tmp_path / "a.mp4"), _users_clip(tmp_path / "b.mp4")
@@ -266,7 +266,7 @@ def test_users_videos_are_cycled_over_the_devices_without_truth(tmp_path: Path) 
 
 
 def test_a_users_video_with_its_ground_truth_is_scored(tmp_path: Path) -> None:
-    from edgefleet.demo_steps import prepare_videos
+    from edgefleet.demo.steps import prepare_videos
 
     video = tmp_path / "scene.mp4"
     truth = render_video(video, SMALL)
@@ -275,7 +275,7 @@ def test_a_users_video_with_its_ground_truth_is_scored(tmp_path: Path) -> None:
 
 
 def test_a_foreign_json_beside_a_users_video_is_a_clear_error(tmp_path: Path) -> None:
-    from edgefleet.demo_steps import prepare_videos
+    from edgefleet.demo.steps import prepare_videos
 
     video = _users_clip(tmp_path / "clip.mp4")
     (tmp_path / "clip.json").write_text('{"camera": "dock 3"}')
@@ -284,7 +284,7 @@ def test_a_foreign_json_beside_a_users_video_is_a_clear_error(tmp_path: Path) ->
 
 
 def test_a_file_that_is_no_video_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    from edgefleet.demo_steps import prepare_videos
+    from edgefleet.demo.steps import prepare_videos
 
     notes = tmp_path / "notes.mp4"
     notes.write_text("not a video")

@@ -12,8 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from edgefleet import config_docs
-from edgefleet.cli import app
+from edgefleet.cli import app, config_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_LINE = re.compile(r"^\s*(\$ )?edgefleet ", re.MULTILINE)

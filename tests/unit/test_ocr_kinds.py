@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 import pytest
 
-from edgefleet.bench.hard_scenes import frame_scores
-from edgefleet.bench.ocr_scenes import easy_scene
+from edgefleet.demo.scenes.clips import frame_scores
+from edgefleet.demo.scenes.stills import easy_scene
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.kinds import Kinds, settle_kinds
 

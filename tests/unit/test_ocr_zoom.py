@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edgefleet.bench.hard_scenes import frame_scores, render_clip
+from edgefleet.demo.scenes.clips import frame_scores, render_clip
 from edgefleet.shared import kernels
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.models import ocr

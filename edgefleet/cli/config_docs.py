@@ -4,7 +4,7 @@ The pydantic field descriptions are the documentation: this module only walks th
 trees and lays them out, so the reference cannot drift from the code. `tests/unit/test_docs.py`
 fails when the committed file is stale. Regenerate it with:
 
-    .venv/bin/python -m edgefleet.config_docs
+    .venv/bin/python -m edgefleet.cli.config_docs
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
-REGENERATE = ".venv/bin/python -m edgefleet.config_docs"
+REGENERATE = ".venv/bin/python -m edgefleet.cli.config_docs"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`python -m edgefleet.demo_agent EDGE_YAML RESULTS`: an edge agent that keeps a record.
+"""`python -m edgefleet.demo.agent EDGE_YAML RESULTS`: an edge agent that keeps a record.
 
 It is the real agent (`edgefleet.edge.agent.Agent`, the one `edgefleet edge run` starts) plus the
 demo's local application: it writes every frame's result and every cloud verdict, through
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> None:
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: drain.set())
     if len(argv) != 2:
-        sys.exit("usage: python -m edgefleet.demo_agent EDGE_YAML RESULTS_JSONL")
+        sys.exit("usage: python -m edgefleet.demo.agent EDGE_YAML RESULTS_JSONL")
     run_agent_recording(Path(argv[0]), Path(argv[1]), stop, drain)
 
 

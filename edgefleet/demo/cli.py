@@ -1,12 +1,12 @@
 """`edgefleet demo`: the whole system on one machine, with a score at the end.
 
 It starts a real Mosquitto, the cloud orchestrator and N edge agents as separate
-processes (edgefleet.demo_steps), enrolled through `edgefleet fleet enroll` like real
+processes (edgefleet.demo.steps), enrolled through `edgefleet fleet enroll` like real
 devices, each agent playing a scene that the demo renders with known text and caches
-(edgefleet.demo_video, edgefleet.demo_cache). While it runs it shows what the fleet view
+(edgefleet.demo.video, edgefleet.demo.cache). While it runs it shows what the fleet view
 shows; at the end it scores the edge alone, the edge with the cloud's corrections and the
 cloud alone against the ground truth, times the verdicts and counts the bytes each device
-sent (edgefleet.demo_report).
+sent (edgefleet.demo.report).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
 
     from rich.console import Console
 
-    from edgefleet.demo_chaos import Fault
-    from edgefleet.demo_ledger import Ledger
-    from edgefleet.demo_report import DeviceScore
-    from edgefleet.demo_stack import Child, Device, Stack
-    from edgefleet.demo_steps import Plan
-    from edgefleet.demo_supervisor import Supervisor
+    from edgefleet.demo.chaos import Fault
+    from edgefleet.demo.ledger import Ledger
+    from edgefleet.demo.report import DeviceScore
+    from edgefleet.demo.stack import Child, Device, Stack
+    from edgefleet.demo.steps import Plan
+    from edgefleet.demo.supervisor import Supervisor
 
 
 # ----------------------------------------------------------------- the command
@@ -90,15 +90,15 @@ def demo(
     """
     from rich.console import Console
 
-    from edgefleet.demo_report import report_table, story, total_score
-    from edgefleet.demo_stack import (
+    from edgefleet.demo.report import report_table, story, total_score
+    from edgefleet.demo.stack import (
         MOSQUITTO_MISSING,
         Interrupted,
         Stack,
         free_port,
         mosquitto_binary,
     )
-    from edgefleet.demo_steps import Plan
+    from edgefleet.demo.steps import Plan
 
     console = Console()
     try:
@@ -123,7 +123,7 @@ def demo(
     }
     faults: tuple[Fault, ...] = ()
     if chaos:
-        from edgefleet.demo_chaos import chaos_schedule
+        from edgefleet.demo.chaos import chaos_schedule
 
         seed_used = secrets.randbelow(10_000) if chaos_seed is None else chaos_seed
         device_ids = [f"demo-cam-{i + 1:02d}" for i in range(devices)]
@@ -187,9 +187,9 @@ def _run(
     import httpx
     import psutil
 
-    from edgefleet.demo_report import jpeg_bytes_per_frame, score_device
-    from edgefleet.demo_stack import UplinkMeter
-    from edgefleet.demo_steps import start_up
+    from edgefleet.demo.report import jpeg_bytes_per_frame, score_device
+    from edgefleet.demo.stack import UplinkMeter
+    from edgefleet.demo.steps import start_up
 
     console = stack.console
     http = httpx.Client(
@@ -251,9 +251,9 @@ def _run(
 def _supervise(stack: Stack, plan: Plan, http: Any, started: dict[str, Any]) -> Supervisor:
     """Every component under the supervisor (a death restarts it), each with its health;
     each incident goes to the dashboard's event feed."""
-    from edgefleet.demo_chaos import SECOND_CLOUD, broker_answers, get_json
-    from edgefleet.demo_events import post_incident
-    from edgefleet.demo_supervisor import Supervised, Supervisor
+    from edgefleet.demo.chaos import SECOND_CLOUD, broker_answers, get_json
+    from edgefleet.demo.events import post_incident
+    from edgefleet.demo.supervisor import Supervised, Supervisor
 
     supervisor = Supervisor(notify=lambda incident: post_incident(http, incident))
 
@@ -310,8 +310,8 @@ def _live(
     from rich.console import Group
     from rich.live import Live
 
-    from edgefleet.demo_chaos import SECOND_CLOUD, ChaosRunner, ChaosTargets
-    from edgefleet.demo_report import agent_pace, incidents_table, live_table, read_jsonl
+    from edgefleet.demo.chaos import SECOND_CLOUD, ChaosRunner, ChaosTargets
+    from edgefleet.demo.report import agent_pace, incidents_table, live_table, read_jsonl
 
     def cpu_s(device: Device) -> float | None:
         try:
@@ -388,7 +388,7 @@ def _drain(
     missing and where it stopped)."""
     import signal as signals
 
-    from edgefleet.demo_report import read_jsonl
+    from edgefleet.demo.report import read_jsonl
 
     signalled: dict[str, float] = {}  # device id → when its current agent was told
     told: set[int] = set()
@@ -433,8 +433,8 @@ def _drain(
 def _ledger(plan: Plan, devices: list[Device]) -> Ledger:
     """The ledger from the agents' records, their outboxes and the cloud's store."""
     from edgefleet.cloud.store import FeedbackStore
-    from edgefleet.demo_ledger import build_ledger, outbox_case_ids
-    from edgefleet.demo_report import read_jsonl
+    from edgefleet.demo.ledger import build_ledger, outbox_case_ids
+    from edgefleet.demo.report import read_jsonl
     from edgefleet.shared.db import Database
 
     db = Database.connect(f"sqlite:///{plan.root / 'cloud' / 'cloud.db'}")
@@ -466,7 +466,7 @@ def _cloud_only(
     scores there are.
     """
     from edgefleet.cloud.settings import ModelsSettings
-    from edgefleet.demo_cloud_only import cache_file, reader_key, score_cloud_only
+    from edgefleet.demo.cloud_only import cache_file, reader_key, score_cloud_only
 
     primary = ModelsSettings().primary  # the demo's cloud.yaml keeps the default
     sha256 = {m.get("name"): m.get("sha256") for m in models}.get(primary)
@@ -502,7 +502,7 @@ def _collect_cases(
     """
     import httpx
 
-    from edgefleet.demo_report import read_jsonl
+    from edgefleet.demo.report import read_jsonl
 
     wanted = {
         row["case_id"]

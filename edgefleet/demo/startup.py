@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
-from edgefleet.demo_stack import Interrupted
+from edgefleet.demo.stack import Interrupted
 from edgefleet.shared.errors import EdgefleetError
 
 

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 from pydantic import Field
 
-from edgefleet.bench.scene_text import Kind, make_text
+from edgefleet.demo.scenes.text import Kind, make_text
 from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError
 
@@ -28,7 +28,7 @@ Background = Literal["gradient", "noise", "texture"]
 
 _FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX]
 # Bump whenever the same spec would render other pixels or truth: cached scenes
-# (edgefleet.demo_cache) of another version are rendered again.
+# (edgefleet.demo.cache) of another version are rendered again.
 RENDERER_VERSION = 3
 # A line is in a frame's truth once this share of it is in view: a reader following it
 # should then report the whole line.

@@ -9,10 +9,10 @@ the same schedule, printed at the start):
 - `cloud_kill`: the second cloud replica `kill -9`'d while it holds a case (mid-ingest);
   the first keeps serving the share group, the supervisor restarts the second.
 - `agent_kill`: one agent `kill -9`'d; restarted from its state folder and outbox.
-- `uplink_cut`: one agent's link to the broker (a relay, edgefleet.demo_proxy) cut for a
+- `uplink_cut`: one agent's link to the broker (a relay, edgefleet.demo.proxy) cut for a
   while: its outbox grows, then drains once the link is back.
 
-Each fault opens an incident (edgefleet.demo_supervisor) with its own recovery criterion,
+Each fault opens an incident (edgefleet.demo.supervisor) with its own recovery criterion,
 so the event line says how long until the system was whole again, not only the process.
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from edgefleet.demo_proxy import UplinkRelay
-from edgefleet.demo_supervisor import Incident, Supervisor
+from edgefleet.demo.proxy import UplinkRelay
+from edgefleet.demo.supervisor import Incident, Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from edgefleet.demo_supervisor import Incident
+from edgefleet.demo.supervisor import Incident
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from edgefleet.bench.scene_text import Kind, make_text
-from edgefleet.bench.scoring import edit_distance, normalise_text
+from edgefleet.demo.scenes.text import Kind, make_text
+from edgefleet.demo.scoring import edit_distance, normalise_text
 
 _FONTS = [cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX_SMALL]
 _KINDS: tuple[Kind, ...] = ("container", "plate", "sign")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from edgefleet.demo_video import RENDERER_VERSION, GroundTruth, VideoSpec, render_video
+from edgefleet.demo.video import RENDERER_VERSION, GroundTruth, VideoSpec, render_video
 from edgefleet.shared.config import Closed
 
 SCENE_FILE = "scene.mp4"

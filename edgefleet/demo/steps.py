@@ -1,6 +1,6 @@
 """How `edgefleet demo` gets everything up: its scenes, and its start-up steps.
 
-The steps (edgefleet.demo_startup runs them) are the scenes ‖ enrollment → Mosquitto and
+The steps (edgefleet.demo.startup runs them) are the scenes ‖ enrollment → Mosquitto and
 the uplink meter ‖ the cloud (it subscribes as soon as the broker listens, then warms its
 models) → the agents, once the cloud's subscription is in place.
 """
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 
 if TYPE_CHECKING:
-    from edgefleet.demo_chaos import Fault
-    from edgefleet.demo_stack import Child, Device, Stack, UplinkMeter
-    from edgefleet.demo_video import GroundTruth
+    from edgefleet.demo.chaos import Fault
+    from edgefleet.demo.stack import Child, Device, Stack, UplinkMeter
+    from edgefleet.demo.video import GroundTruth
 
 
 def agent_niceness(devices: int) -> int:
@@ -50,11 +50,11 @@ def prepare_videos(
     stop: threading.Event | None = None,
 ) -> list[tuple[Path, GroundTruth | None]]:
     """One video per device: the user's (cycled), or a rendered scene of known text from
-    the cache (edgefleet.demo_cache), the missing ones rendered side by side."""
+    the cache (edgefleet.demo.cache), the missing ones rendered side by side."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from edgefleet.demo_cache import cached_scene
-    from edgefleet.demo_video import VideoSpec
+    from edgefleet.demo.cache import cached_scene
+    from edgefleet.demo.video import VideoSpec
 
     if videos:
         checked = [_users_video(Path(v)) for v in videos]
@@ -63,7 +63,7 @@ def prepare_videos(
 
     def one(spec: VideoSpec) -> tuple[Path, GroundTruth | None]:
         if stop is not None and stop.is_set():
-            from edgefleet.demo_stack import Interrupted
+            from edgefleet.demo.stack import Interrupted
 
             raise Interrupted("the videos to be rendered")
         return cached_scene(spec, cache)
@@ -78,7 +78,7 @@ def _users_video(video: Path) -> tuple[Path, GroundTruth | None]:
     a JSON of the same name beside it must be a ground truth (it enables the scoring)."""
     import cv2
 
-    from edgefleet.demo_video import GroundTruth, truth_path
+    from edgefleet.demo.video import GroundTruth, truth_path
 
     path = video.expanduser().resolve()
     if not path.is_file():
@@ -137,21 +137,21 @@ class Plan:
 
 
 def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) -> dict[str, Any]:
-    """Everything up, each step as soon as what it needs is there (edgefleet.demo_startup):
+    """Everything up, each step as soon as what it needs is there (edgefleet.demo.startup):
 
     videos (cached or rendered) ‖ enrollment → broker ‖ cloud (it connects as soon as the
     broker listens, then warms its models) → agents (once the cloud's subscription is in
     place, so no early case finds nobody to take it), while the models keep warming.
     """
-    from edgefleet.demo_cache import cache_dir
-    from edgefleet.demo_chaos import (
+    from edgefleet.demo.cache import cache_dir
+    from edgefleet.demo.chaos import (
         CHAOS_KEEPALIVE_S,
         CHAOS_RESEND_UNANSWERED_S,
         SECOND_CLOUD,
         get_json,
     )
-    from edgefleet.demo_proxy import UplinkRelay
-    from edgefleet.demo_stack import (
+    from edgefleet.demo.proxy import UplinkRelay
+    from edgefleet.demo.stack import (
         Device,
         UplinkMeter,
         agent_env,
@@ -162,7 +162,7 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
         wait_until,
         write_cloud_config,
     )
-    from edgefleet.demo_startup import Step, StepContext, run_steps
+    from edgefleet.demo.startup import Step, StepContext, run_steps
 
     root, n = plan.root, len(plan.device_ids)
 
@@ -260,7 +260,7 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
                 [
                     sys.executable,
                     "-m",
-                    "edgefleet.demo_agent",
+                    "edgefleet.demo.agent",
                     str(device.bundle / "edge.yaml"),
                     str(device.results),
                 ],

@@ -1,7 +1,7 @@
 """The demo's ledger: every case followed from the device that made it to the answer back.
 
 Two independent records, so that one bug cannot hide in both: the agents' own files
-(edgefleet.demo_agent writes `escalated` once a case is safely in the outbox and `verdict`
+(edgefleet.demo.agent writes `escalated` once a case is safely in the outbox and `verdict`
 when an answer arrives) and the cloud's store (`FeedbackStore.accounts`: deliveries,
 stored cases, completed cascade runs, verdicts). A case missing an answer on its device is
 reported with the last place it was seen: still in the device's outbox, sent but never

@@ -29,8 +29,8 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from edgefleet.bench.hard_scenes import Clip, LineTruth
-from edgefleet.bench.scene_text import Kind, make_text
+from edgefleet.demo.scenes.clips import Clip, LineTruth
+from edgefleet.demo.scenes.text import Kind, make_text
 
 SCENARIOS = (
     "entering",

@@ -26,7 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
-from edgefleet.demo_video import GroundTruth
+from edgefleet.demo.video import GroundTruth
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 from edgefleet.shared.topics import Channel, Topics
 

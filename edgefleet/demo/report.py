@@ -1,8 +1,8 @@
 """Scoring and display for `edgefleet demo`: live fleet table and the final report.
 
-The agents record each frame's reading and each cloud verdict (edgefleet.demo_agent);
+The agents record each frame's reading and each cloud verdict (edgefleet.demo.agent);
 the cloud's case records give the frame each verdict answers. Accuracy is the OCR
-character accuracy of edgefleet.demo_video against the rendered ground truth.
+character accuracy of edgefleet.demo.video against the rendered ground truth.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from rich.table import Table
 
-from edgefleet.bench.scoring import best_match_accuracy, normalise_text
-from edgefleet.demo_stack import Device
-from edgefleet.demo_supervisor import Incident
+from edgefleet.demo.scoring import best_match_accuracy, normalise_text
+from edgefleet.demo.stack import Device
+from edgefleet.demo.supervisor import Incident
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edgefleet.demo_stack import Child
+from edgefleet.demo.stack import Child
 from edgefleet.shared.errors import EdgefleetError
 
 

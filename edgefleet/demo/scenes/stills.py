@@ -3,12 +3,11 @@
 Three sets, all seeded (the same seed renders the same bytes):
 - easy: 1080p camera stills, 3-5 clean plates of large text (caps 22-60 px), mild noise,
   JPEG quality 85-95; the detector downscales them ~2.6x (the area-filter case);
-- hard: frames of the hard clips (bench/hard_scenes.py: 640x360, small faint text, motion
-  blur, glare, JPEG 35-70, OpenCV's Hershey fonts), one frame every few so that
-  neighbours do not repeat;
-- ttf: hard frames in TrueType fonts, from the cascade's scenario renderer
-  (bench/scenarios.py: 640x360, text 7-14 px, faded plates, perspective, shake, low light,
-  H.264, ...): clip i is scenario `SCENARIOS[i % 10]`, its seed the set's seed + i, the
+- hard: frames of the hard clips (`clips`: 640x360, small faint text, motion blur, glare,
+  JPEG 35-70, OpenCV's Hershey fonts), one frame every few so that neighbours do not repeat;
+- ttf: hard frames in TrueType fonts, from the cascade's scenario renderer (`scenarios`:
+  640x360, text 7-14 px, faded plates, perspective, shake, low light, H.264, ...): clip i is
+  scenario `SCENARIOS[i % 10]`, its seed the set's seed + i, the
   fonts of `TTF_FONTS` taken in turn (shifted by one after each round of the ten
   scenarios, so that every font meets every scenario); frames with no line to read are
   left out.
@@ -23,9 +22,9 @@ from typing import Literal
 import cv2
 import numpy as np
 
-from edgefleet.bench.hard_scenes import LineTruth, render_clip
-from edgefleet.bench.scenarios import SCENARIOS, available_fonts, render_scenario
-from edgefleet.bench.scene_text import Kind, make_text
+from edgefleet.demo.scenes.clips import LineTruth, render_clip
+from edgefleet.demo.scenes.scenarios import SCENARIOS, available_fonts, render_scenario
+from edgefleet.demo.scenes.text import Kind, make_text
 
 Level = Literal["easy", "hard", "ttf"]
 # The scenario renderer's TrueType fonts (DejaVu and Pillow's own), taken in turn by the

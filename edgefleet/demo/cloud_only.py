@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from edgefleet import __version__
-from edgefleet.bench.scoring import best_match_accuracy
-from edgefleet.demo_video import GroundTruth
+from edgefleet.demo.scoring import best_match_accuracy
+from edgefleet.demo.video import GroundTruth
 from edgefleet.shared.config import Closed
 
 SAMPLES = 10  # frames per scene: a few seconds of the cloud's time on a CPU
