@@ -275,9 +275,12 @@ class SqliteDatabase(Database):
         self._conn()  # fail fast on a bad path, and set WAL once
 
     def _conn(self) -> sqlite3.Connection:
-        owned = getattr(self._local, "owned", None)
+        return self._owned().conn
+
+    def _owned(self) -> _Owned:
+        owned: _Owned | None = getattr(self._local, "owned", None)
         if owned is not None:
-            return owned.conn
+            return owned
         if self._closed:
             raise StoreUnavailable("the database has been closed")
         if self.memory:
@@ -285,7 +288,7 @@ class SqliteDatabase(Database):
             with self._all_lock:
                 if self._shared is not None:
                     self._local.owned = self._shared
-                    return self._shared.conn
+                    return self._shared
         try:
             conn = sqlite3.connect(
                 ":memory:" if self.memory else str(self.path),
@@ -308,7 +311,7 @@ class SqliteDatabase(Database):
             self._all.add(owned)
             if self.memory:
                 self._shared = owned
-        return conn
+        return owned
 
     @property
     def _shared_lock(self) -> threading.RLock:
@@ -323,39 +326,44 @@ class SqliteDatabase(Database):
 
     @contextmanager
     def _cursor(self) -> Iterator[sqlite3.Cursor]:
-        conn = getattr(self._local, "tx_conn", None) or self._conn()
+        owned = self._owned()
         lock = self._shared_lock if self.memory else None
         if lock is not None:
             lock.acquire()
-        cur = conn.cursor()
         try:
-            yield cur
+            with owned.lock:  # `close` waits for it: closing a connection in use crashes
+                cur = owned.conn.cursor()
+                try:
+                    yield cur
+                finally:
+                    cur.close()
         except sqlite3.IntegrityError as exc:
             raise Conflict(f"constraint failed: {exc}") from exc
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, sqlite3.ProgrammingError) as exc:
             raise StoreUnavailable(f"sqlite: {exc}") from exc
         finally:
-            cur.close()
             if lock is not None:
                 lock.release()
 
     @contextmanager
     def _begin(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
+        owned = self._owned()
+        conn = owned.conn
         lock = self._shared_lock if self.memory else None
         if lock is not None:
             lock.acquire()
         try:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailable(f"sqlite: cannot begin: {exc}") from exc
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+            with owned.lock:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except (sqlite3.OperationalError, sqlite3.ProgrammingError) as exc:
+                    raise StoreUnavailable(f"sqlite: cannot begin: {exc}") from exc
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
         finally:
             if lock is not None:
                 lock.release()
@@ -375,7 +383,7 @@ class SqliteDatabase(Database):
             owned, self._all, self._shared = list(self._all), weakref.WeakSet(), None
         for each in owned:
             try:
-                each.conn.close()
+                each.close()
             except sqlite3.Error:
                 log.warning("closing a sqlite connection failed", exc_info=True)
         self._local = threading.local()
@@ -386,10 +394,17 @@ class _Owned:
     storage goes: threads come and go (a web server's pool), and an open connection keeps
     its page cache (up to 2 MB each), so connections of ended threads were a leak."""
 
-    __slots__ = ("__weakref__", "conn")
+    __slots__ = ("__weakref__", "conn", "lock")
 
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
+        # held while a statement runs on it (re-entrant: a transaction's statements)
+        self.lock = threading.RLock()
+
+    def close(self) -> None:
+        """Close once no statement runs on it (another thread's may still be running)."""
+        with self.lock:
+            self.conn.close()
 
     def __del__(self) -> None:
         with suppress(sqlite3.Error):
