@@ -22,9 +22,7 @@ by `max_held`; the stale sweep never queues a case that is already queued or hel
 
 from __future__ import annotations
 
-import collections
 import hashlib
-import itertools
 import logging
 import queue
 import threading
@@ -40,6 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from edgefleet.cloud.cascade import Cascade
+from edgefleet.cloud.fair_queue import FairQueue
 from edgefleet.cloud.held import HeldRedeliveries
 from edgefleet.cloud.router import Route, Router
 from edgefleet.cloud.store import CaseKey, Claim, ClaimState, FeedbackStore, case_key
@@ -145,18 +144,8 @@ class CaseProcessor:
         self.recheck_s = recheck_s
         self.sweep_s = sweep_s
         self.started = datetime.now(timezone.utc)
-        self._queue: queue.PriorityQueue[Job] = queue.PriorityQueue()
-        self._seq = itertools.count()
-        # Fair queueing: each device's next job takes the slot after its previous one, and
-        # never one before the slot being served, so devices take turns (round robin)
-        # within a priority and one device's flood cannot push the others back.
-        self._fair_lock = threading.Lock()
-        self._slots: dict[str, int] = {}
-        self._waiting: collections.Counter[str] = collections.Counter()
-        self._served = 0
-        # cases by (device, case_id): a case id is its device's own
-        self._held: set[CaseKey] = set()  # claimed at admission, not answered yet: not stale
-        self._queued: collections.Counter[CaseKey] = collections.Counter()  # in the queue
+        self._queue: FairQueue[Job] = FairQueue()
+        self._lock = threading.Lock()  # the service time and the statuses sent
         # MQTT redeliveries of cases someone else owns, waiting to be checked again
         self._redeliveries: HeldRedeliveries[CaseKey, Job] = HeldRedeliveries(max_entries=max_held)
         self._stopping = threading.Event()
@@ -171,7 +160,9 @@ class CaseProcessor:
         ]
         self._workers.append(threading.Thread(target=self._sweep_loop, name="case-sweep"))
         self._workers.append(
-            threading.Thread(target=self._redeliveries.run, args=(self._requeue,), name="case-held")
+            threading.Thread(
+                target=self._redeliveries.run, args=(self._queue.requeue,), name="case-held"
+            )
         )
         for worker in self._workers:
             worker.daemon = True
@@ -191,17 +182,17 @@ class CaseProcessor:
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return len(self._queue)
 
     def _observe_service(self, seconds: float) -> None:
         """Moving average of how long one case takes a worker."""
-        with self._fair_lock:
+        with self._lock:
             self._service_s = 0.8 * self._service_s + 0.2 * seconds
 
     def expected_wait_s(self) -> float:
         """How long a case queued now waits for its verdict: the queue ahead of it, served
         by every worker, plus its own service time."""
-        with self._fair_lock:
+        with self._lock:
             service = self._service_s
         return (self.depth / self._worker_count + 1) * service
 
@@ -222,8 +213,8 @@ class CaseProcessor:
         """
         self._make_room(case, source, flow_controlled)
         job = self._job(case, image, source=source, hold=flow_controlled, meta=meta)
-        self._put(job)
-        QUEUE_DEPTH.set(self._queue.qsize())
+        self._queue.put(job)
+        QUEUE_DEPTH.set(len(self._queue))
         return job.future
 
     def accept(
@@ -237,10 +228,10 @@ class CaseProcessor:
         try:
             claim = self.admit(job, check_image=True)
         except BaseException:
-            self._release(job)
+            self._queue.release(job.case.device_id)
             raise
         if claim.state is not ClaimState.CLAIMED:
-            self._release(job)
+            self._queue.release(job.case.device_id)
             CASES.labels(source, "duplicate").inc()
             raise Conflict(
                 f"case {case.case_id} was already received",
@@ -248,10 +239,9 @@ class CaseProcessor:
                 hint=f"GET /v1/escalations/{case.case_id} for its verdict",
             )
         job.claimed = True
-        with self._fair_lock:
-            self._held.add(case_key(case))
-        self._put(job)
-        QUEUE_DEPTH.set(self._queue.qsize())
+        self._queue.claimed(case_key(case))
+        self._queue.put(job)
+        QUEUE_DEPTH.set(len(self._queue))
         return job.future
 
     def _record_refused(self, job: Job) -> None:
@@ -271,7 +261,7 @@ class CaseProcessor:
 
     def _make_room(self, case: EscalationCase, source: str, flow_controlled: bool) -> None:
         """Refuse with `Overloaded` when the queue or the device's quota is full."""
-        depth = self._queue.qsize()
+        depth = len(self._queue)
         if depth >= self.max_pending:
             BACKPRESSURE.labels(source).inc()
             if not flow_controlled:
@@ -279,7 +269,8 @@ class CaseProcessor:
                 raise Overloaded(
                     f"{depth} cases already wait for a worker", retry_after_s=self.retry_after_s
                 )
-        if not flow_controlled and self._waiting[case.device_id] >= self.max_pending_per_device:
+        waiting = self._queue.waiting(case.device_id)
+        if not flow_controlled and waiting >= self.max_pending_per_device:
             BACKPRESSURE.labels(source).inc()
             CASES.labels(source, "device_quota").inc()
             raise Overloaded(
@@ -327,7 +318,7 @@ class CaseProcessor:
     ) -> Job:
         route = self.router.route(case, len(image))
         return Job(
-            sort_key=(-route.priority, self._slot(case.device_id), next(self._seq)),
+            sort_key=self._queue.sort_key(route.priority, case.device_id),
             case=case,
             image=image,
             image_sha256=hashlib.sha256(image).hexdigest(),
@@ -337,45 +328,6 @@ class CaseProcessor:
             meta=meta,
             hold=hold,
         )
-
-    def _slot(self, device_id: str) -> int:
-        with self._fair_lock:
-            slot = max(self._slots.get(device_id, 0), self._served) + 1
-            self._slots[device_id] = slot
-            self._waiting[device_id] += 1
-            if len(self._slots) > 10_000:  # bounded: devices with nothing queued are forgotten
-                self._slots = {d: s for d, s in self._slots.items() if s > self._served}
-            return slot
-
-    def _put(self, job: Job) -> None:
-        with self._fair_lock:
-            self._queued[case_key(job.case)] += 1
-        self._queue.put(job)
-
-    def _taken(self, job: Job) -> None:
-        with self._fair_lock:
-            key = case_key(job.case)
-            self._queued[key] -= 1
-            if self._queued[key] <= 0:
-                del self._queued[key]
-            self._served = max(self._served, job.sort_key[1])
-            self._waiting[job.case.device_id] -= 1
-            if self._waiting[job.case.device_id] <= 0:
-                del self._waiting[job.case.device_id]
-
-    def _release(self, job: Job) -> None:
-        """A job that was refused before it was queued gives its fair-share place back."""
-        with self._fair_lock:
-            self._waiting[job.case.device_id] -= 1
-            if self._waiting[job.case.device_id] <= 0:
-                del self._waiting[job.case.device_id]
-
-    def _requeue(self, job: Job) -> None:
-        """Put a job back in its old place (its slot is kept: it had its turn already)."""
-        with self._fair_lock:
-            self._waiting[job.case.device_id] += 1
-            self._queued[case_key(job.case)] += 1
-        self._queue.put(job)
 
     def sweep(self) -> int:
         """Queue again the pending cases nobody works on (a crashed replica's, or this
@@ -388,23 +340,19 @@ class CaseProcessor:
             stale_after_s=self.stale_after_s(),
         )
         fresh = []
-        with self._fair_lock:
-            for case, image in stale:
-                key = case_key(case)
-                taken = key in self._held or key in self._queued
-                if taken or self._redeliveries.holds(key):
-                    SWEPT.labels("already_queued").inc()
-                    continue
-                self._queued[key] += 1  # reserved now: a second sweep skips it
-                fresh.append((case, image))
+        for case, image in stale:
+            if not self._queue.reserve(case_key(case), held=self._redeliveries.holds):
+                SWEPT.labels("already_queued").inc()
+                continue
+            fresh.append((case, image))
         for case, image in fresh:
             log.warning("re-running stale case %s", case.case_id, extra={"case_id": case.case_id})
             CASES.labels("sweep", "requeued").inc()
             SWEPT.labels("requeued").inc()
             job = self._job(case, image, source="sweep")
             job.delivered = True  # a re-run from the store, not a copy that arrived
-            self._queue.put(job)
-        QUEUE_DEPTH.set(self._queue.qsize())
+            self._queue.put_reserved(job)
+        QUEUE_DEPTH.set(len(self._queue))
         return len(fresh)
 
     def stale_after_s(self, route: Route | None = None) -> float:
@@ -428,7 +376,7 @@ class CaseProcessor:
             except queue.Empty:
                 continue
             batch, after = self._take(job)
-            QUEUE_DEPTH.set(self._queue.qsize())
+            QUEUE_DEPTH.set(len(self._queue))
             if len(batch) > 1:
                 self._run_batch(batch)
             else:
@@ -441,7 +389,6 @@ class CaseProcessor:
         none either (up to `batch_max`): those are answered together. A job that needs a
         model, met on the way, is returned to run on its own after them (a model's cases
         are batched by its scheduler, across workers)."""
-        self._taken(first)
         batch = [first]
         if self._needs_pixels(first.route):
             return batch, None
@@ -450,7 +397,6 @@ class CaseProcessor:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            self._taken(job)
             if self._needs_pixels(job.route):
                 return batch, job
             batch.append(job)
@@ -563,8 +509,7 @@ class CaseProcessor:
     def _settled(self, job: Job) -> None:
         """Answered or failed: a sweep may take the case up again."""
         if job.claimed:
-            with self._fair_lock:
-                self._held.discard(case_key(job.case))
+            self._queue.settled(case_key(job.case))
 
     def _retrying(self, step: Callable[[], _T]) -> _T:
         """A store outage is waited out (at-least-once); anything else fails the step."""
@@ -684,7 +629,7 @@ class CaseProcessor:
     def _publish_status(self, device_id: str) -> None:
         """Refresh the device's retained lag status, at most every `status_every_s`."""
         now = time.monotonic()
-        with self._fair_lock:
+        with self._lock:
             if self.publish_status is None or (
                 now - self._status_sent.get(device_id, -1e9) < self.status_every_s
             ):

@@ -196,7 +196,7 @@ def test_a_case_that_needs_a_model_is_never_batched(tmp_path: Path) -> None:
         ]
         jobs[2].route = read
         for job in jobs:
-            processor._put(job)
+            processor._queue.put(job)
         # when a worker takes the first
         batch, after = processor._take(processor._queue.get_nowait())
         # then the rule cases before the model case form the batch, the model case runs
@@ -206,8 +206,8 @@ def test_a_case_that_needs_a_model_is_never_batched(tmp_path: Path) -> None:
         batch, after = processor._take(processor._queue.get_nowait())
         assert batch == [jobs[3]] and after is None
         # and a model case taken first is taken alone
-        processor._put(jobs[2])
-        processor._put(jobs[3])
+        processor._queue.put(jobs[2])
+        processor._queue.put(jobs[3])
         assert processor._take(processor._queue.get_nowait()) == ([jobs[2]], None)
         assert processor.depth == 1
     finally:
