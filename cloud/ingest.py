@@ -38,20 +38,16 @@ from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.errors import EdgefleetError, PayloadRejected
 from edgefleet.shared.gauges import observe
 from edgefleet.shared.messages import (
-    CloudStatus,
     CloudVerdict,
     DeviceStatus,
     DeviceTelemetry,
     EscalationCase,
     ReportedState,
-    utcnow,
 )
 from edgefleet.shared.mqtt import (
     MqttSettings,
     connect_properties,
     from_paho,
-    make_client,
-    publish,
 )
 from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import (
@@ -60,7 +56,6 @@ from edgefleet.shared.wire import (
     Verified,
     Verifier,
     WireMessage,
-    encode,
 )
 
 log = logging.getLogger(__name__)
@@ -111,6 +106,7 @@ class Ingest:
     def __init__(
         self,
         mqtt_settings: MqttSettings,
+        client: mqtt.Client,
         directory: DeviceDirectory,
         processor: CaseProcessor,
         *,
@@ -150,7 +146,7 @@ class Ingest:
         self.on_reported = on_reported
         self.client_id = client_id
         self.session_expiry_s = session_expiry_s
-        self.client = make_client(mqtt_settings, self.client_id)
+        self.client = client  # shared with the replica's Sender
         self.client.manual_ack_set(True)
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = self._on_subscribe
@@ -239,32 +235,6 @@ class Ingest:
             retainHandling=mqtt.SubscribeOptions.RETAIN_DO_NOT_SEND,
         )
         return [(self.topics.all_devices(c, self.share_group), options) for c in CHANNELS]
-
-    # --- outgoing -------------------------------------------------------------------
-
-    def publish_verdict(self, verdict: CloudVerdict) -> mqtt.MQTTMessageInfo | None:
-        """Sign with the device's key and send on its results topic (QoS 1), stamped now.
-
-        A verdict's `ts` says when it was sent, as every message's does: a stored verdict
-        sent again for a case the device resent, minutes later, must pass the device's
-        staleness check like a new one (its original time stays in the store)."""
-        key = self.directory.device_key(verdict.device_id)
-        if key is None:
-            log.warning("no key for %s: verdict stored, not published", verdict.device_id)
-            return None
-        sent = verdict.model_copy(update={"ts": utcnow()})
-        return publish(self.client, encode(sent, key, self.topics.results(verdict.device_id)))
-
-    def publish_status(self, status: CloudStatus) -> None:
-        """The cloud's lag, retained on the device's results topic."""
-        key = self.directory.device_key(status.device_id)
-        if key is not None:
-            wire = encode(status, key, self.topics.results(status.device_id))
-            publish(self.client, wire, qos=1, retain=True)
-
-    def publish_wire(self, wire: WireMessage, retain: bool = False) -> None:
-        """For the fleet's rollout controller (desired state, retained)."""
-        publish(self.client, wire, qos=1, retain=retain)
 
     # --- paho callbacks (network thread: never block here) --------------------------
 

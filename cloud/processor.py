@@ -127,6 +127,7 @@ class CaseProcessor:
         max_pending_per_device: int = 32,
         retry_after_s: float = 1.0,
         publish: Publisher | None = None,
+        publish_status: StatusPublisher | None = None,
         recheck_s: float = 2.0,
         sweep_s: float = 30.0,
         max_held: int = 64,
@@ -150,7 +151,7 @@ class CaseProcessor:
         self._redeliveries: HeldRedeliveries[CaseKey, Job] = HeldRedeliveries(max_entries=max_held)
         self._stopping = threading.Event()
         self._service_s = 0.0
-        self.publish_status: StatusPublisher | None = None
+        self.publish_status = publish_status
         self.status_every_s = 2.0
         self._status_sent: dict[str, float] = {}
         self._worker_count = max(1, workers)

@@ -25,6 +25,7 @@ from edgefleet.cloud.processor import CaseProcessor, Decoder
 from edgefleet.cloud.refusals import RefusalBudget
 from edgefleet.cloud.replica import ReplicaIdentity
 from edgefleet.cloud.router import Router, RouteSpec
+from edgefleet.cloud.sender import Sender
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.cloud.store import FeedbackStore
 from edgefleet.shared.db import Database
@@ -35,7 +36,9 @@ from edgefleet.shared.imaging import ImageLimits, decode_image
 from edgefleet.shared.imaging.budget import DecodeBudget
 from edgefleet.shared.models.base import Model
 from edgefleet.shared.models.registry import ModelRegistry
+from edgefleet.shared.mqtt import make_client
 from edgefleet.shared.private import private_dir
+from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import WireMessage
 
 log = logging.getLogger(__name__)
@@ -159,6 +162,11 @@ class CloudServices:
         def decode(data: bytes) -> np.ndarray:
             return decode_image(data, limits=limits, budget=budget)
 
+        sender = None
+        client = None
+        if settings.ingest.enabled:
+            client = make_client(settings.mqtt, replica)
+            sender = Sender(client, directory, Topics(settings.mqtt.topic_root))
         processor = CaseProcessor(
             store,
             router,
@@ -171,7 +179,60 @@ class CloudServices:
             max_pending_per_device=settings.queue.max_pending_per_device,
             retry_after_s=settings.queue.retry_after_s,
             max_held=settings.ingest.held_max or settings.ingest.receive_maximum,
+            publish=sender.verdict if sender else None,
+            publish_status=sender.status if sender else None,
         )
+        model_store = None
+        if registry is not None:
+            from edgefleet.fleet.service import ModelStore, RolloutController
+
+            # the directory `edgefleet fleet model-add` writes to (FleetSettings.data_dir
+            # defaults to the cloud's), so NAME@VER deployments resolve to its files
+            model_store = ModelStore(
+                settings.data_dir / "models", base_url=settings.resolved_public_url()
+            )
+            if settings.public_url is None and settings.http.host not in ("127.0.0.1", "::1"):
+                log.warning(
+                    "public_url is not set: model download links will name %s; set "
+                    "public_url to the address devices reach",
+                    model_store.base_url,
+                )
+            rollouts = RolloutController(
+                registry,
+                db,
+                sender.wire if sender else _no_broker,
+                model_store=model_store,
+                resolve_image=resolve_digest,
+            )
+        ingest = liveness = None
+        if client is not None:
+            if registry is not None:  # one query now, not one per device in the first seconds
+                registry.load_keys()
+            ingest = Ingest(
+                settings.mqtt,
+                client,
+                directory,
+                processor,
+                share_group=settings.ingest_share_group(),
+                receive_maximum=settings.ingest.receive_maximum,
+                light_queue=settings.ingest.light_queue,
+                light_queue_bytes=settings.ingest.light_queue_bytes,
+                light_workers=settings.ingest.light_workers,
+                light_flush_s=settings.ingest.light_flush_s,
+                client_id=replica,
+                max_payload_bytes=settings.http.max_upload_bytes,
+                max_skew_s=settings.ingest.max_skew_s,
+                replay_max_entries=settings.ingest.replay_max_entries,
+                replay_max_bytes=settings.ingest.replay_max_bytes,
+                session_expiry_s=settings.ingest.session_expiry_s,
+                on_reported=rollouts.on_reported if rollouts is not None else None,
+            )
+            listening = ingest
+            liveness = LivenessWatch(
+                directory,
+                silence_s=settings.liveness.silence_s,
+                listening=lambda: listening.connected,
+            )
         services = cls(
             settings=settings,
             db=db,
@@ -188,61 +249,12 @@ class CloudServices:
             identity=identity,
             refusals=RefusalBudget(settings.queue.max_refusals_per_device),
             decode_budget=budget,
+            ingest=ingest,
+            liveness=liveness,
             registry=registry,
+            rollouts=rollouts,
+            model_store=model_store,
         )
-        if settings.ingest.enabled:
-            if registry is not None:  # one query now, not one per device in the first seconds
-                registry.load_keys()
-            services.ingest = Ingest(
-                settings.mqtt,
-                directory,
-                processor,
-                share_group=settings.ingest_share_group(),
-                receive_maximum=settings.ingest.receive_maximum,
-                light_queue=settings.ingest.light_queue,
-                light_queue_bytes=settings.ingest.light_queue_bytes,
-                light_workers=settings.ingest.light_workers,
-                light_flush_s=settings.ingest.light_flush_s,
-                client_id=replica,
-                max_payload_bytes=settings.http.max_upload_bytes,
-                max_skew_s=settings.ingest.max_skew_s,
-                replay_max_entries=settings.ingest.replay_max_entries,
-                replay_max_bytes=settings.ingest.replay_max_bytes,
-                session_expiry_s=settings.ingest.session_expiry_s,
-            )
-            processor.publish = services.ingest.publish_verdict
-            processor.publish_status = services.ingest.publish_status
-            ingest = services.ingest
-            services.liveness = LivenessWatch(
-                directory,
-                silence_s=settings.liveness.silence_s,
-                listening=lambda: ingest.connected,
-            )
-        if registry is not None:
-            from edgefleet.fleet.service import ModelStore, RolloutController
-
-            # the directory `edgefleet fleet model-add` writes to (FleetSettings.data_dir
-            # defaults to the cloud's), so NAME@VER deployments resolve to its files
-            services.model_store = ModelStore(
-                settings.data_dir / "models", base_url=settings.resolved_public_url()
-            )
-            if settings.public_url is None and settings.http.host not in ("127.0.0.1", "::1"):
-                log.warning(
-                    "public_url is not set: model download links will name %s; set "
-                    "public_url to the address devices reach",
-                    services.model_store.base_url,
-                )
-            publish = services.ingest.publish_wire if services.ingest else _no_broker
-            rollouts = RolloutController(
-                registry,
-                db,
-                publish,
-                model_store=services.model_store,
-                resolve_image=resolve_digest,
-            )
-            services.rollouts = rollouts
-            if services.ingest is not None:
-                services.ingest.on_reported = rollouts.on_reported
         # its workers last: a case swept at once (this replica's from before a restart)
         # finds its verdict's way out wired
         processor.start()

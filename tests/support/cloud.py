@@ -15,7 +15,7 @@ from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.shared.imaging import encode_png
 from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters
-from edgefleet.shared.mqtt import MqttSettings, properties
+from edgefleet.shared.mqtt import MqttSettings, make_client, properties
 from edgefleet.shared.topics import Topics
 from edgefleet.shared.wire import encode
 
@@ -45,6 +45,7 @@ def idle_ingest(key: bytes, device_id: str = "cam-01", **options: Any) -> Ingest
     defaults: dict[str, Any] = {"receive_maximum": 64}
     return Ingest(
         MqttSettings(),
+        make_client(MqttSettings(), "idle-ingest"),
         StaticDirectory({device_id: (key, None)}),
         processor=None,  # type: ignore[arg-type]  # escalations are not sent here
         share_group="g",
