@@ -1,7 +1,7 @@
 """The orchestrator's parts, built once from the settings and wired together.
 
 `CloudServices.build(settings)` makes the real thing (store, registry, models, router,
-cascade, queue, MQTT ingest, drift watch); tests and benchmarks pass their own
+cascade, queue, MQTT sender and ingest, drift watch); tests and benchmarks pass their own
 `directory` or `loader` through the same constructor instead of patching anything.
 """
 
