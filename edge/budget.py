@@ -1,12 +1,15 @@
 """The escalation budget: how unsure a track must be to go to the cloud, per stream.
 
 The operator sets a budget (a share of frames and/or cases per minute). Credit accrues
-with every frame (share) and every second (per minute) and each case spends one: the hard
-ceiling. Within it, the threshold is a quantile of the recent track confidences, chosen so
-that the tracks below it fill the budget; score buckets where the cloud has agreed every
-time lately are skipped (one in `explore_every` still goes, so the bucket is re-checked),
-and while the cloud reports a wait longer than `max_wait_s` the budget shrinks in
-proportion, so that verdicts arrive while they still matter.
+with every frame (share) and every second (per minute), up to `burst`, and each case spends
+one: the hard ceiling. Like a token bucket, a stream starts with its burst saved up: the
+lines a camera shows when it comes up are asked about while they are on screen, not once
+ten frames of credit have accrued. Within it, the threshold is a quantile of the recent
+track confidences, chosen so that the tracks below it fill the budget; score buckets
+where the cloud has agreed every time lately are skipped (one in `explore_every` still
+goes, so the bucket is re-checked), and while the cloud reports a wait longer than
+`max_wait_s` the budget shrinks in proportion, so that verdicts arrive while they still
+matter.
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ class EscalationBudget:
     def _stream(self, stream_id: StreamId) -> _Stream:
         st = self._streams.get(stream_id)
         if st is None:
-            w = self.settings.window_frames
-            st = _Stream(0.0, self._clock(), deque(maxlen=w), deque(maxlen=w))
+            s = self.settings
+            saved = float(s.burst) if s.share > 0 or s.per_min > 0 else 0.0
+            st = _Stream(saved, self._clock(), deque(maxlen=s.window_frames),
+                         deque(maxlen=s.window_frames))
             self._streams[stream_id] = st
         return st
 

@@ -189,13 +189,13 @@ class EscalationPolicy:
         return out
 
     def escalations_for(self, stream_id: StreamId, tracks: list[Track]) -> list[Escalation]:
-        """One frame's tracks (from `tracker.update`): the cases they give."""
+        """One frame's tracks (from `tracker.update`): the cases they give. The least sure
+        is considered first: where credit is short, it goes to the track the cloud can help
+        most, not to the one detected first."""
         self.budget.frame(stream_id)
-        out, seen = [], set()
-        for track in tracks:
-            if track.track_id in seen:
-                continue
-            seen.add(track.track_id)
+        out = []
+        unique = {t.track_id: t for t in tracks}.values()
+        for track in sorted(unique, key=lambda t: t.reading()[1]):
             escalation = self.consider_track(stream_id, track)
             if escalation is not None:
                 out.append(escalation)

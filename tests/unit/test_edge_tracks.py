@@ -136,6 +136,34 @@ def test_the_budget_goes_to_the_least_sure_tracks() -> None:
     assert np.mean(picked) < np.mean(passed) - 0.2
 
 
+def test_a_fresh_stream_starts_with_its_burst_saved_up() -> None:
+    # given a 10% budget with a burst of 3, and a camera that has just come up
+    budget = EscalationBudget(BudgetSettings(share=0.1, burst=3), clock=FakeClock())
+    budget.frame("s")
+    # then three unsure tracks of its first frame are asked about at once, a fourth is not
+    assert [budget.consider("s", 0.1) for _ in range(4)] == [True, True, True, False]
+    # and a stream without a budget (the tracks alone) has nothing saved up
+    none = EscalationBudget(BudgetSettings(share=0.0, burst=3), clock=FakeClock())
+    none.frame("s")
+    assert not none.consider("s", 0.1)
+
+
+def test_credit_that_is_short_goes_to_the_least_sure_track_of_the_frame() -> None:
+    # given credit for one case, and two lines that become ready on the same frame: the
+    # sure one detected first, the unsure one second
+    policy = EscalationPolicy(
+        PolicySettings(sample_share=0.0, budget=BudgetSettings(share=0.34, burst=1)),
+        clock=FakeClock(),
+    )
+    cases = []
+    for i in range(3):
+        lines = [_det("GATE 7", 0.95, 10 + i), _det("HL591RJ", 0.3, 150 + i, y=150.0)]
+        cases += policy.decide_all("s", i, _frame(i), lines)
+    # then the one case asks about the unsure line
+    assert len(cases) == 1 and cases[0].edge_result is not None
+    assert cases[0].edge_result[0].text == "HL591RJ"
+
+
 def test_buckets_where_the_cloud_always_agrees_stop_being_escalated() -> None:
     settings = BudgetSettings(share=1.0, burst=100, agree_streak=4, explore_every=5)
     budget = EscalationBudget(settings, clock=FakeClock())
