@@ -144,7 +144,9 @@ class BudgetSettings(Closed):
         0.1, ge=0, le=1, description="cases per frame of a stream (0.1: at most 10% of frames)"
     )
     per_min: float = Field(0.0, ge=0, description="plus this many cases per minute per stream")
-    burst: int = Field(3, ge=1, description="credit saved up per stream, in cases")
+    burst: int = Field(
+        3, ge=1, description="credit saved up per stream, in cases; a new stream starts with it"
+    )
     window_frames: int = Field(
         600, ge=10, description="recent frames and track scores the threshold is chosen over"
     )

@@ -23,7 +23,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 REGENERATE = ".venv/bin/python -m edgefleet.cli.config_docs"
 
 
