@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
     from edgefleet.demo.stack import Child, Device, Stack
     from edgefleet.demo.steps import Plan
     from edgefleet.demo.supervisor import Supervisor
+    from edgefleet.shared.ports import free_port
 
 
 # ----------------------------------------------------------------- the command
@@ -95,7 +96,6 @@ def demo(
         MOSQUITTO_MISSING,
         Interrupted,
         Stack,
-        free_port,
         mosquitto_binary,
     )
     from edgefleet.demo.steps import Plan
