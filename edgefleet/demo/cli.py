@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # the command imports the heavy parts only when it runs
     from edgefleet.demo.stack import Child, Device, Stack
     from edgefleet.demo.steps import Plan
     from edgefleet.demo.supervisor import Supervisor
-    from edgefleet.shared.ports import free_port
 
 
 # ----------------------------------------------------------------- the command
@@ -96,6 +95,7 @@ def demo(
         MOSQUITTO_MISSING,
         Interrupted,
         Stack,
+        free_port,
         mosquitto_binary,
     )
     from edgefleet.demo.steps import Plan
