@@ -8,7 +8,6 @@ stopped, killed and started again on the same port (outage tests, uplink benchma
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import socket
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 from edgefleet.shared.errors import ConfigError
+from edgefleet.shared.ports import free_port
 
 MOSQUITTO_MISSING = (
     "The Mosquitto MQTT broker (the `mosquitto` binary) is not installed.\n"
@@ -37,26 +37,6 @@ def mosquitto_binary(hint: str = MOSQUITTO_MISSING) -> str:
     if found is None:
         raise ConfigError("mosquitto is not installed", hint=hint)
     return found
-
-
-# below Linux's ephemeral range (32768-60999): a port handed out here is not taken by an
-# outgoing connection's source port before the server that is given it binds
-LISTEN_PORTS = range(20_000, 32_000)
-
-
-def free_port() -> int:
-    """A port nothing listens on now, chosen outside the ephemeral range."""
-    for _ in range(200):
-        port = random.choice(LISTEN_PORTS)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout_s: float = 10.0, host: str = "127.0.0.1") -> None:

@@ -3,8 +3,8 @@
 The operator sets a budget (a share of frames and/or cases per minute). Credit accrues
 with every frame (share) and every second (per minute), up to `burst`, and each case spends
 one: the hard ceiling. Like a token bucket, a stream starts with its burst saved up: the
-lines a camera shows when it comes up are asked about while they are on screen, not once
-ten frames of credit have accrued. Within it, the threshold is a quantile of the recent
+lines a camera shows when it comes up are asked about while they are on screen, not only
+once credit for a case has accrued. Within it, the threshold is a quantile of the recent
 track confidences, chosen so that the tracks below it fill the budget; score buckets
 where the cloud has agreed every time lately are skipped (one in `explore_every` still
 goes, so the bucket is re-checked), and while the cloud reports a wait longer than

@@ -95,10 +95,10 @@ def demo(
         MOSQUITTO_MISSING,
         Interrupted,
         Stack,
-        free_port,
         mosquitto_binary,
     )
     from edgefleet.demo.steps import Plan
+    from edgefleet.shared.ports import free_port
 
     console = Console()
     try:

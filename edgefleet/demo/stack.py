@@ -157,12 +157,6 @@ def lower_priority(pid: int, nice: int) -> None:
         Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def mosquitto_binary() -> str:
     """Path of the broker binary; ConfigError with install instructions when missing."""
     found = shutil.which("mosquitto") or next(

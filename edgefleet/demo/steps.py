@@ -157,12 +157,12 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
         agent_env,
         edgefleet_argv,
         enroll_devices,
-        free_port,
         port_open,
         wait_until,
         write_cloud_config,
     )
     from edgefleet.demo.startup import Step, StepContext, run_steps
+    from edgefleet.shared.ports import free_port
 
     root, n = plan.root, len(plan.device_ids)
 

@@ -25,7 +25,6 @@ from edgefleet.demo.stack import (
     UplinkMeter,
     agent_env,
     enroll_devices,
-    free_port,
     mosquitto_binary,
     port_open,
     wait_until,
@@ -34,6 +33,7 @@ from edgefleet.demo.stack import (
 from edgefleet.shared.config import load_settings
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.mqtt import device_client_id
+from edgefleet.shared.ports import free_port
 from tests.support.docker_files import EDGE, assert_env_sets_real_settings
 from tests.support.waiting import eventually
 
