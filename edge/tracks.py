@@ -154,15 +154,17 @@ class Track:
     def misfit(self, answer: Detection) -> str | None:
         """Why the cloud's `answer` no longer fits what the track sees now, or None. Asked
         on a cut line that shows whole now, an answer shorter than the whole reading is of
-        the part; a reading grown two characters past the answer, or one unlike what was
-        asked, has outgrown it. (An edge vote surer than the answer wins in `outcome`.)"""
+        the part; a reading grown two characters past the answer, or grown at all since the
+        case and longer than the answer (a hidden part came into view), or one unlike what
+        was asked, has outgrown it. (An edge vote surer than the answer wins in `outcome`.)"""
         if self.asked is None:
             return None
         text, _ = self.reading()
         mine, theirs = squash(text), squash(answer.text or "")
         if not self.asked.whole and self.whole_reads and len(theirs) < len(mine):
             return "was_cut"
-        if len(mine) - len(theirs) >= 2:
+        grown = len(mine) > len(squash(self.asked.text))
+        if len(mine) - len(theirs) >= 2 or (grown and len(theirs) < len(mine)):
             return "grew"
         if self.whole_reads and similarity(text, self.asked.text) < 0.5:
             return "changed"

@@ -128,6 +128,31 @@ def test_a_line_that_grows_past_its_answer_retires_it_and_is_asked_again() -> No
     assert len(cases) == 2 and track.cases == 2
 
 
+def test_an_answer_for_a_half_hidden_line_gives_way_once_the_line_reads_longer() -> None:
+    # given a line half behind a post, read as its visible part, asked and answered so
+    policy = _policy(ready_frames=2)
+    book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
+
+    def seen(index: int, text: str, score: float) -> None:
+        box = (100.0, 100.0, 100.0 + 14.0 * len(text), 120.0)  # the visible part's box
+        policy.decide_all("s", index, _frame(index), [Detection(text=text, score=score,
+                                                               box=box)])
+
+    for index in range(3):
+        seen(index, "CUSTOM", 0.5)
+    track = policy.tracker.live("s")[0]
+    assert track.asked is not None and track.asked.text == "CUSTOM"
+    book.receive(_verdict("case-hid-0001", track.track_id, "CUSTOM", score=0.67))
+    assert report(track).text == "CUSTOM" and report(track).source == "cloud"
+    # when the post no longer hides its last letter and the edge reads it, less surely
+    before = _retired("grew")
+    for index in range(3, 30):
+        seen(index, "CUSTOMS", 0.3)
+    # then the answer to the part gives way to the longer reading: one letter is enough
+    assert track.reading()[0] == "CUSTOMS"
+    assert report(track).text == "CUSTOMS" and _retired("grew") == before + 1
+
+
 def test_an_answer_that_fits_stands_and_one_for_text_that_changed_does_not() -> None:
     policy = _policy(ready_frames=2)
     book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
