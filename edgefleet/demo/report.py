@@ -245,7 +245,9 @@ def report_table(scores: list[DeviceScore]) -> Table:
         "CPU / frame",
         "frames",
         "edge-only accuracy",
+        "tracks alone",
         "edge+cloud accuracy",
+        "cloud's answers moved",
         "cloud-only (sampled)",
         "escalated",
         "answered / busy",
@@ -261,7 +263,9 @@ def report_table(scores: list[DeviceScore]) -> Table:
             _number(s.cpu_ms_per_frame, "{:,.0f} ms"),
             str(s.frames),
             pct(s.edge_accuracy),
+            pct(s.tracked_accuracy),
             pct(s.combined_accuracy),
+            _moved(s),
             pct(s.cloud_only_accuracy),
             pct(s.escalated_share),
             f"{s.verdicts - s.busy} / {s.busy}",
@@ -270,6 +274,14 @@ def report_table(scores: list[DeviceScore]) -> Table:
             _number(s.jpeg_bytes_per_frame, "{:,.0f}"),
         )
     return table
+
+
+def _moved(score: DeviceScore) -> str:
+    """How far the cloud's answers moved the tracks alone, in points ("–" unscored)."""
+    if score.tracked_accuracy is None or score.combined_accuracy is None:
+        return "–"
+    # + 0.0: a move that rounds to nothing reads +0.0, not -0.0
+    return f"{round(100 * (score.combined_accuracy - score.tracked_accuracy), 1) + 0.0:+.1f}"
 
 
 def story(total: DeviceScore, devices: int) -> list[str]:
@@ -281,10 +293,9 @@ def story(total: DeviceScore, devices: int) -> list[str]:
         f"{_number(total.bytes_per_frame, '{:,.0f}')} bytes uplinked per frame[/]"
     ]
     if total.tracked_accuracy is not None and total.combined_accuracy is not None:
-        moved = round(100 * (total.combined_accuracy - total.tracked_accuracy), 1) + 0.0
-        lines.append(  # + 0.0: a move that rounds to nothing reads +0.0, not -0.0
+        lines.append(
             f"the edge's text tracks alone read {pct(total.tracked_accuracy)}; the cloud's "
-            f"answers moved that by {moved:+.1f} points"
+            f"answers moved that by {_moved(total)} points"
         )
     if total.jpeg_bytes_per_frame and total.bytes_per_frame:
         lines.append(

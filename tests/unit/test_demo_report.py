@@ -19,6 +19,7 @@ from edgefleet.demo.cloud_only import (
 from edgefleet.demo.report import (
     DeviceScore,
     agent_pace,
+    pct,
     percentile,
     read_jsonl,
     report_table,
@@ -251,3 +252,9 @@ def test_with_tracks_edge_plus_cloud_is_what_the_device_reported(tmp_path: Path)
     flat = total_score([score])
     flat.combined_accuracy = flat.tracked_accuracy - 0.0004
     assert "moved that by +0.0 points" in " ".join(story(flat, devices=1))
+    # and the final table gives each device its own tracks alone and the cloud's move
+    table = report_table([score])
+    columns = {c.header: list(c.cells) for c in table.columns}
+    move = 100 * (expected - score.edge_accuracy)
+    assert columns["tracks alone"][0] == pct(score.tracked_accuracy)
+    assert columns["cloud's answers moved"][0] == f"{round(move, 1):+.1f}"
