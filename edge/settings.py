@@ -121,6 +121,13 @@ class TrackSettings(Closed):
         description="a track whose line grew this much in height since its case "
         "(text approaching) may be escalated again",
     )
+    change_frames: int = Field(
+        8,
+        ge=1,
+        description="a track read, whole, unlike its text (and not as a part of it) on "
+        "this many frames in a row holds another line now: it ends, and a new track starts "
+        "from those frames",
+    )
     max_cases: int = Field(
         2,
         ge=1,

@@ -68,6 +68,16 @@ def similarity(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, x, y).ratio()
 
 
+def part_of(a: str, b: str) -> bool:
+    """Whether the shorter reading is, but for a character in five, a piece of the longer
+    one: what a half-hidden or half-read line gives."""
+    x, y = sorted((squash(a), squash(b)), key=len)
+    if not x:
+        return True
+    matcher = difflib.SequenceMatcher(None, x, y)
+    return sum(m.size for m in matcher.get_matching_blocks()) >= 0.8 * len(x)
+
+
 def fit(text: str, box: Box, char_width: float) -> float:
     """1 where a reading holds as many characters as its box can, less in proportion where
     the box is wider than `char_width` of its height per character: the reader lost
@@ -132,6 +142,7 @@ class Track:
     cloud: Detection | None = None
     ended: bool = False
     seen: int = 0  # frames it was seen on (reads keeps only the latest `max_reads`)
+    strays: list[int] = field(default_factory=list)  # latest frames, in a row, read unlike
 
     @property
     def frames(self) -> int:
@@ -279,9 +290,13 @@ class Tracker:
                     best = len(tracks) - 1
                 taken.add(best)
                 track = tracks[best]
+                whole = not self._cut(det.box, h, w)
+                if not whole:
+                    track.strays.clear()
+                elif self._stray(track, det.text, frame_index):
+                    track = tracks[best] = self._split(stream_id, track)
                 track.box, track.last_frame = det.box, frame_index
                 track.seen += 1
-                whole = not self._cut(det.box, h, w)
                 for reads in (track.reads, track.whole_reads) if whole else (track.reads,):
                     reads.append((det.text, det.score))
                     del reads[: -s.max_reads]
@@ -290,6 +305,49 @@ class Tracker:
                 out.append(track)
             self._end_stale(stream_id, frame_index)
             return out
+
+    def _stray(self, track: Track, text: str, frame_index: int) -> bool:
+        """Count a whole read of `track` that reads unlike its vote and not as a part of
+        it; whether this makes `change_frames` such reads in a row, alike each other: the
+        line in the box is another one now (a plate replaced at a gate, a camera's cut, a
+        video looping). Under the lock."""
+        if not track.whole_reads:
+            return False
+        voted = track.reading()[0]
+        if similarity(text, voted) >= self.settings.min_similarity or part_of(text, voted):
+            track.strays.clear()
+            return False
+        last = track.whole_reads[-1][0] if track.strays else text
+        if similarity(text, last) < self.settings.min_similarity:
+            track.strays.clear()  # unlike the run before it too: a new run starts here
+        track.strays.append(frame_index)
+        return len(track.strays) >= self.settings.change_frames
+
+    def _split(self, stream_id: StreamId, old: Track) -> Track:
+        """End `old` as it read before its strays, and start a new track (a new id, so it is
+        asked about anew) from the stray reads and crops. Under the lock."""
+        since, n = old.strays[0], len(old.strays) - 1  # this frame's read is not in yet
+        new = Track(
+            track_id=f"{stream_id[:40]}-{self._run}-{next(self._ids)}",
+            stream_id=stream_id,
+            first_frame=since,
+            last_frame=old.last_frame,
+            box=old.box,
+            char_width=old.char_width,
+            reads=old.reads[len(old.reads) - n :] if n else [],
+            whole_reads=old.whole_reads[len(old.whole_reads) - n :] if n else [],
+            crops=[c for c in old.crops if c.frame_index >= since],
+            seen=n,
+        )
+        del old.reads[len(old.reads) - n :], old.whole_reads[len(old.whole_reads) - n :]
+        old.seen -= n
+        old.strays.clear()
+        old.crops = [c for c in old.crops if c.frame_index < since]
+        self._by_id[new.track_id] = new
+        self._retire(old)
+        if self.settings.revive_frames:
+            self._lost.setdefault(stream_id, deque(maxlen=64)).append(old)
+        return new
 
     def _cut(self, box: Box, h: int, w: int) -> bool:
         """Whether a line with this box is cut by the frame's border."""

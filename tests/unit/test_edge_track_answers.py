@@ -153,7 +153,7 @@ def test_an_answer_for_a_half_hidden_line_gives_way_once_the_line_reads_longer()
     assert report(track).text == "CUSTOMS" and _retired("grew") == before + 1
 
 
-def test_an_answer_that_fits_stands_and_one_for_text_that_changed_does_not() -> None:
+def test_an_answer_that_fits_stands_and_another_plate_in_its_place_is_a_new_track() -> None:
     policy = _policy(ready_frames=2)
     book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
     box = (100.0, 100.0, 180.0, 120.0)
@@ -166,13 +166,33 @@ def test_an_answer_that_fits_stands_and_one_for_text_that_changed_does_not() -> 
         policy.decide_all("s", index, _frame(index), [Detection(text="PD 008 HN", score=0.4,
                                                                box=box)])
     assert report(track).text == "PO 008 HN" and report(track).source == "cloud"
-    # a different plate in the same place, read surely enough to join the track's box
-    before = _retired("changed")
+    # a different plate in the same place (a gate, a camera's cut, a video looping)
+    cases = []
     for index in range(20, 80):
-        policy.decide_all("s", index, _frame(index), [Detection(text="EXIT", score=0.45,
-                                                               box=box)])
-    assert track.reading()[0] == "EXIT"
-    assert _retired("changed") == before + 1 and report(track).text == "EXIT"
+        cases += policy.decide_all("s", index, _frame(index), [Detection(
+            text="EXIT", score=0.45, box=box)])
+        if index == 18 + TrackSettings().change_frames:  # a misread, as far as it can tell
+            assert policy.tracker.live("s") == [track]
+    # then after `change_frames` of it, it is another track, reported and asked about
+    (now,) = policy.tracker.live("s")
+    assert now is not track and now.first_frame == 20 and report(now).text == "EXIT"
+    assert [case.track_id for case in cases] == [now.track_id]
+    # and the old one ended with its own reading and answer, for a late verdict to land on
+    assert track.ended and track.reading()[0] == "PD 008 HN"
+    assert report(track).text == "PO 008 HN" and policy.tracker.get(track.track_id) is track
+
+
+def test_a_line_half_hidden_for_a_while_keeps_its_track_and_its_whole_reading() -> None:
+    policy = _policy(ready_frames=2)
+    box = (100.0, 100.0, 240.0, 120.0)
+    for index in range(6):
+        policy.decide_all("s", index, _frame(index), [Detection(
+            text="LOADING BAY 4", score=0.8, box=box)])
+    (track,) = policy.tracker.live("s")
+    for index in range(6, 11):  # a post hides all but its first letters
+        policy.decide_all("s", index, _frame(index), [Detection(
+            text="LOAD", score=0.8, box=(100.0, 100.0, 150.0, 120.0))])
+    assert policy.tracker.live("s") == [track] and track.reading()[0] == "LOADING BAY 4"
 
 
 def test_a_line_the_model_missed_for_a_while_keeps_its_track_and_its_answer() -> None:
