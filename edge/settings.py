@@ -121,6 +121,13 @@ class TrackSettings(Closed):
         description="a track whose line grew this much in height since its case "
         "(text approaching) may be escalated again",
     )
+    cut_level: float = Field(
+        12.0,
+        ge=0,
+        description="a frame unlike the one before by more than this many grey levels on "
+        "average (a cut, a camera moved to a preset, a video looping) ends the stream's "
+        "tracks (0: never)",
+    )
     change_frames: int = Field(
         8,
         ge=1,

@@ -45,6 +45,20 @@ RETIRED = Counter(
 )
 
 
+CUTS = Counter(
+    "ef_edge_scene_cuts_total",
+    "Frames unlike the one before (a cut, a camera moved to a preset, a video looping): "
+    "the stream's tracks end there",
+)
+
+
+def thumbnail(image: np.ndarray, fmt: str) -> np.ndarray:
+    """The frame's brightness at 32x18: what a cut changes and motion, noise or a moving
+    line barely do."""
+    small = cv2.resize(gray(image, fmt), (32, 18), interpolation=cv2.INTER_AREA)
+    return small.astype(np.float32).mean(axis=2) if small.ndim == 3 else small.astype(np.float32)
+
+
 def iou(a: Box, b: Box) -> float:
     w = min(a[2], b[2]) - max(a[0], b[0])
     h = min(a[3], b[3]) - max(a[1], b[1])
@@ -235,6 +249,7 @@ class Tracker:
         self._ended: OrderedDict[str, Track] = OrderedDict()
         self._lost: dict[str, deque[Track]] = {}  # ended unseen, lately: may come back
         self._by_id: dict[str, Track] = {}
+        self._thumbs: dict[str, np.ndarray] = {}  # each stream's last frame, in brief
         self._ids = itertools.count(1)
         # ids differ between runs: a verdict for a case sent before a restart can never
         # land on a new track that happens to reuse its number
@@ -254,6 +269,7 @@ class Tracker:
         s = self.settings
         h, w = frame_hw(image, fmt)
         with self._lock:
+            self._cut_scene(stream_id, image, fmt)
             tracks = self._open.setdefault(stream_id, [])
             taken: set[int] = set()
             out: list[Track] = []
@@ -348,6 +364,22 @@ class Tracker:
         if self.settings.revive_frames:
             self._lost.setdefault(stream_id, deque(maxlen=64)).append(old)
         return new
+
+    def _cut_scene(self, stream_id: StreamId, image: np.ndarray, fmt: str) -> None:
+        """End every track of the stream when this frame is unlike the one before by more
+        than `cut_level` grey levels on average: what its lines read before says nothing of
+        the lines now in their boxes. Under the lock."""
+        level = self.settings.cut_level
+        if not level:
+            return
+        thumb, last = thumbnail(image, fmt), self._thumbs.get(stream_id)
+        self._thumbs[stream_id] = thumb
+        if last is None or float(np.abs(thumb - last).mean()) <= level:
+            return
+        CUTS.inc()
+        self._lost.pop(stream_id, None)
+        for track in self._open.pop(stream_id, []):
+            self._retire(track)
 
     def _cut(self, box: Box, h: int, w: int) -> bool:
         """Whether a line with this box is cut by the frame's border."""
@@ -444,6 +476,7 @@ class Tracker:
         """End every open track of a stream (it stopped); returns them."""
         with self._lock:
             self._lost.pop(stream_id, None)
+            self._thumbs.pop(stream_id, None)
             tracks = self._open.pop(stream_id, [])
             for track in tracks:
                 self._retire(track)

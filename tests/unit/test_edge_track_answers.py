@@ -257,3 +257,27 @@ def test_a_sure_read_of_one_glyph_for_a_whole_plate_is_asked_about_and_answered(
     # and the cloud's whole plate, less sure than the edge's model was of its glyph, stands
     book.receive(_verdict("case-glyph-01", track.track_id, "ZT 481 TT", score=0.6))
     assert report(track).source == "cloud" and report(track).text == "ZT 481 TT"
+
+
+def test_a_cut_ends_the_streams_tracks_and_the_lines_after_it_are_new_ones() -> None:
+    # given a track answered on one scene
+    policy = _policy(ready_frames=2)
+    book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
+    box = (100.0, 100.0, 180.0, 120.0)
+    scene, other = np.full((H, W, 3), 90, np.uint8), np.full((H, W, 3), 170, np.uint8)
+    for index in range(4):
+        policy.decide_all("s", index, scene, [Detection(text="PD 008 HN", score=0.4, box=box)])
+    (before,) = policy.tracker.live("s")
+    book.receive(_verdict("case-cut-0001", before.track_id, "PO 008 HN"))
+    # when the video loops to a frame unlike the last, another plate in the same box
+    cases = policy.decide_all("s", 4, other, [Detection(text="EXIT", score=0.4, box=box)])
+    # then the old track ended at the cut with its answer, and the new line is its own track
+    (after,) = policy.tracker.live("s")
+    assert before.ended and report(before).text == "PO 008 HN"
+    assert after is not before and report(after).text == "EXIT" and not cases
+    # and frames that differ only by noise and motion cut nothing
+    for index in range(5, 10):
+        noise = np.random.default_rng(index).normal(0, 12, other.shape)
+        frame = np.clip(other + noise, 0, 255).astype(np.uint8)
+        policy.decide_all("s", index, frame, [Detection(text="EXIT", score=0.4, box=box)])
+    assert policy.tracker.live("s") == [after] and after.seen == 6
