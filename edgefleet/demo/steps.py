@@ -59,7 +59,17 @@ def prepare_videos(
     if videos:
         checked = [_users_video(Path(v)) for v in videos]
         return [checked[i % len(checked)] for i in range(devices)]
-    specs = [VideoSpec(duration_s=SCENE_S, seed=seed + i) for i in range(devices)]
+    from edgefleet.demo.scenes.scenarios import SCENARIOS
+
+    # every device plays every scenario, each device in its own order and with its own text
+    specs = [
+        VideoSpec(
+            duration_s=SCENE_S,
+            seed=seed + i,
+            scenarios=SCENARIOS[i % len(SCENARIOS) :] + SCENARIOS[: i % len(SCENARIOS)],
+        )
+        for i in range(devices)
+    ]
 
     def one(spec: VideoSpec) -> tuple[Path, GroundTruth | None]:
         if stop is not None and stop.is_set():

@@ -18,7 +18,7 @@ from typing import Literal
 
 import cv2
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from edgefleet.demo.scenes.text import Kind, make_text
 from edgefleet.shared.config import Closed
@@ -59,7 +59,23 @@ class VideoSpec(Closed):
     background: Background | None = Field(
         None, description="background style; none = chosen by the seed"
     )
+    scenarios: tuple[str, ...] = Field(
+        (),
+        description="instead of the drifting lines above: these scenarios of "
+        "edgefleet.demo.scenes.scenarios (entering, occluded, low-light, ...) one after "
+        "the other, the clip's length shared among them, in the fonts policy choices may "
+        "look at",
+    )
     seed: int = Field(0, ge=0, description="everything random follows from this")
+
+    @field_validator("scenarios")
+    @classmethod
+    def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        from edgefleet.demo.scenes.scenarios import SCENARIOS
+
+        if unknown := [n for n in names if n not in SCENARIOS]:
+            raise ValueError(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
+        return names
 
     @property
     def frame_count(self) -> int:
@@ -254,6 +270,8 @@ def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
     if fourcc is None:
         raise ConfigError(f"{path}: the demo renders .mp4 or .avi, not {path.suffix or 'none'}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    if spec.scenarios:
+        return _render_reel(path, fourcc, spec)
     rng = random.Random(spec.seed)
     nrng = np.random.default_rng(spec.seed)
     backgrounds: list[Background] = ["gradient", "noise", "texture"]
@@ -296,6 +314,61 @@ def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
         spec=spec,
         background=style,
         lines=[LineTruth(id=ln.id, text=ln.text, kind=ln.kind, hard=ln.hard) for ln in lines],
+        frames=frames,
+    )
+    truth.save(truth_path(path))
+    return truth
+
+
+def _render_reel(path: Path, fourcc: str, spec: VideoSpec) -> GroundTruth:
+    """The scenarios of `spec` one after the other, one clip each (the bench's renderer,
+    seeds below its held-out ones): what a camera does to text, where the edge's tracks
+    alone stay wrong and the cloud has something to add."""
+    from edgefleet.demo.scenes.scenarios import (
+        FONTS_TUNED,
+        HELD_OUT_SEED,
+        available_fonts,
+        render_scenario,
+    )
+
+    fonts = available_fonts(FONTS_TUNED)
+    count = len(spec.scenarios)
+    per_clip = max(1, spec.frame_count // count)
+    writer = cv2.VideoWriter(
+        str(path), cv2.VideoWriter.fourcc(*fourcc), spec.fps, (spec.width, spec.height)
+    )
+    if not writer.isOpened():
+        raise ConfigError(f"{path}: OpenCV cannot write {fourcc} video here", hint="try .avi")
+    frames: list[FrameTruth] = []
+    lines: list[LineTruth] = []
+    first = 0  # line ids run on across the clips
+    try:
+        for k, kind in enumerate(spec.scenarios):
+            seed = (spec.seed * count + k) % HELD_OUT_SEED
+            length = per_clip if k < count - 1 else spec.frame_count - per_clip * (count - 1)
+            clip = render_scenario(kind, seed, fonts[k % len(fonts)], length,
+                                   spec.width, spec.height)
+            texts: dict[int, str] = {}
+            for image, items in zip(clip.frames, clip.truth, strict=True):
+                writer.write(image)
+                frames.append(FrameTruth(index=len(frames), items=[
+                    ItemTruth(line=first + item.line, text=item.text, box=item.box, hard=True)
+                    for item in items
+                ]))
+                texts.update((item.line, item.text) for item in items)
+            lines += [
+                LineTruth(id=first + line, text=text, kind=clip.kinds[line], hard=True)
+                for line, text in sorted(texts.items())
+            ]
+            first += max(clip.kinds, default=0) + 1
+    finally:
+        writer.release()
+    truth = GroundTruth(
+        schema="ef.demo-truth/1",
+        video=path.name,
+        spec=spec,
+        background="texture",
+        lines=lines,
         frames=frames,
     )
     truth.save(truth_path(path))

@@ -292,3 +292,34 @@ def test_a_file_that_is_no_video_is_refused_before_anything_starts(tmp_path: Pat
         prepare_videos(tmp_path / "w", 1, [notes], seed=0)
     with pytest.raises(ConfigError, match="no such file"):
         prepare_videos(tmp_path / "w", 1, [tmp_path / "gone.mp4"], seed=0)
+
+
+def test_a_reel_plays_its_scenarios_in_turn_with_one_truth_for_all(tmp_path: Path) -> None:
+    # given a spec of two scenarios of the bench's set, 12 frames between them
+    spec = SMALL.model_copy(update={
+        "width": 640, "height": 360, "duration_s": 12 / SMALL.fps,
+        "scenarios": ("occluded", "entering"),
+    })
+    video = tmp_path / "reel.mp4"
+    truth = render_video(video, spec)
+    # then the video holds every frame, each clip its half, and its truth round-trips
+    assert len(_frames(video)) == len(truth.frames) == 12
+    assert GroundTruth.load(truth_path(video)) == truth
+    # and each line of the truth is of one clip only: ids run on, texts and kinds are known
+    by_id = {line.id: line for line in truth.lines}
+    assert len(by_id) == len(truth.lines)
+    clip_of = {item.line: frame.index // 6 for frame in truth.frames for item in frame.items}
+    assert set(clip_of) == set(by_id)
+    assert {clip_of[i] for i in by_id} == {0, 1}
+    for frame in truth.frames:
+        for item in frame.items:
+            assert item.text == by_id[item.line].text
+            assert 0 <= item.box[0] < item.box[2] <= spec.width
+    # and rendering again gives the same truth
+    assert render_video(tmp_path / "again.mp4", spec) == truth.model_copy(
+        update={"video": "again.mp4"})
+
+
+def test_a_reel_of_an_unknown_scenario_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown scenarios"):
+        VideoSpec(scenarios=("entering", "fog"))

@@ -9,7 +9,7 @@ cheap camera's stream would be. The same seed renders the same clip, bit for bit
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
@@ -39,6 +39,7 @@ class Clip:
     frames: list[np.ndarray]
     jpegs: list[bytes]
     truth: list[list[LineTruth]]
+    kinds: dict[int, Kind] = field(default_factory=dict)  # what each line's text is
 
 
 @dataclass

@@ -115,6 +115,7 @@ class _Plate:
 
     line: int
     text: str
+    kind: Kind
     image: np.ndarray
     corners: Callable[[float], np.ndarray]  # 4x2 float32, frame pixels
 
@@ -169,15 +170,18 @@ def _texture(w: int, h: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def _plate(rng: random.Random, font: str, kind: Kind | None = None) -> tuple[str, np.ndarray]:
-    """A plate's text and image: dark on light mostly, faded (ink 40-90 grey levels from
-    its plate: dirt, distance, a washed-out print) one time in `FADED`."""
-    text = make_text(kind if kind is not None else rng.choice(_KINDS), rng)
+def _plate(
+    rng: random.Random, font: str, kind: Kind | None = None
+) -> tuple[str, Kind, np.ndarray]:
+    """A plate's text, its kind and image: dark on light mostly, faded (ink 40-90 grey
+    levels from its plate: dirt, distance, a washed-out print) one time in `FADED`."""
+    what: Kind = kind if kind is not None else rng.choice(_KINDS)
+    text = make_text(what, rng)
     dark = rng.random() < 0.7
     paper = rng.randint(190, 245)
     ink = paper - rng.randint(40, 90) if rng.random() < FADED else rng.randint(10, 60)
     image = plate_image(text, font, ink if dark else paper, paper if dark else ink)
-    return text, image
+    return text, what, image
 
 
 def _scene(kind: str, seed: int, font: str, width: int, height: int) -> _Scene:
@@ -189,9 +193,9 @@ def _scene(kind: str, seed: int, font: str, width: int, height: int) -> _Scene:
     band = height / 3
 
     def add(line: int, corners_of: Callable[[tuple[float, float]], Callable], k=None) -> None:
-        text, image = _plate(rng, font, k)
+        text, what, image = _plate(rng, font, k)
         size = (float(image.shape[1]), float(image.shape[0]))
-        scene.plates.append(_Plate(line, text, image, corners_of(size)))
+        scene.plates.append(_Plate(line, text, what, image, corners_of(size)))
 
     small = rng.uniform(0.18, 0.36)  # the plate's scale: text of about 7-14 pixels
     scene.focus = rng.uniform(0.4, 1.1)  # the lens's blur (sigma, pixels)
@@ -349,7 +353,8 @@ def render_scenario(
         if image is None:
             raise ValueError("JPEG decoding failed")
         decoded.append(image)
-    return Clip(seed=seed, quality=scene.quality, frames=decoded, jpegs=jpegs, truth=truth)
+    return Clip(seed=seed, quality=scene.quality, frames=decoded, jpegs=jpegs, truth=truth,
+                kinds={plate.line: plate.kind for plate in scene.plates})
 
 
 def scenario_clips(
