@@ -330,17 +330,17 @@ class Tracker:
         it; whether this makes `change_frames` such reads in a row, alike each other: the
         line in the box is another one now (a plate replaced at a gate, a camera's cut, a
         video looping). Under the lock."""
+        s = self.settings
         if not track.whole_reads:
             return False
         voted = track.reading()[0]
-        if similarity(text, voted) >= self.settings.min_similarity or part_of(text, voted):
+        if similarity(text, voted) >= s.min_similarity or part_of(text, voted):
             track.strays.clear()
             return False
-        last = track.whole_reads[-1][0] if track.strays else text
-        if similarity(text, last) < self.settings.min_similarity:
+        if track.strays and similarity(text, track.whole_reads[-1][0]) < s.min_similarity:
             track.strays.clear()  # unlike the run before it too: a new run starts here
         track.strays.append(frame_index)
-        return len(track.strays) >= self.settings.change_frames
+        return len(track.strays) >= s.change_frames
 
     def _split(self, stream_id: StreamId, old: Track) -> Track:
         """End `old` as it read before its strays, and start a new track (a new id, so it is
@@ -353,8 +353,8 @@ class Tracker:
             last_frame=old.last_frame,
             box=old.box,
             char_width=old.char_width,
-            reads=old.reads[len(old.reads) - n :] if n else [],
-            whole_reads=old.whole_reads[len(old.whole_reads) - n :] if n else [],
+            reads=old.reads[len(old.reads) - n :],
+            whole_reads=old.whole_reads[len(old.whole_reads) - n :],
             crops=[c for c in old.crops if c.frame_index >= since],
             seen=n,
         )

@@ -289,11 +289,7 @@ def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
         )
         for i in ids
     ]
-    writer = cv2.VideoWriter(
-        str(path), cv2.VideoWriter.fourcc(*fourcc), spec.fps, (spec.width, spec.height)
-    )
-    if not writer.isOpened():
-        raise ConfigError(f"{path}: OpenCV cannot write {fourcc} video here", hint="try .avi")
+    writer = _writer(path, fourcc, spec)
     frames: list[FrameTruth] = []
     try:
         for index in range(spec.frame_count):
@@ -308,12 +304,33 @@ def render_video(path: Path, spec: VideoSpec | None = None) -> GroundTruth:
             frames.append(FrameTruth(index=index, items=items))
     finally:
         writer.release()
+    truths = [LineTruth(id=ln.id, text=ln.text, kind=ln.kind, hard=ln.hard) for ln in lines]
+    return _save_truth(path, spec, style, truths, frames)
+
+
+def _writer(path: Path, fourcc: str, spec: VideoSpec) -> cv2.VideoWriter:
+    writer = cv2.VideoWriter(
+        str(path), cv2.VideoWriter.fourcc(*fourcc), spec.fps, (spec.width, spec.height)
+    )
+    if not writer.isOpened():
+        raise ConfigError(f"{path}: OpenCV cannot write {fourcc} video here", hint="try .avi")
+    return writer
+
+
+def _save_truth(
+    path: Path,
+    spec: VideoSpec,
+    background: Background,
+    lines: list[LineTruth],
+    frames: list[FrameTruth],
+) -> GroundTruth:
+    """The clip's truth, written beside its video."""
     truth = GroundTruth(
         schema="ef.demo-truth/1",
         video=path.name,
         spec=spec,
-        background=style,
-        lines=[LineTruth(id=ln.id, text=ln.text, kind=ln.kind, hard=ln.hard) for ln in lines],
+        background=background,
+        lines=lines,
         frames=frames,
     )
     truth.save(truth_path(path))
@@ -334,11 +351,7 @@ def _render_reel(path: Path, fourcc: str, spec: VideoSpec) -> GroundTruth:
     fonts = available_fonts(FONTS_TUNED)
     count = len(spec.scenarios)
     per_clip = max(1, spec.frame_count // count)
-    writer = cv2.VideoWriter(
-        str(path), cv2.VideoWriter.fourcc(*fourcc), spec.fps, (spec.width, spec.height)
-    )
-    if not writer.isOpened():
-        raise ConfigError(f"{path}: OpenCV cannot write {fourcc} video here", hint="try .avi")
+    writer = _writer(path, fourcc, spec)
     frames: list[FrameTruth] = []
     lines: list[LineTruth] = []
     first = 0  # line ids run on across the clips
@@ -363,16 +376,7 @@ def _render_reel(path: Path, fourcc: str, spec: VideoSpec) -> GroundTruth:
             first += max(clip.kinds, default=0) + 1
     finally:
         writer.release()
-    truth = GroundTruth(
-        schema="ef.demo-truth/1",
-        video=path.name,
-        spec=spec,
-        background="texture",
-        lines=lines,
-        frames=frames,
-    )
-    truth.save(truth_path(path))
-    return truth
+    return _save_truth(path, spec, "texture", lines, frames)
 
 
 def truth_path(video: Path) -> Path:
