@@ -499,16 +499,20 @@ class Tracker:
     def apply_verdict(self, track_id: str, result: list[Detection]) -> Track | None:
         """The cloud's answer lands on the track (open or ended), and becomes its result
         unless the edge's vote is surer (`Track.outcome`) or the track has outgrown it
-        (`Track.misfit`: retired at once); None if the track is unknown."""
+        (`Track.misfit`: retired at once); None if the track is unknown. It replaces a
+        standing answer only if at least as sure: crops of a track answered by `PO 008 HN`
+        at 0.3 after `PD 008 HN` at 0.8 add doubt, not a better reading."""
         with self._lock:
             track = self._by_id.get(track_id)
             if track is None:
                 return None
             reads = [d for d in result if d.text]
-            track.cloud = (
+            answer = (
                 max(reads, key=lambda d: d.score)
                 if reads
                 else Detection(text="", score=0.0, box=track.box)
             )
+            if track.cloud is None or answer.score >= track.cloud.score:
+                track.cloud = answer
             self._review(track)
             return track

@@ -281,3 +281,21 @@ def test_a_cut_ends_the_streams_tracks_and_the_lines_after_it_are_new_ones() -> 
         frame = np.clip(other + noise, 0, 255).astype(np.uint8)
         policy.decide_all("s", index, frame, [Detection(text="EXIT", score=0.4, box=box)])
     assert policy.tracker.live("s") == [after] and after.seen == 6
+
+
+def test_a_less_sure_answer_does_not_replace_a_surer_one_and_a_surer_one_does() -> None:
+    # given a track the cloud answered surely
+    policy = _policy(ready_frames=2)
+    book = VerdictBook(tracker=policy.tracker, budget=policy.budget)
+    box = (100.0, 100.0, 200.0, 120.0)
+    for index in range(3):
+        policy.decide_all("s", index, _frame(index), [Detection(text="PO 008 HN", score=0.3,
+                                                               box=box)])
+    track = policy.tracker.live("s")[0]
+    book.receive(_verdict("case-pd-0001", track.track_id, "PD 008 HN", score=0.8))
+    # when a later answer (another case of the track, or one held up) reads it less surely
+    book.receive(_verdict("case-pd-0002", track.track_id, "PO 008 HN", score=0.3))
+    # then the surer answer stands; a surer one still replaces it
+    assert report(track).text == "PD 008 HN" and report(track).source == "cloud"
+    book.receive(_verdict("case-pd-0003", track.track_id, "PD 008 HM", score=0.9))
+    assert report(track).text == "PD 008 HM"
