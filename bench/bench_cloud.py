@@ -239,12 +239,12 @@ class NaiveIngest:
             key = services.directory.device_key(verdict.device_id)
             publish(self.client, encode(verdict, key, topics.results(verdict.device_id)))
 
-        services.processor.publish = answer
+        services.processor.answers.publish = answer
 
         def on_message(client: mqtt.Client, userdata, message) -> None:
             import hashlib
 
-            from edgefleet.cloud.processor import Job
+            from edgefleet.cloud.jobs import Job
             from edgefleet.shared.messages import EscalationCase
 
             verified = verifier.verify(from_paho(message))
@@ -262,7 +262,7 @@ class NaiveIngest:
                 source="mqtt",
                 enqueued=time.monotonic(),
             )
-            services.processor.process(job)
+            services.processor.runner.process(job)
 
         def on_connect(client, *args) -> None:
             client.subscribe(topics.all_devices(Channel.ESCALATIONS), qos=1)

@@ -1,7 +1,7 @@
 """MQTT redeliveries held back to be checked again later, on one thread, bounded by count.
 
 A case the broker delivers while another worker or replica owns its claim is not acked
-until its owner answers (see `CaseProcessor.process`): it is held here and handed back to
+until its owner answers (see `CaseRunner.process`): it is held here and handed back to
 the queue when its recheck is due. One heap of due times and one thread serve them all, so
 a burst of redeliveries costs entries in a heap, not a thread each.
 

@@ -33,7 +33,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge, Histogram
 
 from edgefleet.cloud.directory import DeviceDirectory
-from edgefleet.cloud.processor import BACKPRESSURE, CaseProcessor
+from edgefleet.cloud.jobs import BACKPRESSURE
+from edgefleet.cloud.processor import CaseProcessor
 from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.errors import EdgefleetError, PayloadRejected
 from edgefleet.shared.gauges import observe
@@ -330,7 +331,9 @@ class Ingest:
         if self._logged.add_if_absent(f"{wire.topic}\0{exc.reason}", True):
             log.warning(
                 "rejected message on %s: %s (further ones there are counted, not logged)",
-                wire.topic, exc.message, extra={"reason": exc.reason},
+                wire.topic,
+                exc.message,
+                extra={"reason": exc.reason},
             )
 
     def _take_case(self, verified: Verified, mid: int, qos: int) -> None:

@@ -20,8 +20,9 @@ from edgefleet.cloud.cascade import Cascade, ModelLoader, ModelPool
 from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.drift import DriftWatch
 from edgefleet.cloud.ingest import Ingest
+from edgefleet.cloud.jobs import Decoder
 from edgefleet.cloud.liveness import LivenessWatch
-from edgefleet.cloud.processor import CaseProcessor, Decoder
+from edgefleet.cloud.processor import CaseProcessor
 from edgefleet.cloud.refusals import RefusalBudget
 from edgefleet.cloud.replica import ReplicaIdentity
 from edgefleet.cloud.router import Router, RouteSpec

@@ -46,10 +46,10 @@ def test_a_rest_case_is_decoded_and_claimed_once_and_a_repeat_is_a_409_while_que
     tmp_path: Path,
 ) -> None:
     svc = rules_only_services(tmp_path)
-    decoder = CountingDecoder(svc.processor.decode)
-    svc.processor.decode = decoder
+    decoder = CountingDecoder(svc.processor.admission.decode)
+    svc.processor.admission.decode = decoder
     gate = HeldPublisher()
-    svc.processor.publish = gate
+    svc.processor.answers.publish = gate
     try:
         # given the only worker busy with a first case and a second case queued behind it
         first = svc.processor.accept(escalation_case("cam-a"), PNG, source="rest")
@@ -140,7 +140,7 @@ def test_rest_metadata_is_parsed_once_and_kept_as_sent_when_complete() -> None:
 def test_an_mqtt_case_under_another_devices_id_is_its_own_case(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path)
     sent: list[CloudVerdict] = []
-    svc.processor.publish = sent.append
+    svc.processor.answers.publish = sent.append
     try:
         # given cam-a's case, answered over MQTT
         theirs = escalation_case("cam-a", edge=[("CAM-A", 0.9)], case_id="same-id-0001")

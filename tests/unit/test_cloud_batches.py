@@ -39,7 +39,7 @@ def _behind_a_busy_worker(svc, cases, *, source: str = "rest", while_held=None) 
     """Hold the only worker on a first case, queue `cases` behind it (they are taken as
     one batch), then let it go: the verdicts of the first case and of `cases`."""
     gate = Gate()
-    svc.processor.publish = gate
+    svc.processor.answers.publish = gate
     try:
         head = svc.processor.submit(escalation_case("cam-a"), PNG, source=source)
         assert gate.held.wait(30)
@@ -54,9 +54,9 @@ def _behind_a_busy_worker(svc, cases, *, source: str = "rest", while_held=None) 
 
 def test_cases_queued_together_are_answered_in_one_batch_each_once(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path, batch_max=32)
-    svc.processor.recheck_s = 0.05
+    svc.processor.runner.recheck_s = 0.05
     gate = Gate()
-    svc.processor.publish = gate
+    svc.processor.answers.publish = gate
     batches = counter_value("ef_cloud_case_batch_size_count")
     batched = counter_value("ef_cloud_case_batch_size_sum")
     try:
@@ -184,31 +184,31 @@ def test_a_case_that_needs_a_model_is_never_batched(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path)
     read = Route(name="read", model="ppocr", timeout_s=5, priority=0, fallback=True)
     gate = Gate()
-    svc.processor.publish = gate
+    svc.processor.answers.publish = gate
     processor = svc.processor
     try:
         head = processor.submit(escalation_case("cam-a"), PNG, source="rest")
         assert gate.held.wait(30)
         # given, queued in this order: two rule cases, a model case, a rule case
         jobs = [
-            processor._job(escalation_case("cam-r", frame_index=i), PNG, source="rest")
+            processor.admission.job(escalation_case("cam-r", frame_index=i), PNG, source="rest")
             for i in range(4)
         ]
         jobs[2].route = read
         for job in jobs:
-            processor._queue.put(job)
+            processor.queue.put(job)
         # when a worker takes the first
-        batch, after = processor._take(processor._queue.get_nowait())
+        batch, after = processor.runner.take(processor.queue.get_nowait())
         # then the rule cases before the model case form the batch, the model case runs
         # alone after it, and the last rule case waits for the next take
         assert batch == jobs[:2] and after is jobs[2]
         assert processor.depth == 1
-        batch, after = processor._take(processor._queue.get_nowait())
+        batch, after = processor.runner.take(processor.queue.get_nowait())
         assert batch == [jobs[3]] and after is None
         # and a model case taken first is taken alone
-        processor._queue.put(jobs[2])
-        processor._queue.put(jobs[3])
-        assert processor._take(processor._queue.get_nowait()) == ([jobs[2]], None)
+        processor.queue.put(jobs[2])
+        processor.queue.put(jobs[3])
+        assert processor.runner.take(processor.queue.get_nowait()) == ([jobs[2]], None)
         assert processor.depth == 1
     finally:
         gate.open()

@@ -37,7 +37,7 @@ class Gate:
 def test_one_devices_flood_does_not_push_another_device_back(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path)
     gate = Gate()
-    svc.processor.publish = gate
+    svc.processor.answers.publish = gate
     try:
         # given the only worker busy with a first case of cam-a
         svc.processor.submit(escalation_case("cam-a"), PNG, source="mqtt", flow_controlled=True)
@@ -65,7 +65,7 @@ def test_one_devices_flood_does_not_push_another_device_back(tmp_path: Path) -> 
 def test_a_devices_rest_quota_refuses_it_and_not_the_others(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path, max_pending_per_device=3)
     gate = Gate()
-    svc.processor.publish = gate
+    svc.processor.answers.publish = gate
     try:
         svc.processor.submit(escalation_case("cam-a"), PNG, source="rest")
         assert gate.held.wait(30)
@@ -111,7 +111,7 @@ def test_a_redelivered_case_another_worker_holds_is_not_acked_until_answered(
     tmp_path: Path,
 ) -> None:
     svc = rules_only_services(tmp_path)
-    svc.processor.recheck_s = 0.05
+    svc.processor.runner.recheck_s = 0.05
     try:
         # given a case another live replica has just claimed
         case = escalation_case("cam-a")

@@ -49,7 +49,7 @@ def test_a_redelivery_past_the_bound_is_acked_without_a_verdict_not_held(
     tmp_path: Path,
 ) -> None:
     svc = rules_only_services(tmp_path, ingest={"held_max": 1})
-    svc.processor.recheck_s = 3600  # held ones stay held for the whole test
+    svc.processor.runner.recheck_s = 3600  # held ones stay held for the whole test
     full = counter_value("ef_cloud_held_full_total")
     entries, held_bytes = (
         counter_value("ef_cloud_held_entries"),
@@ -96,7 +96,7 @@ def test_the_sweep_twice_while_the_queue_is_backed_up_queues_each_case_once(
         busy.set()
         assert release.wait(30)
 
-    svc.processor.publish = hold_the_worker
+    svc.processor.answers.publish = hold_the_worker
     requeued = counter_value("ef_cloud_sweep_cases_total", outcome="requeued")
     skipped = counter_value("ef_cloud_sweep_cases_total", outcome="already_queued")
     processed = counter_value("ef_cloud_cases_total", source="sweep", outcome="processed")
