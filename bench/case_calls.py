@@ -94,12 +94,14 @@ class InstantModel:
 
 def _instrument(counts: Counts) -> None:
     from edgefleet.cloud import services as services_module
-    from edgefleet.cloud.store import FeedbackStore
+    from edgefleet.cloud.ledger import CaseLedger
+    from edgefleet.cloud.lookup import CaseLookup
     from edgefleet.shared.messages import CloudVerdict, EscalationCase
 
     counts.wrap(services_module, "decode_image", "image decode")
-    for name in ("claim", "case_device", "verdict"):
-        counts.wrap(FeedbackStore, name, f"store look-up:{name}")
+    counts.wrap(CaseLedger, "claim", "store look-up:claim")
+    for name in ("case_device", "verdict"):
+        counts.wrap(CaseLookup, name, f"store look-up:{name}")
     counts.wrap(EscalationCase, "model_validate_json", "case parse", classmethod_=True)
     counts.wrap(EscalationCase, "model_validate", "case parse", classmethod_=True)
     counts.wrap(EscalationCase, "model_dump_json", "case serialise")

@@ -17,8 +17,10 @@ from datetime import datetime, timezone
 from edgefleet.cloud.cascade import Cascade
 from edgefleet.cloud.fair_queue import FairQueue
 from edgefleet.cloud.jobs import BACKPRESSURE, CASES, Decoder, Job
+from edgefleet.cloud.ledger import Claim, ClaimState
+from edgefleet.cloud.lookup import case_key
 from edgefleet.cloud.router import Route, Router
-from edgefleet.cloud.store import Claim, ClaimState, FeedbackStore, case_key
+from edgefleet.cloud.store import CaseStore
 from edgefleet.shared.errors import Overloaded
 from edgefleet.shared.messages import EscalationCase
 
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 class Admission:
     def __init__(
         self,
-        store: FeedbackStore,
+        store: CaseStore,
         router: Router,
         cascade: Cascade,
         decode: Decoder,
@@ -103,7 +105,7 @@ class Admission:
             except BaseException:
                 self._record_refused(job)
                 raise
-        claim = self.store.claim(
+        claim = self.store.ledger.claim(
             job.case,
             image_sha256=job.image_sha256,
             image=job.image,
@@ -122,7 +124,7 @@ class Admission:
         """Claim the case and count the run it wins; a case claimed before (when it was
         accepted by REST, or by a batch that failed later) only has its run counted."""
         if job.claimed:
-            self.store.mark_attempt(case_key(job.case))
+            self.store.ledger.mark_attempt(case_key(job.case))
             return Claim(ClaimState.CLAIMED)
         return self.admit(job, attempt=True)
 
@@ -146,7 +148,7 @@ class Admission:
             return
         job.delivered = True
         try:
-            self.store.record_delivery(
+            self.store.ledger.record_delivery(
                 job.case.case_id,
                 source=job.source,
                 replica=self.replica,

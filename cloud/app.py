@@ -170,7 +170,7 @@ def _include_fleet(app: FastAPI, services: CloudServices) -> None:
             services.registry,
             services.rollouts,
             require_operator,
-            recent_cases=services.store.recent_cases,
+            recent_cases=services.store.lookup.recent_cases,
             drift=services.drift.latest_json,
             model_store=services.model_store,
             events_interval_s=services.settings.http.events_interval_s,

@@ -156,14 +156,14 @@ def export(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from edgefleet.cloud.store import FeedbackStore
+    from edgefleet.cloud.store import CaseStore
     from edgefleet.shared.db import Database
 
     settings = _settings(config)
     db = Database.connect(settings.resolved_database_url())
     try:
-        store = FeedbackStore(db, settings.data_dir / "images")
-        total = store.count_exportable()
+        store = CaseStore(db, settings.data_dir / "images")
+        total = store.feedback.count_exportable()
         out = output.open("w", encoding="utf-8") if output else sys.stdout
         written = 0
         with Progress(
@@ -175,7 +175,7 @@ def export(
             transient=output is None,
         ) as progress:
             task = progress.add_task("scanning cases", total=total)
-            for record in store.export(on_scanned=lambda: progress.advance(task)):
+            for record in store.feedback.export(on_scanned=lambda: progress.advance(task)):
                 out.write(record.to_json() + "\n")
                 written += 1
         if output:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from edgefleet.cloud.store import CaseKey, case_key
+from edgefleet.cloud.lookup import CaseKey, case_key
 from edgefleet.shared.messages import EscalationCase
 
 # devices with nothing queued are forgotten once this many are known

@@ -29,9 +29,11 @@ from edgefleet.cloud.fair_queue import FairQueue
 from edgefleet.cloud.held import HeldRedeliveries
 from edgefleet.cloud.jobs import CASES, QUEUE_DEPTH, Decoder, Job, Publisher, StatusPublisher
 from edgefleet.cloud.lag import Lag
+from edgefleet.cloud.ledger import ClaimState
+from edgefleet.cloud.lookup import CaseKey, case_key
 from edgefleet.cloud.router import Router
 from edgefleet.cloud.runner import CaseRunner
-from edgefleet.cloud.store import CaseKey, ClaimState, FeedbackStore, case_key
+from edgefleet.cloud.store import CaseStore
 from edgefleet.cloud.sweep import StaleSweep
 from edgefleet.shared.errors import Conflict
 from edgefleet.shared.messages import CaseId, CloudVerdict, EscalationCase
@@ -40,7 +42,7 @@ from edgefleet.shared.messages import CaseId, CloudVerdict, EscalationCase
 class CaseProcessor:
     def __init__(
         self,
-        store: FeedbackStore,
+        store: CaseStore,
         router: Router,
         cascade: Cascade,
         decode: Decoder,
@@ -182,7 +184,7 @@ class CaseProcessor:
         """Poll the store (another replica may own the case) until a verdict or timeout."""
         deadline = time.monotonic() + timeout_s
         while True:
-            verdict = self.store.verdict(case_id, device_id=device_id)
+            verdict = self.store.lookup.verdict(case_id, device_id=device_id)
             if verdict is not None or time.monotonic() >= deadline:
                 return verdict
             time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))

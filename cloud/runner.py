@@ -27,7 +27,8 @@ from edgefleet.cloud.cascade import Cascade
 from edgefleet.cloud.held import HeldRedeliveries
 from edgefleet.cloud.jobs import CASES, LATER, Job
 from edgefleet.cloud.lag import Lag
-from edgefleet.cloud.store import CaseKey, Claim, ClaimState, case_key
+from edgefleet.cloud.ledger import Claim, ClaimState
+from edgefleet.cloud.lookup import CaseKey, case_key
 from edgefleet.shared.db import StoreUnavailable
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.logs import trace_id_var
@@ -161,7 +162,7 @@ class CaseRunner:
             return self._duplicate(job, claim)
         job.claimed = True  # a retry after a store outage runs it without claiming again
         verdict = self._verdict(job)
-        self.store.save_verdict(verdict, replica=self.admission.replica)
+        self.store.ledger.save_verdict(verdict, replica=self.admission.replica)
         self.answers.answered(job, verdict)
         return verdict
 
@@ -185,7 +186,7 @@ class CaseRunner:
     def _admit_batch(self, jobs: list[Job]) -> list[Claim]:
         delivered = [job.delivered for job in jobs]
         try:
-            with self.store.batch():
+            with self.store.ledger.batch():
                 return [self.admission.admit_run(job) for job in jobs]
         except BaseException:  # the deliveries noted went with the transaction: note them again
             for job, before in zip(jobs, delivered, strict=True):
@@ -193,9 +194,9 @@ class CaseRunner:
             raise
 
     def _save_batch(self, verdicts: list[CloudVerdict]) -> None:
-        with self.store.batch():
+        with self.store.ledger.batch():
             for verdict in verdicts:
-                self.store.save_verdict(verdict, replica=self.admission.replica)
+                self.store.ledger.save_verdict(verdict, replica=self.admission.replica)
 
     def _duplicate(self, job: Job, claim: Claim) -> CloudVerdict | object | None:
         """A case already received: answered from its stored verdict, or held until its

@@ -28,7 +28,7 @@ from edgefleet.cloud.replica import ReplicaIdentity
 from edgefleet.cloud.router import Router, RouteSpec
 from edgefleet.cloud.sender import Sender
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.store import FeedbackStore
+from edgefleet.cloud.store import CaseStore
 from edgefleet.shared.db import Database
 from edgefleet.shared.executor.fallback import report as backend_report
 from edgefleet.shared.executor.triton_backend import report as triton_report
@@ -68,7 +68,7 @@ def default_loader(settings: CloudSettings) -> ModelLoader:
 class CloudServices:
     settings: CloudSettings
     db: Database
-    store: FeedbackStore
+    store: CaseStore
     directory: DeviceDirectory
     auth: Authenticator
     router: Router
@@ -107,7 +107,7 @@ class CloudServices:
                 settings.resolved_database_url().split("@")[-1],
             )
         db = db or Database.connect(settings.resolved_database_url())
-        store = FeedbackStore(db, settings.data_dir / "images")
+        store = CaseStore(db, settings.data_dir / "images")
         registry = rollouts = None
         if directory is None:
             from edgefleet.fleet.service import DeviceRegistry
@@ -323,7 +323,7 @@ class CloudServices:
                 reasons.append("broker not connected")
         store = {"dialect": self.db.dialect, "writable": True}
         try:
-            self.store.check_writable()
+            self.store.ledger.check_writable()
         except Exception as exc:  # any failure to write means not ready; the reason says why
             store["writable"] = False
             reasons.append(f"store not writable: {exc}")

@@ -15,7 +15,7 @@ from prometheus_client import Counter
 from edgefleet.cloud.admission import Admission
 from edgefleet.cloud.held import HeldRedeliveries
 from edgefleet.cloud.jobs import CASES, QUEUE_DEPTH, Job
-from edgefleet.cloud.store import CaseKey, case_key
+from edgefleet.cloud.lookup import CaseKey, case_key
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class StaleSweep:
     def sweep(self) -> int:
         """Queue the stale cases not queued or held already; how many were queued."""
         admission, queue = self.admission, self.admission.queue
-        stale = admission.store.stale_cases(
+        stale = admission.store.ledger.stale_cases(
             replica=admission.replica,
             replica_started=admission.started,
             stale_after_s=admission.stale_after_s(),

@@ -197,7 +197,7 @@ def get_escalation(
     principal: Annotated[Principal, Depends(require_device_or_operator)],
     device: DeviceQuery = None,
 ) -> dict[str, Any]:
-    return services(request).store.case(case_id, device_id=_scope(principal, device))
+    return services(request).store.lookup.case(case_id, device_id=_scope(principal, device))
 
 
 @router.get(
@@ -212,7 +212,7 @@ def get_escalation_image(
     principal: Annotated[Principal, Depends(require_device_or_operator)],
     device: DeviceQuery = None,
 ) -> FileResponse:
-    _, path, content_type = services(request).store.case_image(
+    _, path, content_type = services(request).store.lookup.case_image(
         case_id, device_id=_scope(principal, device)
     )
     if not path.is_file():

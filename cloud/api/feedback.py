@@ -78,7 +78,7 @@ async def post_feedback(
     # a device gives feedback on its own cases only: another's id is the same 404 as none
     scope = principal.id if principal.kind == "device" else data.device_id
     device_id = await run_in_threadpool(
-        functools.partial(svc.store.case_device, device_id=scope), data.case_id
+        functools.partial(svc.store.lookup.case_device, device_id=scope), data.case_id
     )
     if device_id is None:
         raise NotFound(f"no case {data.case_id!r}")
@@ -91,7 +91,7 @@ async def post_feedback(
         trace_id=data.trace_id or request.state.trace_id,
     )
     await run_in_threadpool(
-        svc.store.add_feedback, feedback, principal=principal.label, signature=signature
+        svc.store.feedback.add, feedback, principal=principal.label, signature=signature
     )
     return FeedbackStored(case_id=data.case_id, status="stored")
 
@@ -110,7 +110,7 @@ def export(
     store = services(request).store
 
     def lines() -> Iterator[bytes]:
-        for record in store.export():
+        for record in store.feedback.export():
             yield (record.to_json() + "\n").encode()
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -432,14 +432,14 @@ def _drain(
 
 def _ledger(plan: Plan, devices: list[Device]) -> Ledger:
     """The ledger from the agents' records, their outboxes and the cloud's store."""
-    from edgefleet.cloud.store import FeedbackStore
+    from edgefleet.cloud.store import CaseStore
     from edgefleet.demo.ledger import build_ledger, outbox_case_ids
     from edgefleet.demo.report import read_jsonl
     from edgefleet.shared.db import Database
 
     db = Database.connect(f"sqlite:///{plan.root / 'cloud' / 'cloud.db'}")
     try:
-        accounts = FeedbackStore(db, plan.root / "cloud" / "images").accounts()
+        accounts = CaseStore(db, plan.root / "cloud" / "images").ledger.accounts()
     finally:
         db.close()
     rows = {d.device_id: read_jsonl(d.results) for d in devices}

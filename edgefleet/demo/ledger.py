@@ -2,7 +2,7 @@
 
 Two independent records, so that one bug cannot hide in both: the agents' own files
 (edgefleet.demo.agent writes `escalated` once a case is safely in the outbox and `verdict`
-when an answer arrives) and the cloud's store (`FeedbackStore.accounts`: deliveries,
+when an answer arrives) and the cloud's store (`CaseStore.accounts`: deliveries,
 stored cases, completed cascade runs, verdicts). A case missing an answer on its device is
 reported with the last place it was seen: still in the device's outbox, sent but never
 delivered, delivered but not stored, stored but not answered, or answered but the answer
@@ -85,7 +85,7 @@ def build_ledger(
     in_outbox: dict[str, set[str]] | None = None,
 ) -> Ledger:
     """The ledger from each device's rows (device id → its results rows), the store's
-    accounts (FeedbackStore.accounts) and the case ids still in each device's outbox."""
+    accounts (CaseStore.accounts) and the case ids still in each device's outbox."""
     in_outbox = in_outbox or {}
     store = {row["case_id"]: row for row in accounts}
     created: dict[str, str] = {}

@@ -92,7 +92,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     )
     # a case the cloud answered with nothing read (older, so its card comes second)
     empty = escalation_case("cam-0007", edge=[("ABC-12", 0.2)])
-    server.case_store.claim(
+    server.case_store.ledger.claim(
         empty,
         image_sha256=hashlib.sha256(PNG).hexdigest(),
         image=PNG,
@@ -100,7 +100,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
         replica="test",
         stale_after_s=60,
     )
-    server.case_store.save_verdict(
+    server.case_store.ledger.save_verdict(
         CloudVerdict(
             device_id="cam-0007",
             trace_id=empty.trace_id,
@@ -116,7 +116,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     server.empty_case_id = empty.case_id
     # a case answered by the cloud, stored for real (the card reads the store)
     case = escalation_case("cam-0007", edge=[("ABC-12", 0.4)])
-    server.case_store.claim(
+    server.case_store.ledger.claim(
         case,
         image_sha256=hashlib.sha256(PNG).hexdigest(),
         image=PNG,
@@ -124,7 +124,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
         replica="test",
         stale_after_s=60,
     )
-    server.case_store.save_verdict(
+    server.case_store.ledger.save_verdict(
         CloudVerdict(
             device_id="cam-0007",
             trace_id=case.trace_id,

@@ -222,7 +222,7 @@ def test_mqtt_escalation_twice_is_processed_once(env: Env) -> None:
     second = _next_verdict(env, case.case_id)
     # then it is answered again from the store, not run again
     assert second.result == first.result and second.latency_ms == first.latency_ms
-    assert env.services.store.attempts()[case.case_id] == 1
+    assert env.services.store.ledger.attempts()[case.case_id] == 1
 
 
 def test_rules_file_edited_at_run_time_takes_effect(env: Env) -> None:
@@ -562,14 +562,14 @@ def test_unsigned_wire_without_sig_is_rejected(env: Env) -> None:
         interval_s=0.1,
     )
     # and nothing was stored for it
-    assert case.case_id not in env.services.store.attempts()
+    assert case.case_id not in env.services.store.ledger.attempts()
 
 
 # --- one device's refusals, deep JSON, who labelled (#32) -------------------------------
 
 
 def _image_files(env: Env) -> int:
-    return sum(1 for p in env.services.store.images_dir.rglob("*") if p.is_file())
+    return sum(1 for p in env.services.store.images.root.rglob("*") if p.is_file())
 
 
 def test_a_refused_duplicate_writes_nothing_and_refusals_are_charged(env: Env) -> None:

@@ -19,8 +19,9 @@ from edgefleet.bench.harness import ServerThread, escalation_case
 from edgefleet.cloud import store as store_schema
 from edgefleet.cloud.app import create_app
 from edgefleet.cloud.auth import key_digest, sign_body
+from edgefleet.cloud.ledger import ClaimState
 from edgefleet.cloud.settings import CloudSettings
-from edgefleet.cloud.store import ClaimState, FeedbackStore
+from edgefleet.cloud.store import CaseStore
 from edgefleet.shared.db import Database
 from edgefleet.shared.messages import CloudVerdict, Detection
 from tests.support.cloud import PNG
@@ -184,19 +185,19 @@ def test_the_migration_keeps_a_store_written_before_ids_were_per_device(
         (SHARED_ID, now),
     )
     # when the store opens it (the migration runs)
-    store = FeedbackStore(db, tmp_path / "images")
+    store = CaseStore(db, tmp_path / "images")
     try:
         # then cam-a's rows are all there, under cam-a
-        assert store.verdict(SHARED_ID, device_id="cam-a") == verdict
-        record = store.case(SHARED_ID, device_id="cam-a")
+        assert store.lookup.verdict(SHARED_ID, device_id="cam-a") == verdict
+        record = store.lookup.case(SHARED_ID, device_id="cam-a")
         assert [f["label"] for f in record["feedback"]] == ["OLD-1"]
-        accounts = store.accounts()
+        accounts = store.ledger.accounts()
         assert [(r["device_id"], r["deliveries"], r["answered"]) for r in accounts] == [
             ("cam-a", 1, True)
         ]
-        assert [r.label for r in store.export()] == ["OLD-1"]
+        assert [r.label for r in store.feedback.export()] == ["OLD-1"]
         # and cam-b can now claim the same id as its own case, never handed cam-a's verdict
-        claim = store.claim(
+        claim = store.ledger.claim(
             escalation_case("cam-b", case_id=SHARED_ID),
             image_sha256="b" * 64,
             image=PNG,
@@ -205,6 +206,6 @@ def test_the_migration_keeps_a_store_written_before_ids_were_per_device(
             stale_after_s=60,
         )
         assert claim.state is ClaimState.CLAIMED and claim.verdict is None
-        assert store.verdict(SHARED_ID, device_id="cam-b") is None
+        assert store.lookup.verdict(SHARED_ID, device_id="cam-b") is None
     finally:
         db.close()

@@ -133,7 +133,7 @@ def test_hanging_primary_falls_back_to_the_lighter_model(server) -> None:
     assert verdict["fallback_level"] == 1 and verdict["model"] == "ppocr@4.0"
     assert [d["text"] for d in verdict["result"]] == ["FALL-1"]
     # and the fallback is recorded on the case and counted
-    record = services.store.case(verdict["case_id"])
+    record = services.store.lookup.case(verdict["case_id"])
     assert record["verdict"]["fallback_level"] == 1
     metrics = httpx.get(f"{url}/metrics").text
     assert 'ef_cloud_fallback_level_total{level="lighter"}' in metrics
@@ -200,7 +200,7 @@ def test_oversize_multipart_escalation_streamed_without_length_is_a_413(server) 
     assert response.status_code == 413, response.text
     error = response.json()["error"]
     assert error["code"] == "payload_too_large" and len(error["trace_id"]) == 32
-    assert services.store.case_device(case.case_id) is None  # nothing stored
+    assert services.store.lookup.case_device(case.case_id) is None  # nothing stored
     assert httpx.get(f"{url}/healthz").status_code == 200
 
 

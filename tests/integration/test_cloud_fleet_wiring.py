@@ -232,7 +232,7 @@ def test_drift_of_a_device_is_served_to_operators(env: Env) -> None:
     png = b"\x89PNG\r\n\x1a\n" + b"drift pixels"
     for i in range(50):
         case = case_for("cam-w2", frame_index=i, edge=[("X", 0.95 if i < 25 else 0.35)])
-        store.claim(
+        store.ledger.claim(
             case, image_sha256="d" * 64, image=png, source="mqtt", replica="t", stale_after_s=60
         )
         if i < 25:

@@ -157,7 +157,7 @@ def test_slow_processing_holds_messages_at_the_broker_not_in_memory(
             detail=lambda: f"{len(verdicts)} verdicts",
         )
         assert {v.case_id for v in verdicts} == {c.case_id for c in cases}
-        assert set(services.store.attempts().values()) == {1}
+        assert set(services.store.ledger.attempts().values()) == {1}
     finally:
         gate.gate.set()
         client.loop_stop()
@@ -249,10 +249,10 @@ def test_an_mqtt_case_whose_image_will_not_decode_is_refused_and_not_stored(
             "the good case answered and the bad one counted refused",
             detail=lambda: {"answered": answered(), "counted": counted()},
         )
-        assert bad.case_id not in services.store.attempts()
+        assert bad.case_id not in services.store.ledger.attempts()
         assert all(v.case_id != bad.case_id for v in verdicts)
         # and both copies that arrived are in the store's audit, the refused one unstored
-        accounts = {row["case_id"]: row for row in services.store.accounts()}
+        accounts = {row["case_id"]: row for row in services.store.ledger.accounts()}
         assert accounts[bad.case_id]["deliveries"] == 1 and accounts[bad.case_id]["status"] is None
         assert accounts[good.case_id]["deliveries"] == 1 and accounts[good.case_id]["answered"]
     finally:

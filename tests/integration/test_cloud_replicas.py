@@ -88,7 +88,7 @@ def test_two_replicas_split_a_thousand_cases_exactly_once(broker, tmp_path: Path
         assert set(seen) == set(case_ids)
         assert all(count == 1 for count in seen.values())
         # and the store ran each case exactly once, split between the two replicas
-        attempts = replicas[0].store.attempts()
+        attempts = replicas[0].store.ledger.attempts()
         assert len(attempts) == N_CASES and set(attempts.values()) == {1}
         split = db.query(
             "SELECT processed_by, COUNT(*) AS n FROM ef_verdicts GROUP BY processed_by"

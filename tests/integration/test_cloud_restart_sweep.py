@@ -35,7 +35,7 @@ def test_a_case_left_by_a_crash_is_answered_to_the_device_after_restart(
     # given a case this replica claimed in its previous life and never answered
     first = CloudServices.build(settings)
     case = escalation_case("cam-sw")
-    first.store.claim(
+    first.store.ledger.claim(
         case,
         image_sha256="0" * 64,
         image=PNG,

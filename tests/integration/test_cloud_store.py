@@ -1,4 +1,4 @@
-"""The feedback store on the real PostgreSQL server (same interface as SQLite)."""
+"""The case store on the real PostgreSQL server (same interface as SQLite)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgefleet.bench.harness import escalation_case
-from edgefleet.cloud.store import ClaimState, FeedbackStore
+from edgefleet.cloud.ledger import ClaimState
+from edgefleet.cloud.store import CaseStore
 from edgefleet.shared.db import Database
 from edgefleet.shared.messages import CloudVerdict, Detection, Feedback
 
@@ -24,7 +25,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path):
         else request.getfixturevalue("pg_url")
     )
     db = Database.connect(url)
-    yield FeedbackStore(db, tmp_path / "images")
+    yield CaseStore(db, tmp_path / "images")
     db.close()
 
 
@@ -41,53 +42,53 @@ def _verdict(case, text: str = "AB-12", level: int = 0) -> CloudVerdict:
     )
 
 
-def test_claim_verdict_feedback_export(store: FeedbackStore) -> None:
+def test_claim_verdict_feedback_export(store: CaseStore) -> None:
     case = escalation_case("cam-pg", edge=[("AB-1Z", 0.42)])
     claim = dict(image_sha256="a" * 64, image=PNG, source="mqtt", stale_after_s=60)
-    assert store.claim(case, replica="r1", **claim).state is ClaimState.CLAIMED
+    assert store.ledger.claim(case, replica="r1", **claim).state is ClaimState.CLAIMED
     # a second replica sees it in progress, then done once the verdict is stored
-    assert store.claim(case, replica="r2", **claim).state is ClaimState.IN_PROGRESS
-    assert store.save_verdict(_verdict(case), replica="r1") is True
-    assert store.save_verdict(_verdict(case, "late"), replica="r2") is False
-    again = store.claim(case, replica="r2", **claim)
+    assert store.ledger.claim(case, replica="r2", **claim).state is ClaimState.IN_PROGRESS
+    assert store.ledger.save_verdict(_verdict(case), replica="r1") is True
+    assert store.ledger.save_verdict(_verdict(case, "late"), replica="r2") is False
+    again = store.ledger.claim(case, replica="r2", **claim)
     assert again.state is ClaimState.DONE and again.verdict.result[0].text == "AB-12"
     # feedback overrides the cloud label in the export
-    store.add_feedback(
+    store.feedback.add(
         Feedback(device_id="cam-pg", case_id=case.case_id, label="AB-13", correct=False),
         principal="operator:ops",
         signature="0" * 64,
     )
-    record = store.case(case.case_id)
+    record = store.lookup.case(case.case_id)
     assert record["received_at"].tzinfo is not None and record[
         "received_at"
     ].utcoffset() == timedelta(0)
     assert record["feedback"][0]["correct"] is False
-    exported = list(store.export(page_size=2))
+    exported = list(store.feedback.export(page_size=2))
     assert [(r.case_id, r.label, r.label_source) for r in exported] == [
         (case.case_id, "AB-13", "feedback")
     ]
     assert Path(exported[0].image).read_bytes() == PNG
-    assert store.edge_scores(
+    assert store.lookup.edge_scores(
         datetime.now(timezone.utc) - timedelta(hours=1),
         datetime.now(timezone.utc) + timedelta(hours=1),
     ) == {("cam-pg", "ppocr"): [0.42]}
 
 
-def test_accounts_count_deliveries_and_completed_runs(store: FeedbackStore) -> None:
+def test_accounts_count_deliveries_and_completed_runs(store: CaseStore) -> None:
     # given a case delivered twice (its claim and the claim of a copy, each noting the
     # delivery) and answered twice (two replicas raced), one delivered and refused before
     # a claim, and one stored and still pending
     twice, pending = escalation_case("cam-pg", frame_index=1), escalation_case("cam-pg")
     claim = dict(image_sha256="c" * 64, image=PNG, source="mqtt", stale_after_s=60)
-    won = store.claim(twice, replica="r1", delivery=True, attempt=True, **claim)
-    lost = store.claim(twice, replica="r2", delivery=True, attempt=True, **claim)
+    won = store.ledger.claim(twice, replica="r1", delivery=True, attempt=True, **claim)
+    lost = store.ledger.claim(twice, replica="r2", delivery=True, attempt=True, **claim)
     assert (won.state, lost.state) == (ClaimState.CLAIMED, ClaimState.IN_PROGRESS)
-    store.claim(pending, replica="r1", delivery=True, **claim)
-    store.record_delivery("never-stored", source="mqtt", replica="r1")
-    store.save_verdict(_verdict(twice), replica="r1")
-    store.save_verdict(_verdict(twice, "late"), replica="r2")
+    store.ledger.claim(pending, replica="r1", delivery=True, **claim)
+    store.ledger.record_delivery("never-stored", source="mqtt", replica="r1")
+    store.ledger.save_verdict(_verdict(twice), replica="r1")
+    store.ledger.save_verdict(_verdict(twice, "late"), replica="r2")
     # when the accounts are read, then each says what the store saw of it
-    accounts = {row["case_id"]: row for row in store.accounts()}
+    accounts = {row["case_id"]: row for row in store.ledger.accounts()}
     assert accounts[twice.case_id]["deliveries"] == 2
     assert accounts[twice.case_id]["completed_runs"] == 2
     assert accounts[twice.case_id]["attempts"] == 1  # the claim that lost ran nothing
@@ -105,40 +106,40 @@ def test_accounts_count_deliveries_and_completed_runs(store: FeedbackStore) -> N
     }
 
 
-def test_export_pages_through_many_cases_in_order(store: FeedbackStore) -> None:
+def test_export_pages_through_many_cases_in_order(store: CaseStore) -> None:
     cases = [escalation_case("cam-pg", frame_index=i) for i in range(7)]
     for case in cases:
-        store.claim(
+        store.ledger.claim(
             case, image_sha256="b" * 64, image=PNG, source="rest", replica="r", stale_after_s=60
         )
-        store.save_verdict(_verdict(case), replica="r")
+        store.ledger.save_verdict(_verdict(case), replica="r")
     busy = escalation_case("cam-pg", frame_index=99)
-    store.claim(
+    store.ledger.claim(
         busy, image_sha256="b" * 64, image=PNG, source="rest", replica="r", stale_after_s=60
     )
-    store.save_verdict(_verdict(busy, level=3), replica="r")  # busy verdicts are no label
+    store.ledger.save_verdict(_verdict(busy, level=3), replica="r")  # busy verdicts are no label
     pending = escalation_case("cam-pg", frame_index=100)  # no verdict yet: not scanned
-    store.claim(
+    store.ledger.claim(
         pending, image_sha256="b" * 64, image=PNG, source="rest", replica="r", stale_after_s=60
     )
     scanned: list[int] = []
-    exported = list(store.export(page_size=3, on_scanned=lambda: scanned.append(1)))
+    exported = list(store.feedback.export(page_size=3, on_scanned=lambda: scanned.append(1)))
     assert {r.case_id for r in exported} == {c.case_id for c in cases}
     assert all(r.label_source == "cloud" for r in exported)
     # the progress bar's total is exactly what the export scans
-    assert store.count_exportable() == len(scanned) == 8
+    assert store.feedback.count_exportable() == len(scanned) == 8
 
 
-def test_concurrent_claims_have_one_winner(store: FeedbackStore) -> None:
+def test_concurrent_claims_have_one_winner(store: CaseStore) -> None:
     case = escalation_case("cam-pg")
-    other = FeedbackStore(Database.connect(store.db.url), store.images_dir)
+    other = CaseStore(Database.connect(store.db.url), store.images.root)
     states: list[ClaimState] = []
     barrier = threading.Barrier(8)
 
-    def claim(s: FeedbackStore, replica: str) -> None:
+    def claim(s: CaseStore, replica: str) -> None:
         barrier.wait()
         states.append(
-            s.claim(
+            s.ledger.claim(
                 case,
                 image_sha256="c" * 64,
                 image=PNG,
@@ -160,15 +161,16 @@ def test_concurrent_claims_have_one_winner(store: FeedbackStore) -> None:
     assert states.count(ClaimState.IN_PROGRESS) == 7
 
 
-def test_stale_claim_is_taken_over(store: FeedbackStore) -> None:
+def test_stale_claim_is_taken_over(store: CaseStore) -> None:
     case = escalation_case("cam-pg")
     kw = dict(image_sha256="d" * 64, image=PNG, source="mqtt")
-    assert store.claim(case, replica="dead", stale_after_s=60, **kw).state is ClaimState.CLAIMED
+    claim = store.ledger.claim
+    assert claim(case, replica="dead", stale_after_s=60, **kw).state is ClaimState.CLAIMED
     store.db.execute(
         "UPDATE ef_cases SET claimed_at = ? WHERE case_id = ?",
         (datetime.now(timezone.utc) - timedelta(minutes=10), case.case_id),
     )
-    assert store.claim(case, replica="alive", stale_after_s=60, **kw).state is ClaimState.CLAIMED
+    assert claim(case, replica="alive", stale_after_s=60, **kw).state is ClaimState.CLAIMED
 
 
 def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> None:
@@ -190,14 +192,14 @@ def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> Non
         case = escalation_case("cam-pg2", edge=[("PG-1", 0.8)])
         verdict = services.processor.submit(case, PNG, source="rest").result(timeout=60)
         assert verdict.fallback_level == 2 and [d.text for d in verdict.result] == ["PG-1"]
-        assert services.store.verdict(case.case_id) == verdict
+        assert services.store.lookup.verdict(case.case_id) == verdict
         ready, body = services.readiness()
         assert ready and body["store"] == {"dialect": "postgresql", "writable": True}
     finally:
         services.close()
 
 
-def test_drift_compares_this_week_with_the_reference_window(store: FeedbackStore) -> None:
+def test_drift_compares_this_week_with_the_reference_window(store: CaseStore) -> None:
     from prometheus_client import REGISTRY
 
     from edgefleet.cloud.drift import DriftWatch
@@ -208,7 +210,7 @@ def test_drift_compares_this_week_with_the_reference_window(store: FeedbackStore
     for i in range(60):
         score = 0.9 if i < 30 else 0.3 + i / 1000
         case = escalation_case("cam-dr", frame_index=i, edge=[("X", score)])
-        store.claim(
+        store.ledger.claim(
             case, image_sha256="e" * 64, image=PNG, source="mqtt", replica="r", stale_after_s=60
         )
         if i < 30:

@@ -113,7 +113,7 @@ def test_two_replicas_on_postgresql_split_the_load_exactly_once(
         assert set(seen) == set(case_ids)
         assert all(count == 1 for count in seen.values())
         # and PostgreSQL ran each case exactly once, split between the two replicas
-        attempts = replicas[1].store.attempts()
+        attempts = replicas[1].store.ledger.attempts()
         assert len(attempts) == N_CASES and set(attempts.values()) == {1}
         rows = db.query("SELECT processed_by, COUNT(*) AS n FROM ef_verdicts GROUP BY processed_by")
         per_replica = {row["processed_by"]: row["n"] for row in rows}

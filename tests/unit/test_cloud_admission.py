@@ -64,7 +64,7 @@ def test_a_rest_case_is_decoded_and_claimed_once_and_a_repeat_is_a_409_while_que
         gate.open()
         assert first.result(timeout=60) is not None and queued.result(timeout=60) is not None
         # and each case ran once, the rules route needing no pixels beyond the check
-        assert set(svc.store.attempts().values()) == {1}
+        assert set(svc.store.ledger.attempts().values()) == {1}
         assert decoder.calls == 3
     finally:
         gate.open()
@@ -85,7 +85,7 @@ def test_a_rest_case_whose_image_will_not_decode_is_refused_before_it_is_stored(
                 svc.processor.accept(case, bad, source="rest")
             assert 400 <= refused.value.http_status < 500
             assert not isinstance(refused.value, Overloaded)
-            assert svc.store.case_device(case.case_id) is None
+            assert svc.store.lookup.case_device(case.case_id) is None
         # and the refusals did not use up the device's quota of waiting cases
         good = svc.processor.accept(escalation_case("cam-a", frame_index=9), PNG, source="rest")
         assert good.result(timeout=60) is not None
@@ -105,7 +105,7 @@ def test_an_mqtt_case_is_stored_as_it_arrived_not_serialised_again(tmp_path: Pat
         # then those very bytes are the stored case, and they read back as the case
         row = svc.db.query_one("SELECT meta FROM ef_cases WHERE case_id = ?", (case.case_id,))
         assert row is not None and row["meta"] == meta.decode()
-        assert svc.store.case(case.case_id)["edge_result"][0]["text"] == "EF-1"
+        assert svc.store.lookup.case(case.case_id)["edge_result"][0]["text"] == "EF-1"
     finally:
         svc.close()
 

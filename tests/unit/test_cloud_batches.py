@@ -32,7 +32,7 @@ class Gate:
 
 
 def _accounts(svc) -> dict[str, dict]:
-    return {row["case_id"]: row for row in svc.store.accounts()}
+    return {row["case_id"]: row for row in svc.store.ledger.accounts()}
 
 
 def _behind_a_busy_worker(svc, cases, *, source: str = "rest", while_held=None) -> list:
@@ -128,7 +128,7 @@ def test_a_batch_that_fails_is_run_case_by_case_and_no_case_is_answered_twice(
 
 def test_a_store_outage_while_a_batch_saves_its_verdicts_is_waited_out(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path)
-    save = svc.store.save_verdict
+    save = svc.store.ledger.save_verdict
     outages = []
 
     def unavailable_twice(verdict, *, replica):
@@ -138,7 +138,7 @@ def test_a_store_outage_while_a_batch_saves_its_verdicts_is_waited_out(tmp_path:
         return save(verdict, replica=replica)
 
     def break_the_store() -> None:
-        svc.store.save_verdict = unavailable_twice  # type: ignore[method-assign]
+        svc.store.ledger.save_verdict = unavailable_twice  # type: ignore[method-assign]
 
     cases = [escalation_case("cam-c", frame_index=i) for i in range(5)]
     try:
@@ -155,7 +155,7 @@ def test_a_store_outage_while_a_batch_saves_its_verdicts_is_waited_out(tmp_path:
 
 def test_a_store_outage_while_a_batch_claims_its_cases_is_waited_out(tmp_path: Path) -> None:
     svc = rules_only_services(tmp_path)
-    claim = svc.store.claim
+    claim = svc.store.ledger.claim
     calls = []
 
     def unavailable_on_the_third(case, **kwargs):
@@ -164,7 +164,7 @@ def test_a_store_outage_while_a_batch_claims_its_cases_is_waited_out(tmp_path: P
             raise StoreUnavailable("database is locked")
         return claim(case, **kwargs)
 
-    svc.store.claim = unavailable_on_the_third  # type: ignore[method-assign]
+    svc.store.ledger.claim = unavailable_on_the_third  # type: ignore[method-assign]
     cases = [escalation_case("cam-d", frame_index=i) for i in range(5)]
     try:
         verdicts = _behind_a_busy_worker(svc, cases, source="mqtt")

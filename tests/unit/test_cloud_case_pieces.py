@@ -17,9 +17,10 @@ from edgefleet.cloud.fair_queue import FairQueue
 from edgefleet.cloud.held import HeldRedeliveries
 from edgefleet.cloud.jobs import LATER, Job
 from edgefleet.cloud.lag import Lag
+from edgefleet.cloud.ledger import ClaimState
+from edgefleet.cloud.lookup import CaseKey
 from edgefleet.cloud.runner import CaseRunner
 from edgefleet.cloud.services import CloudServices
-from edgefleet.cloud.store import CaseKey, ClaimState
 from edgefleet.cloud.sweep import StaleSweep
 from edgefleet.shared.errors import ImageRejected, Overloaded
 from edgefleet.shared.messages import CloudStatus, CloudVerdict
@@ -108,7 +109,7 @@ def test_admission_claims_once_and_refuses_a_bad_image_before_storing_it(svc) ->
     truncated = way_in.job(bad, PNG[: len(PNG) // 2], source="rest")
     with pytest.raises(ImageRejected):
         way_in.admit(truncated, check_image=True)
-    rows = {row["case_id"]: row for row in svc.store.accounts()}
+    rows = {row["case_id"]: row for row in svc.store.ledger.accounts()}
     assert rows[case.case_id]["deliveries"] == 2
     assert rows[bad.case_id]["deliveries"] == 1 and rows[bad.case_id]["status"] is None
 
@@ -177,11 +178,11 @@ def test_the_runner_answers_a_case_once_and_a_copy_from_the_store(svc) -> None:
     case = escalation_case("cam-a")
     verdict = run.process(way_in.job(case, PNG, source="rest"))
     assert isinstance(verdict, CloudVerdict) and verdict.case_id == case.case_id
-    assert svc.store.verdict(case.case_id, device_id="cam-a") == verdict
+    assert svc.store.lookup.verdict(case.case_id, device_id="cam-a") == verdict
     # a copy is answered with the stored verdict, sent again, not run again
     assert run.process(way_in.job(case, PNG, source="mqtt")) == verdict
     assert [v.case_id for v in transport.verdicts] == [case.case_id] * 2
-    rows = {row["case_id"]: row for row in svc.store.accounts()}
+    rows = {row["case_id"]: row for row in svc.store.ledger.accounts()}
     assert rows[case.case_id]["attempts"] == 1
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from edgefleet.bench.harness import escalation_case
 from edgefleet.cloud.fair_queue import FairQueue
-from edgefleet.cloud.store import case_key
+from edgefleet.cloud.lookup import case_key
 from edgefleet.shared.messages import EscalationCase
 
 

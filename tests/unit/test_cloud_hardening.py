@@ -86,7 +86,7 @@ def test_a_case_left_in_progress_by_a_crash_is_swept_and_answered(tmp_path: Path
     # given a case claimed by this replica in its previous life, never answered
     first = rules_only_services(tmp_path)
     case = escalation_case("cam-a")
-    first.store.claim(
+    first.store.ledger.claim(
         case,
         image_sha256="0" * 64,
         image=PNG,
@@ -115,7 +115,7 @@ def test_a_redelivered_case_another_worker_holds_is_not_acked_until_answered(
     try:
         # given a case another live replica has just claimed
         case = escalation_case("cam-a")
-        svc.store.claim(
+        svc.store.ledger.claim(
             case, image_sha256="1" * 64, image=PNG, source="mqtt", replica="other", stale_after_s=60
         )
         # when the broker redelivers it here
@@ -135,7 +135,7 @@ def test_a_redelivered_case_another_worker_holds_is_not_acked_until_answered(
             fallback_level=2,
             latency_ms=1.0,
         )
-        svc.store.save_verdict(verdict, replica="other")
+        svc.store.ledger.save_verdict(verdict, replica="other")
         assert future.result(timeout=30) == verdict
     finally:
         svc.close()

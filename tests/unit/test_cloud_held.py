@@ -59,7 +59,7 @@ def test_a_redelivery_past_the_bound_is_acked_without_a_verdict_not_held(
         # given two cases another live replica has just claimed
         first, second = escalation_case("cam-a"), escalation_case("cam-b")
         for case in (first, second):
-            svc.store.claim(
+            svc.store.ledger.claim(
                 case,
                 image_sha256="1" * 64,
                 image=PNG,
@@ -79,8 +79,10 @@ def test_a_redelivery_past_the_bound_is_acked_without_a_verdict_not_held(
         assert counter_value("ef_cloud_held_entries") == entries + 1
         assert not held.done()
         # and the case is not lost: it is still claimed in the store for its owner to answer
-        assert svc.store.verdict(second.case_id) is None
-        pending = svc.store.stale_cases(replica="other", replica_started=utcnow(), stale_after_s=0)
+        assert svc.store.lookup.verdict(second.case_id) is None
+        pending = svc.store.ledger.stale_cases(
+            replica="other", replica_started=utcnow(), stale_after_s=0
+        )
         assert second.case_id in {case.case_id for case, _ in pending}
     finally:
         svc.close()
@@ -107,7 +109,7 @@ def test_the_sweep_twice_while_the_queue_is_backed_up_queues_each_case_once(
         # and three cases a crashed replica claimed an hour ago
         cases = [escalation_case("cam-b", frame_index=i) for i in range(3)]
         for case in cases:
-            svc.store.claim(
+            svc.store.ledger.claim(
                 case,
                 image_sha256="2" * 64,
                 image=PNG,
