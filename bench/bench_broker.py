@@ -91,7 +91,7 @@ def measure(devices: int, period_s: float, seconds: float, connect_rate: float) 
         registry = DeviceRegistry(db)
         started = time.monotonic()
         enrolled = [registry.enroll(f"conn-{i:05d}") for i in range(devices)]
-        cloud_password = registry.ensure_service_account("cloud")
+        cloud_password = registry.accounts.ensure_service("cloud")
         enroll_s = time.monotonic() - started
         port = free_port()
         files = write_broker_files(registry, tmp / "broker", BrokerListener(port, "127.0.0.1"))

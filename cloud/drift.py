@@ -16,8 +16,8 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 from prometheus_client import Gauge
 
+from edgefleet.cloud.lookup import CaseLookup
 from edgefleet.cloud.settings import DriftSettings
-from edgefleet.cloud.store import CaseStore
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ class DriftReading:
 
 
 class DriftWatch:
-    def __init__(self, store: CaseStore, settings: DriftSettings):
-        self.store = store
+    def __init__(self, lookup: CaseLookup, settings: DriftSettings):
+        self.lookup = lookup
         self.settings = settings
         self._latest: dict[tuple[str, str], DriftReading] = {}
         self._stop = threading.Event()
@@ -72,8 +72,8 @@ class DriftWatch:
         now = now or datetime.now(timezone.utc)
         window_start = now - timedelta(days=self.settings.window_days)
         ref_start = window_start - timedelta(days=self.settings.reference_days)
-        current = self.store.lookup.edge_scores(window_start, now)
-        reference = self.store.lookup.edge_scores(ref_start, window_start)
+        current = self.lookup.edge_scores(window_start, now)
+        reference = self.lookup.edge_scores(ref_start, window_start)
         readings = []
         for key, scores in current.items():
             ref = reference.get(key, [])

@@ -208,7 +208,7 @@ class CloudServices:
         ingest = liveness = None
         if client is not None:
             if registry is not None:  # one query now, not one per device in the first seconds
-                registry.load_keys()
+                registry.keys.load()
             ingest = Ingest(
                 settings.mqtt,
                 client,
@@ -245,7 +245,7 @@ class CloudServices:
             pool=pool,
             cascade=cascade,
             processor=processor,
-            drift=DriftWatch(store, settings.drift),
+            drift=DriftWatch(store.lookup, settings.drift),
             replica=replica,
             identity=identity,
             refusals=RefusalBudget(settings.queue.max_refusals_per_device),

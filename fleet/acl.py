@@ -272,8 +272,8 @@ def write_broker_files(
             os.chown(path, -1, gid)
         os.chmod(path, 0o700 if gid is None else 0o770)
     files = BrokerFiles(folder / CONF_FILE, folder / DYNSEC_FILE)
-    devices = registry.broker_accounts()
-    services = registry.service_accounts()
+    devices = registry.accounts.devices()
+    services = registry.accounts.services()
     state = render_dynsec(devices, services, topics)
     write_private(files.dynsec_file, json.dumps(state, indent=2) + "\n", mode=mode, gid=gid)
     write_private(files.config_file, render_mosquitto_conf(folder, listener), mode=mode, gid=gid)
@@ -350,8 +350,8 @@ def render_emqx_acl(
 
 def write_emqx_files(registry: DeviceRegistry, out_dir: Path, topics: Topics = Topics()) -> Path:
     """`emqx-users.json` (built-in database import) and `emqx-acl.conf` under `out_dir`."""
-    devices = registry.broker_accounts()
-    services = [s for s in registry.service_accounts() if s[0] == CLOUD_ACCOUNT]
+    devices = registry.accounts.devices()
+    services = [s for s in registry.accounts.services() if s[0] == CLOUD_ACCOUNT]
     out_dir.mkdir(parents=True, exist_ok=True)
     users = emqx_users([*services, *devices])
     write_private(out_dir / "emqx-users.json", json.dumps(users, indent=2) + "\n")

@@ -87,7 +87,7 @@ def build_router(
 
     @router.get("/v1/devices/{device_id}/history", dependencies=operator, tags=["fleet"])
     def history(device_id: str, hours: float = Query(6.0, gt=0, le=168)) -> dict[str, Any]:
-        points = registry.history(device_id, hours=hours)
+        points = registry.telemetry.history(device_id, hours=hours)
         return {"device_id": device_id, "points": [p.model_dump(mode="json") for p in points]}
 
     @router.get("/v1/groups", dependencies=operator, tags=["fleet"])

@@ -326,7 +326,7 @@ def broker_files(
         target.mkdir(parents=True, exist_ok=True)
         new = {}
         for account in (CLOUD_ACCOUNT, ADMIN_ACCOUNT):
-            password = store.registry.ensure_service_account(account)
+            password = store.registry.accounts.ensure_service(account)
             if password:
                 secret = target / f"{'admin' if account == ADMIN_ACCOUNT else account}.secret"
                 write_private(secret, password + "\n")

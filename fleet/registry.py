@@ -3,23 +3,23 @@
 It lives in the cloud's store (`edgefleet.shared.db.Database`, SQLite or PostgreSQL) so every
 orchestrator replica sees the same fleet. Secrets are kept as `edgefleet.fleet.credentials` says:
 hashes where only verification is needed, the sealed HMAC key where the cloud must sign
-and verify with it. Telemetry is kept twice: the last message in full (for the device
-view) and a downsampled history, one sample per device per bucket (for the charts).
+and verify with it. Its pieces: the keys (`DeviceKeys`, cached), the broker's accounts
+(`BrokerAccounts`) and the telemetry (`TelemetryLog`, the last message and a history).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar
 
 from prometheus_client import Counter, Gauge
 
+from edgefleet.fleet.accounts import BrokerAccounts
 from edgefleet.fleet.credentials import (
     KeySealer,
     mosquitto_hash,
@@ -38,7 +38,8 @@ from edgefleet.fleet.devices import (
     validate_device_id,
     validate_group,
 )
-from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
+from edgefleet.fleet.keys import DeviceKeys
+from edgefleet.fleet.telemetry_log import SUMMARY_COLUMNS, TelemetryLog
 from edgefleet.shared.db import Database
 from edgefleet.shared.errors import Conflict, NotFound
 from edgefleet.shared.gauges import observe
@@ -58,8 +59,6 @@ __all__ = [
     "GROUP_PATTERN",
     "RESERVED_NAMES",
     "REVOKED",
-    "SUMMARY_COLUMNS",
-    "TELEMETRY_RECORDED",
     "DeviceDetail",
     "DeviceRegistry",
     "DeviceSummary",
@@ -73,15 +72,7 @@ log = logging.getLogger(__name__)
 
 ENROLLED = Counter("ef_fleet_enrollments_total", "Devices enrolled")
 REVOKED = Counter("ef_fleet_revocations_total", "Devices revoked")
-TELEMETRY_RECORDED = Counter("ef_fleet_telemetry_recorded_total", "Telemetry messages stored")
 DEVICES = Gauge("ef_fleet_devices", "Enrolled devices (read from the store when scraped)")
-# Cached device keys: a change is looked for with this much lookback (another host's
-# clock, a commit still open), and a key is read again after the backstop at the latest.
-KEY_CHANGE_MARGIN_S = 120.0
-KEY_BACKSTOP_S = 600.0
-# A cached key: the device id (~60 bytes as a str) and the 32-byte key (65 as bytes).
-_KEY_ENTRY_BYTES = ENTRY_OVERHEAD + 180
-
 _State = TypeVar("_State", DesiredState, ReportedState)
 
 _SCHEMA_V1 = [
@@ -122,18 +113,6 @@ _SCHEMA_V1 = [
     )""",
 ]
 
-SUMMARY_COLUMNS = (
-    "fps",
-    "latency_p95",
-    "cpu_pct",
-    "gpu_util",
-    "gpu_temp",
-    "gpu_power",
-    "outbox_depth",
-    "escalation_rate",
-    "agreement",
-)
-
 
 class DeviceRegistry:
     """Enrollment, credentials and last known state of every device, in the cloud's store."""
@@ -149,64 +128,18 @@ class DeviceRegistry:
         key_cache_entries: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
     ):
+        _migrate(db)
         self.db = db
-        self._clock = clock
-        # A revoke or re-enroll made by another process (the `fleet` CLI, another replica)
-        # must bite in every running replica within `key_cache_s`: cached keys are kept
-        # until their device's key changes, found by one indexed query every `key_cache_s`
-        # (a per-key expiry that short would send every message of a device reporting
-        # every 5 s to the store). The backstop expiry only limits a change missed
-        # through a clock far off.
-        self.key_cache_s = key_cache_s
-        self._keys_checked = clock()
-        self._keys_since = utcnow()
-        self._keys_checking = threading.Lock()
         self.sealer = KeySealer(master_key)
-        self.history_bucket_s = history_bucket_s
-        self.history_retention_s = history_retention_s
-        # device id -> (key, key_changed_at of the row it was read from)
-        self._key_cache: BoundedMap[str, tuple[bytes, datetime | None]] = BoundedMap(
-            "device_keys",
-            max_entries=key_cache_entries,
-            max_bytes=key_cache_entries * _KEY_ENTRY_BYTES,
-            size_of=lambda device_id, key: _KEY_ENTRY_BYTES,
-            ttl_s=KEY_BACKSTOP_S,
-            clock=clock,
+        self.keys = DeviceKeys(
+            db, self.sealer, cache_s=key_cache_s, max_entries=key_cache_entries, clock=clock
         )
-        self._lock = threading.Lock()
-        self._writes = 0
-        t = db.types
-        db.migrate(
-            "fleet_registry_v1",
-            [
-                s.format(ts=t.timestamp, bool=t.boolean, double=t.double, bigint=t.bigint)
-                for s in _SCHEMA_V1
-            ],
-        )
-        # the ts of the telemetry kept as the last: an older one arriving later (a redelivery
-        # after a crash, an outbox backlog after an outage) must not replace it
-        db.migrate(
-            "fleet_registry_v2",
-            [f"ALTER TABLE fleet_devices ADD COLUMN telemetry_ts {t.timestamp}"],
-        )
-        # when the device's key last changed (enrolled, revoked): what the key caches of
-        # running replicas poll for
-        db.migrate(
-            "fleet_registry_v3",
-            [
-                f"ALTER TABLE fleet_devices ADD COLUMN key_changed_at {t.timestamp}",
-                "CREATE INDEX IF NOT EXISTS fleet_devices_key_changed "
-                "ON fleet_devices (key_changed_at)",
-            ],
-        )
-        # when the cloud last heard the device alive, by the cloud's own clock: what
-        # `mark_silent` compares, since a device's clock and its last will's ts are not news
-        db.migrate(
-            "fleet_registry_v4",
-            [f"ALTER TABLE fleet_devices ADD COLUMN heard_at {t.timestamp}"],
+        self.accounts = BrokerAccounts(db)
+        self.telemetry = TelemetryLog(
+            db, bucket_s=history_bucket_s, retention_s=history_retention_s
         )
         # several registries of a process read one store: the count is the same, not a sum
-        observe(DEVICES, self, DeviceRegistry._count_for_metrics, combine=max)
+        observe(DEVICES, self, _count_or_nan, combine=max)
 
     # --- enrollment and credentials ---------------------------------------------------
 
@@ -243,65 +176,14 @@ class DeviceRegistry:
                     now,
                 ),
             )
-        self._key_cache.put(device_id, (key, now))
+        self.keys.remember(device_id, key, now)
         ENROLLED.inc()
         log.info("enrolled device", extra={"device_id": device_id, "group": group})
         return Enrollment(device_id, group, key, password, token)
 
     def device_key(self, device_id: str) -> bytes | None:
-        """The HMAC key of an enrolled, unrevoked device; None otherwise (cached until it
-        changes)."""
-        self._forget_changed_keys()
-        cached = self._key_cache.get(device_id)
-        if cached is not None:
-            return cached[0]
-        row = self.db.query_one(
-            "SELECT key_sealed, key_changed_at FROM fleet_devices "
-            "WHERE device_id = ? AND revoked_at IS NULL",
-            (device_id,),
-        )
-        if row is None or not row["key_sealed"]:
-            return None
-        key = self.sealer.unseal(row["key_sealed"])
-        self._key_cache.put(device_id, (key, row["key_changed_at"]))
-        return key
-
-    def load_keys(self) -> int:
-        """Fill the key cache with every active device's key (as many as it holds) in one
-        query: a replica starting under a fleet's traffic would otherwise read each device's
-        key alone. Returns how many it holds."""
-        self._keys_checked, self._keys_since = self._clock(), utcnow()
-        rows = self.db.query(
-            "SELECT device_id, key_sealed, key_changed_at FROM fleet_devices "
-            "WHERE revoked_at IS NULL AND key_sealed IS NOT NULL ORDER BY device_id LIMIT ?",
-            (self._key_cache.max_entries,),
-        )
-        for row in rows:
-            key = self.sealer.unseal(row["key_sealed"])
-            self._key_cache.put(row["device_id"], (key, row["key_changed_at"]))
-        return len(rows)
-
-    def _forget_changed_keys(self) -> None:
-        """Every `key_cache_s`, drop the cached keys of devices enrolled or revoked since
-        they were read. It looks back a margin before the last look (another host's clock,
-        a commit still open); a change already read is recognised by its time."""
-        if self._clock() - self._keys_checked < self.key_cache_s:
-            return
-        if not self._keys_checking.acquire(blocking=False):
-            return  # another thread is looking; this lookup uses the cache as it is
-        try:
-            checked, now = self._clock(), utcnow()
-            rows = self.db.query(
-                "SELECT device_id, key_changed_at FROM fleet_devices WHERE key_changed_at > ?",
-                (self._keys_since - timedelta(seconds=KEY_CHANGE_MARGIN_S),),
-            )
-            for row in rows:
-                cached = self._key_cache.get(row["device_id"])
-                if cached is not None and cached[1] != row["key_changed_at"]:
-                    self._key_cache.pop(row["device_id"])
-            self._keys_checked, self._keys_since = checked, now
-        finally:
-            self._keys_checking.release()
+        """The HMAC key of an enrolled, unrevoked device; None otherwise."""
+        return self.keys.get(device_id)
 
     def authenticate_token(self, token: str) -> str | None:
         """The device id a REST bearer token belongs to, or None."""
@@ -322,47 +204,12 @@ class DeviceRegistry:
             "WHERE device_id = ? AND revoked_at IS NULL",
             (now, False, now, now, device_id),
         )
-        self._key_cache.pop(device_id)
+        self.keys.forget(device_id)
         if not changed:
             raise NotFound(f"device {device_id!r} is not enrolled")
         self.db.execute("DELETE FROM fleet_telemetry_history WHERE device_id = ?", (device_id,))
         REVOKED.inc()
         log.info("revoked device", extra={"device_id": device_id})
-
-    def broker_accounts(self) -> list[tuple[str, str]]:
-        """(username, `$7$` hash) of every active device, for the broker's password file."""
-        rows = self.db.query(
-            "SELECT device_id, broker_hash FROM fleet_devices "
-            "WHERE revoked_at IS NULL AND broker_hash IS NOT NULL ORDER BY device_id"
-        )
-        return [(r["device_id"], r["broker_hash"]) for r in rows]
-
-    def set_service_password(self, username: str, password: str) -> None:
-        """Store (the hash of) a service account's broker password, e.g. the `cloud` user."""
-        encoded = mosquitto_hash(password)
-        with self.db.transaction():
-            self.db.execute("DELETE FROM fleet_service_accounts WHERE username = ?", (username,))
-            self.db.execute(
-                "INSERT INTO fleet_service_accounts (username, broker_hash, created_at) "
-                "VALUES (?, ?, ?)",
-                (username, encoded, utcnow()),
-            )
-
-    def ensure_service_account(self, username: str = "cloud") -> str | None:
-        """Create the account with a new password (returned once); None if it exists."""
-        if self.db.query_one(
-            "SELECT username FROM fleet_service_accounts WHERE username = ?", (username,)
-        ):
-            return None
-        password = new_password()
-        self.set_service_password(username, password)
-        return password
-
-    def service_accounts(self) -> list[tuple[str, str]]:
-        rows = self.db.query(
-            "SELECT username, broker_hash FROM fleet_service_accounts ORDER BY username"
-        )
-        return [(r["username"], r["broker_hash"]) for r in rows]
 
     # --- what devices tell us ---------------------------------------------------------
 
@@ -407,72 +254,8 @@ class DeviceRegistry:
         self.record_telemetries([telemetry])
 
     def record_telemetries(self, batch: Sequence[DeviceTelemetry]) -> None:
-        """Record several messages as if one by one in ts order, in three statements.
-
-        Idempotent and order-proof: a message older than (or the same as) the one kept
-        changes nothing already stored, only fills its history bucket if that is empty.
-        NotFound (and nothing written) if one device is not enrolled.
-        """
-        if not batch:
-            return
-        ordered = sorted(batch, key=lambda t: (t.device_id, t.ts))
-        ids = sorted({t.device_id for t in ordered})
-        # rows locked in one order (device id) by every replica: no crosswise waits
-        lock = " FOR UPDATE" if self.db.dialect == "postgresql" else ""
-        rows = self.db.query(
-            "SELECT device_id, escalations_sent, last_seen, telemetry_ts FROM fleet_devices "
-            f"WHERE device_id IN ({', '.join('?' for _ in ids)}) AND revoked_at IS NULL "
-            f"ORDER BY device_id{lock}",
-            ids,
-        )
-        state = {r["device_id"]: r for r in rows}
-        missing = [d for d in ids if d not in state]
-        if missing:
-            raise NotFound(f"device {missing[0]!r} is not enrolled")
-        newest: dict[str, tuple[Any, ...]] = {}
-        fresh, late = [], []
-        for t in ordered:
-            prev = state[t.device_id]
-            summary = _summarise(t)
-            summary["escalation_rate"] = _escalation_rate(t, prev)
-            values = tuple(summary[c] for c in SUMMARY_COLUMNS)
-            bucket = int(t.ts.timestamp()) // self.history_bucket_s * self.history_bucket_s
-            if prev["telemetry_ts"] is None or prev["telemetry_ts"] < t.ts:
-                sent = t.escalations.sent
-                newest[t.device_id] = (t.model_dump_json(), t.ts, sent, t.ts, True, *values)
-                state[t.device_id] = {
-                    "escalations_sent": sent,
-                    "last_seen": t.ts,
-                    "telemetry_ts": t.ts,
-                }
-                fresh.append((t.device_id, bucket, *values))
-            else:
-                late.append((t.device_id, bucket, *values))
-        sets = ", ".join(f"{c} = ?" for c in SUMMARY_COLUMNS)
-        now = utcnow()
-        self.db.execute_many(  # the guard again in SQL: another replica may be ahead
-            f"UPDATE fleet_devices SET telemetry = ?, telemetry_ts = ?, escalations_sent = ?, "
-            f"last_seen = ?, online = ?, {sets}, updated_at = ?, heard_at = ? "
-            "WHERE device_id = ? AND revoked_at IS NULL "
-            "AND (telemetry_ts IS NULL OR telemetry_ts < ?)",
-            [(*row, now, now, device_id, row[1]) for device_id, row in newest.items()],
-        )
-        cols = ", ".join(SUMMARY_COLUMNS)
-        marks = ", ".join("?" for _ in SUMMARY_COLUMNS)
-        insert = (
-            f"INSERT INTO fleet_telemetry_history (device_id, bucket, {cols}) "
-            f"VALUES (?, ?, {marks}) ON CONFLICT (device_id, bucket) "
-        )
-        updates = ", ".join(f"{c} = excluded.{c}" for c in SUMMARY_COLUMNS)
-        self.db.execute_many(insert + f"DO UPDATE SET {updates}", fresh)
-        self.db.execute_many(insert + "DO NOTHING", late)
-        TELEMETRY_RECORDED.inc(len(batch))
-        with self._lock:
-            before = self._writes
-            self._writes += len(batch)
-            prune = self._writes // 1000 != before // 1000
-        if prune:
-            self.prune_history()
+        """Record several messages (see `TelemetryLog.record`)."""
+        self.telemetry.record(batch)
 
     def batch(self) -> AbstractContextManager[object]:
         """One transaction for several records (the cloud stores telemetry in batches)."""
@@ -490,14 +273,10 @@ class DeviceRegistry:
         self._update(device_id, "desired = ?", (desired.model_dump_json() if desired else None,))
 
     def desired(self, device_id: str) -> DesiredState | None:
-        return self._stored(device_id, "desired", DesiredState)
+        return _stored(self.db, device_id, "desired", DesiredState)
 
     def reported(self, device_id: str) -> ReportedState | None:
-        return self._stored(device_id, "reported", ReportedState)
-
-    def prune_history(self) -> int:
-        cutoff = int(utcnow().timestamp()) - self.history_retention_s
-        return self.db.execute("DELETE FROM fleet_telemetry_history WHERE bucket < ?", (cutoff,))
+        return _stored(self.db, device_id, "reported", ReportedState)
 
     # --- views ------------------------------------------------------------------------
 
@@ -532,22 +311,6 @@ class DeviceRegistry:
             desired=json.loads(row["desired"]) if row["desired"] else None,
         )
 
-    def history(self, device_id: str, *, hours: float = 6.0) -> list[HistoryPoint]:
-        self.get_device(device_id)
-        since = int(utcnow().timestamp() - hours * 3600)
-        rows = self.db.query(
-            f"SELECT bucket, {', '.join(SUMMARY_COLUMNS)} FROM fleet_telemetry_history "
-            "WHERE device_id = ? AND bucket >= ? ORDER BY bucket",
-            (device_id, since),
-        )
-        return [
-            HistoryPoint(
-                ts=datetime.fromtimestamp(r.pop("bucket"), timezone.utc),
-                **{k: v for k, v in r.items()},
-            )
-            for r in rows
-        ]
-
     def groups(self) -> list[str]:
         rows = self.db.query(
             "SELECT DISTINCT grp FROM fleet_devices WHERE revoked_at IS NULL ORDER BY grp"
@@ -566,27 +329,6 @@ class DeviceRegistry:
         row = self.db.query_one("SELECT COUNT(*) AS n FROM fleet_devices WHERE revoked_at IS NULL")
         return int(row["n"]) if row else 0
 
-    def _count_for_metrics(self) -> float:
-        """`ef_fleet_devices` read from the store when scraped: devices enrolled by the CLI
-        (another process) count too; a store that does not answer reads as NaN."""
-        try:
-            return float(self.count())
-        except Exception:  # a scrape must never fail on the store
-            return float("nan")
-
-    # --- internals --------------------------------------------------------------------
-
-    def _stored(
-        self, device_id: str, column: Literal["desired", "reported"], model: type[_State]
-    ) -> _State | None:
-        """The state message kept in `column` (revoked devices included), or None."""
-        row = self.db.query_one(
-            f"SELECT {column} FROM fleet_devices WHERE device_id = ?", (device_id,)
-        )
-        if row is None or not row[column]:
-            return None
-        return model.model_validate_json(row[column])
-
     def _update(self, device_id: str, assignments: str, params: Sequence[Any]) -> None:
         changed = self.db.execute(
             f"UPDATE fleet_devices SET {assignments}, updated_at = ? "
@@ -597,30 +339,58 @@ class DeviceRegistry:
             raise NotFound(f"device {device_id!r} is not enrolled")
 
 
-def _escalation_rate(t: DeviceTelemetry, prev: dict[str, Any]) -> float | None:
-    """Escalations per minute since the device's previous telemetry (None if unknown)."""
-    if prev["escalations_sent"] is None or prev["last_seen"] is None:
-        return None
-    dt: float = (t.ts - prev["last_seen"]).total_seconds()
-    if dt <= 0 or t.escalations.sent < prev["escalations_sent"]:
-        return None
-    sent: int = t.escalations.sent - prev["escalations_sent"]
-    return sent * 60.0 / dt
+def _migrate(db: Database) -> None:
+    t = db.types
+    db.migrate(
+        "fleet_registry_v1",
+        [
+            s.format(ts=t.timestamp, bool=t.boolean, double=t.double, bigint=t.bigint)
+            for s in _SCHEMA_V1
+        ],
+    )
+    # the ts of the telemetry kept as the last: an older one arriving later (a redelivery
+    # after a crash, an outbox backlog after an outage) must not replace it
+    db.migrate(
+        "fleet_registry_v2",
+        [f"ALTER TABLE fleet_devices ADD COLUMN telemetry_ts {t.timestamp}"],
+    )
+    # when the device's key last changed (enrolled, revoked): what the key caches of
+    # running replicas poll for
+    db.migrate(
+        "fleet_registry_v3",
+        [
+            f"ALTER TABLE fleet_devices ADD COLUMN key_changed_at {t.timestamp}",
+            "CREATE INDEX IF NOT EXISTS fleet_devices_key_changed "
+            "ON fleet_devices (key_changed_at)",
+        ],
+    )
+    # when the cloud last heard the device alive, by the cloud's own clock: what
+    # `mark_silent` compares, since a device's clock and its last will's ts are not news
+    db.migrate(
+        "fleet_registry_v4",
+        [f"ALTER TABLE fleet_devices ADD COLUMN heard_at {t.timestamp}"],
+    )
 
 
-def _summarise(t: DeviceTelemetry) -> dict[str, Any]:
-    gpu = t.gpu
-    p95 = max((s.latency_ms.p95 for s in t.streams), default=None)
-    return {
-        "fps": sum(s.fps for s in t.streams) if t.streams else None,
-        "latency_p95": p95,
-        "cpu_pct": t.cpu_pct,
-        "gpu_util": gpu.util_pct if gpu else None,
-        "gpu_temp": gpu.temp_c if gpu else None,
-        "gpu_power": gpu.power_w if gpu else None,
-        "outbox_depth": t.outbox_depth,
-        "agreement": t.agreement_rate,
-    }
+def _stored(
+    db: Database, device_id: str, column: Literal["desired", "reported"], model: type[_State]
+) -> _State | None:
+    """The state message kept in `column` (revoked devices included), or None."""
+    row = db.query_one(
+        f"SELECT {column} FROM fleet_devices WHERE device_id = ?", (device_id,)
+    )
+    if row is None or not row[column]:
+        return None
+    return model.model_validate_json(row[column])
+
+
+def _count_or_nan(registry: DeviceRegistry) -> float:
+    """`ef_fleet_devices` read from the store when scraped: devices enrolled by the CLI
+    (another process) count too; a store that does not answer reads as NaN."""
+    try:
+        return float(registry.count())
+    except Exception:  # a scrape must never fail on the store
+        return float("nan")
 
 
 # what a device is doing now: not shown for an offline device (its last fps is not its fps)

@@ -56,7 +56,7 @@ def test_a_poison_message_plain_or_retained_stops_no_one_else(tmp_path: Path) ->
     db = Database.connect(f"sqlite:///{data / 'cloud.db'}")
     registry = DeviceRegistry(db)
     cam_a, cam_b = registry.enroll("cam-a"), registry.enroll("cam-b")
-    cloud_password = registry.ensure_service_account("cloud")
+    cloud_password = registry.accounts.ensure_service("cloud")
     assert cloud_password
     broker = fleet_broker(registry, tmp_path / "broker")
     db.close()

@@ -217,7 +217,7 @@ def test_drift_compares_this_week_with_the_reference_window(store: CaseStore) ->
             store.db.execute(
                 "UPDATE ef_cases SET received_at = ? WHERE case_id = ?", (old, case.case_id)
             )
-    watch = DriftWatch(store, DriftSettings(min_samples=20))
+    watch = DriftWatch(store.lookup, DriftSettings(min_samples=20))
     # when drift is computed, then the KS statistic says the distributions are disjoint
     (reading,) = watch.compute()
     assert (reading.device_id, reading.model, reading.ks) == ("cam-dr", "ppocr", 1.0)

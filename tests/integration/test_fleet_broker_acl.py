@@ -109,8 +109,8 @@ def fleet(tmp_path: Path):
     db = Database.connect(f"sqlite:///{tmp_path}/fleet.db")
     registry = DeviceRegistry(db)
     enrollments = {d: registry.enroll(d, group="lab") for d in ("cam-01", "cam-02")}
-    cloud_password = registry.ensure_service_account("cloud")
-    admin_password = registry.ensure_service_account("ef-admin")
+    cloud_password = registry.accounts.ensure_service("cloud")
+    admin_password = registry.accounts.ensure_service("ef-admin")
     broker = fleet_broker(registry, tmp_path / "broker")
     clients: list[Client] = []
 
@@ -376,7 +376,7 @@ def test_the_broker_holds_bounded_bytes_for_an_absent_cloud(tmp_path: Path) -> N
     db = Database.connect(f"sqlite:///{tmp_path}/fleet.db")
     registry = DeviceRegistry(db)
     cam = registry.enroll("cam-01")
-    cloud_password = registry.ensure_service_account("cloud")
+    cloud_password = registry.accounts.ensure_service("cloud")
     port = free_port()
     listener = BrokerListener(port, "127.0.0.1", max_queued_bytes=4 * 2**20)
     files = write_broker_files(registry, tmp_path / "broker", listener)

@@ -77,7 +77,7 @@ def rig(tmp_path: Path):
     server = FleetServer(tmp_path / "cloud", publish=lambda w, r: link.publish(w, r))
     server.start()
     enrollments = {d: server.registry.enroll(d, group="line") for d in DEVICES}
-    cloud_password = server.registry.ensure_service_account("cloud")
+    cloud_password = server.registry.accounts.ensure_service("cloud")
     broker = fleet_broker(server.registry, tmp_path / "broker")
     link = CloudLink(server, broker.port, cloud_password).start()
     devices = DeviceProcesses(tmp_path, broker.port, enrollments)

@@ -57,7 +57,7 @@ def test_a_replica_waits_for_the_others_telemetry_of_the_same_device(pg_url: str
         other.join(30.0)
         assert not other.is_alive() and not errors, errors
         # and its rate is from the message the first committed: 12 sent in 30 s
-        points = DeviceRegistry(watch_db, history_bucket_s=10).history("cam-01", hours=1)
+        points = DeviceRegistry(watch_db, history_bucket_s=10).telemetry.history("cam-01", hours=1)
         assert [p.outbox_depth for p in points] == [1, 2, 3]
         assert points[-1].escalation_rate == pytest.approx(24.0)
     finally:

@@ -128,7 +128,7 @@ def fleet(tmp_path: Path, docker_client, image_registry):
         docker_client.images.remove(f"{repository}:{tag}", force=True)
     server = FleetServer(tmp_path / "cloud", publish=lambda w, r: link.publish(w, r)).start()
     enrollments = {d: server.registry.enroll(d, group="line") for d in DEVICES}
-    cloud_password = server.registry.ensure_service_account("cloud")  # before the broker files
+    cloud_password = server.registry.accounts.ensure_service("cloud")  # before the broker files
     broker = fleet_broker(server.registry, tmp_path / "broker")
     link = CloudLink(server, broker.port, cloud_password).start()
     devices = {d: Device(d, enrollments[d], docker_client, tmp_path, broker.port) for d in DEVICES}

@@ -223,7 +223,7 @@ def test_drift_gauges_follow_the_devices_that_have_readings() -> None:
             return {pair: [0.5] * 30 for pair in self.pairs}
 
     store = Scores([("gone-1", "m"), ("kept-1", "m")])
-    watch = DriftWatch(store, DriftSettings())  # type: ignore[arg-type]  # the scores are all it reads
+    watch = DriftWatch(store, DriftSettings())  # type: ignore[arg-type]  # its scores are all it reads
     watch.compute()
     labels = {"device": "gone-1", "model": "m"}
     assert REGISTRY.get_sample_value("ef_cloud_edge_score_drift_ks", labels) == 0.0

@@ -102,7 +102,7 @@ def test_emqx_export_carries_the_same_digests_and_binds_client_ids() -> None:
 def _registry(tmp_path: Path) -> DeviceRegistry:
     registry = DeviceRegistry(Database.connect(f"sqlite:///{tmp_path}/f.db"))
     registry.enroll("cam-01")
-    registry.ensure_service_account("cloud")
+    registry.accounts.ensure_service("cloud")
     return registry
 
 

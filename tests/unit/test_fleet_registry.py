@@ -63,7 +63,7 @@ def test_enroll_issues_secrets_stored_only_as_needed(db: Database, tmp_path: Pat
     assert registry.authenticate_token("") is None
     raw = (tmp_path / "fleet.db").read_bytes()
     assert e.token.encode() not in raw and e.broker_password.encode() not in raw
-    (username, encoded) = registry.broker_accounts()[0]
+    (username, encoded) = registry.accounts.devices()[0]
     assert username == "cam-01" and verify_mosquitto_hash(e.broker_password, encoded)
     with pytest.raises(Conflict):
         registry.enroll("cam-01")
@@ -95,7 +95,7 @@ def test_revoke_removes_every_credential(db: Database) -> None:
     registry.revoke("cam-01")
     assert registry.device_key("cam-01") is None
     assert registry.authenticate_token(e.token) is None
-    assert registry.broker_accounts() == [] and registry.list_devices() == []
+    assert registry.accounts.devices() == [] and registry.list_devices() == []
     with pytest.raises(NotFound):
         registry.revoke("cam-01")
     with pytest.raises(NotFound):
@@ -115,7 +115,7 @@ def test_state_views_and_downsampled_history(db: Database) -> None:
     registry.record_telemetry(telemetry("cam-01", 1, sent=10, ts=t0 + timedelta(seconds=1)))
     registry.record_telemetry(telemetry("cam-01", 2, sent=16, ts=t0 + timedelta(seconds=31)))
     registry.record_telemetry(telemetry("cam-01", 3, sent=16, ts=t0 + timedelta(seconds=61)))
-    points = registry.history("cam-01", hours=1)
+    points = registry.telemetry.history("cam-01", hours=1)
     assert [p.outbox_depth for p in points] == [2, 3]
     assert points[0].escalation_rate == pytest.approx(12.0)  # 6 in 30 s
     detail = registry.get_device("cam-01")
@@ -155,7 +155,7 @@ def test_telemetry_arriving_late_or_twice_never_replaces_the_newest(db: Database
     # then the newest stays the device's telemetry, its rate intact
     detail = registry.get_device("cam-01")
     assert detail.telemetry is not None and detail.telemetry["seq"] == 4
-    points = registry.history("cam-01", hours=1)
+    points = registry.telemetry.history("cam-01", hours=1)
     # and the late one still fills its own history bucket, once
     assert [p.outbox_depth for p in points] == [1, 2, 4]
     assert points[-1].escalation_rate == pytest.approx(12.0)  # 6 in 30 s
@@ -171,7 +171,7 @@ def test_postgres_store(pg_url: str) -> None:
         now = datetime.now(timezone.utc)
         registry.record_telemetry(telemetry("cam-1", 1, 1, now))
         registry.record_telemetry(telemetry("cam-1", 2, 2, now))  # same bucket: upsert
-        assert len(registry.history("cam-1")) == 1
+        assert len(registry.telemetry.history("cam-1")) == 1
         sent = []
         rollouts = RolloutController(
             registry, db, lambda w, r: sent.append(w), tick_interval_s=None
@@ -227,7 +227,7 @@ def test_a_replica_reads_device_keys_in_one_query_and_keeps_them_until_they_chan
     # given a replica that loaded the keys at start and checks for changes every 5 s
     clock = FakeClock()
     cloud = DeviceRegistry(Database.connect(url), key_cache_s=5.0, clock=clock)
-    assert cloud.load_keys() == 5
+    assert cloud.keys.load() == 5
     single_reads = []
     query_one = cloud.db.query_one
     cloud.db.query_one = lambda *a, **k: single_reads.append(a) or query_one(*a, **k)  # type: ignore[method-assign]
