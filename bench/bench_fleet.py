@@ -159,13 +159,13 @@ def _rollout_progress(registry: DeviceRegistry, db: Database, rounds: int) -> No
     for group in registry.groups():
         rollouts.create({"group": group, "image": "acme/edge:2.0", "models": [model]})
     naive_t, ours_t = [], []
-    marker = rollouts.progress_marker(10)
+    marker = rollouts.book.progress_marker(10)
     for _ in range(rounds):
         t0 = time.perf_counter()
         json.dumps([d.model_dump(mode="json") for d in rollouts.list(10)])
         naive_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        unchanged = rollouts.progress_marker(10) == marker
+        unchanged = rollouts.book.progress_marker(10) == marker
         ours_t.append(time.perf_counter() - t0)
         assert unchanged
     targets = db.query("SELECT COUNT(*) AS n FROM fleet_deployment_targets")[0]["n"]

@@ -153,7 +153,7 @@ def build_router(
         stored = model_store.get(name, version)
         # a device downloads only its own deployments' models; one it may not have looks
         # exactly like one that does not exist, so names cannot be probed
-        if device_id is not None and not rollouts.deployed_to(device_id, name, version):
+        if device_id is not None and not rollouts.book.deployed_to(device_id, name, version):
             raise not_found(name, version)
         return _ranged_file(stored.path, stored.size, request.headers.get("range"))
 
@@ -278,7 +278,7 @@ async def _event_stream(
             yield {"event": "devices", "data": json.dumps(payload)}
         # the views of big rollouts cost tens of ms to build: only when the marker moves
         # (and now and then regardless, should replica clocks disagree)
-        marker = await to_thread.run_sync(rollouts.progress_marker, 10)
+        marker = await to_thread.run_sync(rollouts.book.progress_marker, 10)
         ticks += 1
         if marker != last_marker or ticks >= _FULL_REFRESH_TICKS:
             last_marker, ticks = marker, 0

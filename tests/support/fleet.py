@@ -53,7 +53,7 @@ class FleetServer:
         self.db, self.registry = services.db, services.registry
         self.rollouts, self.store = services.rollouts, services.model_store
         self.case_store = services.store
-        self.rollouts.publish = self.publish or self._record
+        self.rollouts.desired.publish = self.publish or self._record
         self.http = ServerThread(app, port).start()
         return self
 

@@ -294,22 +294,22 @@ def test_canary_above_latency_bound_rolls_back(fleet: Fleet) -> None:
 
 def test_progress_marker_moves_exactly_when_a_rollout_does(fleet: Fleet) -> None:
     # the dashboard stream rebuilds rollout views only when this marker changes
-    empty = fleet.rollouts.progress_marker()
-    assert fleet.rollouts.progress_marker() == empty
+    empty = fleet.rollouts.book.progress_marker()
+    assert fleet.rollouts.book.progress_marker() == empty
     dep = fleet.rollouts.create(request())
-    created = fleet.rollouts.progress_marker()
+    created = fleet.rollouts.book.progress_marker()
     assert created != empty
     # a read or a tick that changes nothing leaves it alone
     fleet.rollouts.get(dep.id)
     fleet.rollouts.tick()
-    assert fleet.rollouts.progress_marker() == created
+    assert fleet.rollouts.book.progress_marker() == created
     # a canary's report moves it, and so does the status change it causes
     fleet.report(dep.canaries[0], dep.id, "applying")
-    applying = fleet.rollouts.progress_marker()
+    applying = fleet.rollouts.book.progress_marker()
     assert applying != created
     fleet.report(dep.canaries[0], dep.id, "healthy")
     assert fleet.rollouts.get(dep.id).status == "rolling"
-    assert fleet.rollouts.progress_marker() != applying
+    assert fleet.rollouts.book.progress_marker() != applying
 
 
 def test_canaries_that_never_report_stop_the_rollout_at_the_deadline(fleet: Fleet) -> None:
