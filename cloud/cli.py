@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from edgefleet.cloud.settings import CloudSettings
 
 app = typer.Typer(
-    help="The cloud orchestrator: REST + MQTT ingest, cascade, feedback store.\n\n"
+    help="The cloud orchestrator: REST + MQTT ingest, cascade, case store.\n\n"
     "Example: edgefleet cloud serve -c cloud.yaml"
 )
 

@@ -52,7 +52,7 @@ SETTINGS: tuple[SettingsDoc, ...] = (
         "Cloud orchestrator",
         "edgefleet.cloud.settings:CloudSettings",
         "edgefleet cloud serve -c cloud.yaml",
-        "The REST API, the MQTT ingest, the cascade, the cache and the feedback store.",
+        "The REST API, the MQTT ingest, the cascade, the cache and the case store.",
     ),
     SettingsDoc(
         "Fleet commands",
