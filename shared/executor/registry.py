@@ -1,71 +1,67 @@
-"""Explicit backend registry: names map to lazy imports, so TensorRT loads only when chosen."""
+"""The backends: each declared in its own module (`BACKENDS`, see `plugin.Backend`), named
+here once. A backend's module imports no runtime at its top, so TensorRT or torch loads
+only when that backend is built."""
 
 from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import logging
-from collections.abc import Callable
 
 from edgefleet.shared.executor.base import Executor
+from edgefleet.shared.executor.plugin import Backend, BackendTraits
 from edgefleet.shared.executor.settings import ExecutionSettings
 
 log = logging.getLogger(__name__)
 
-_ORT = "edgefleet.shared.executor.onnxruntime_backend"
+# One line per backend module: adding a backend is its file and its line here.
+MODULES = [
+    "edgefleet.shared.executor.tensorrt_backend",
+    "edgefleet.shared.executor.onnxruntime_backend",
+    "edgefleet.shared.executor.torch_backend",
+]
 
-# name -> (module, factory attribute, keyword arguments)
-BACKENDS: dict[str, tuple[str, str, dict]] = {
-    "onnxruntime-cpu": (_ORT, "OnnxRuntimeExecutor", {"device": "cpu"}),
-    "onnxruntime-cuda": (_ORT, "OnnxRuntimeExecutor", {"device": "cuda"}),
-    "onnxruntime-tensorrt": (_ORT, "OnnxRuntimeExecutor", {"device": "tensorrt"}),
-    "tensorrt": ("edgefleet.shared.executor.tensorrt_backend", "TensorRTExecutor", {}),
-    "torch-cpu": ("edgefleet.shared.executor.torch_backend", "TorchExecutor", {"device": "cpu"}),
-    "torch-cuda": ("edgefleet.shared.executor.torch_backend", "TorchExecutor", {"device": "cuda"}),
-}
+
+@functools.lru_cache(maxsize=1)
+def backends() -> dict[str, Backend]:
+    """Every declared backend by name, in the shipped preference order (cached)."""
+    declared: list[Backend] = []
+    for module in MODULES:
+        declared.extend(importlib.import_module(module).BACKENDS)
+    names = [b.name for b in declared]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"two backends share a name: {sorted(names)}")
+    return {b.name: b for b in sorted(declared, key=lambda b: b.rank)}
+
+
+def traits(name: str) -> BackendTraits | None:
+    """What backend `name` runs; None for a name no module declares."""
+    backend = backends().get(name)
+    return backend.traits if backend else None
+
+
+def default_order() -> list[str]:
+    """The shipped backend preference: every backend, best first."""
+    return list(backends())
 
 
 def create_executor(name: str, settings: ExecutionSettings) -> Executor:
-    """Import the chosen backend's module now (not before) and build it."""
-    if name not in BACKENDS:
-        raise KeyError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
-    module_name, attr, kwargs = BACKENDS[name]
-    factory: Callable[..., Executor] = getattr(importlib.import_module(module_name), attr)
-    return factory(settings, **kwargs)
-
-
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    """Build the chosen backend's executor (its runtime is imported now, not before)."""
+    known = backends()
+    if name not in known:
+        raise KeyError(f"unknown backend {name!r}; known: {', '.join(known)}")
+    return known[name].build(settings)
 
 
 @functools.lru_cache(maxsize=1)
 def probe_backends() -> dict[str, str | None]:
     """Which backends are installed here: name -> None (worth a proof) or the reason not.
 
-    Probes without importing TensorRT or torch (find_spec), and asks ONNX Runtime which
-    providers its build carries. Whether a GPU backend really runs is not guessed here:
-    `proof.prove` loads a tiny model on it before it is chosen. Cached.
+    Each backend probes without importing TensorRT or torch (find_spec; ONNX Runtime is
+    asked which providers its build carries). Whether a GPU backend really runs is not
+    guessed here: `proof.prove` loads a tiny model on it before it is chosen. Cached.
     """
-    out: dict[str, str | None] = {}
-    try:
-        import onnxruntime as ort
-
-        providers = set(ort.get_available_providers())
-    except ImportError:
-        providers = set()
-    has_cpu = "CPUExecutionProvider" in providers
-    out["onnxruntime-cpu"] = None if has_cpu else "onnxruntime not installed"
-    for name, provider in (
-        ("onnxruntime-cuda", "CUDAExecutionProvider"),
-        ("onnxruntime-tensorrt", "TensorrtExecutionProvider"),
-    ):
-        out[name] = None if provider in providers else f"this onnxruntime build has no {provider}"
-    out["tensorrt"] = None if _installed("tensorrt") else "TensorRT (tensorrt) not installed"
-    torch_ok = None if _installed("torch") else "torch not installed"
-    out["torch-cpu"] = torch_ok
-    out["torch-cuda"] = torch_ok
-    return out
+    return {name: backend.probe() for name, backend in backends().items()}
 
 
 def gpu_reason() -> str | None:

@@ -11,34 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.executor.registry import traits
 from edgefleet.shared.messages import Precision
-
-
-@dataclass(frozen=True)
-class BackendTraits:
-    """Static facts about a backend: what files it runs, in which precisions."""
-
-    formats: frozenset[str]
-    precisions: frozenset[str]
-    gpu: bool
-
-
-TRAITS: dict[str, BackendTraits] = {
-    "tensorrt": BackendTraits(
-        frozenset({"onnx", "tensorrt-engine"}), frozenset({"fp32", "fp16", "int8"}), True
-    ),
-    # INT8 through ORT's TensorRT provider needs a calibration table made elsewhere; the
-    # native backend calibrates itself, so INT8 is offered there only
-    "onnxruntime-tensorrt": BackendTraits(frozenset({"onnx"}), frozenset({"fp32", "fp16"}), True),
-    "onnxruntime-cuda": BackendTraits(frozenset({"onnx"}), frozenset({"fp32"}), True),
-    "onnxruntime-cpu": BackendTraits(frozenset({"onnx"}), frozenset({"fp32"}), False),
-    "torch-cuda": BackendTraits(
-        frozenset({"torchscript", "torch-export"}), frozenset({"fp32", "fp16", "bf16"}), True
-    ),
-    "torch-cpu": BackendTraits(
-        frozenset({"torchscript", "torch-export"}), frozenset({"fp32", "bf16"}), False
-    ),
-}
 
 
 class NeedsBackend(Protocol):
@@ -77,16 +51,16 @@ def screen(
     fmt = model_spec.format
     out: list[Screened] = []
     for name in preference:
-        traits = TRAITS.get(name)
-        if traits is None:
+        facts = traits(name)
+        if facts is None:
             out.append(Screened(name, "unknown backend"))
         elif name not in available:
             out.append(Screened(name, "not probed on this host", host=True))
         elif available[name] is not None:
             out.append(Screened(name, str(available[name]), host=True))
-        elif fmt not in traits.formats:
+        elif fmt not in facts.formats:
             out.append(Screened(name, f"does not run {fmt} models"))
-        elif precision not in traits.precisions:
+        elif precision not in facts.precisions:
             out.append(Screened(name, f"does not support {precision}"))
         else:
             out.append(Screened(name, None))

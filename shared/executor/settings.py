@@ -13,14 +13,13 @@ from pydantic import Field
 
 from edgefleet.shared.config import Closed
 
-DEFAULT_BACKENDS = [
-    "tensorrt",
-    "onnxruntime-tensorrt",
-    "onnxruntime-cuda",
-    "onnxruntime-cpu",
-    "torch-cuda",
-    "torch-cpu",
-]
+
+def _default_backends() -> list[str]:
+    """Every declared backend, best first (`registry.default_order`; imported late: the
+    backends' modules import these settings)."""
+    from edgefleet.shared.executor.registry import default_order
+
+    return default_order()
 
 
 class BatcherSettings(Closed):
@@ -122,7 +121,7 @@ class ExecutionSettings(Closed):
     """How models are executed on this host."""
 
     backends: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_BACKENDS),
+        default_factory=_default_backends,
         description="backend preference, best first; the first one that fits is chosen",
     )
     precision: Literal["fp32", "fp16", "int8"] = Field(

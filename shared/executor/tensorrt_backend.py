@@ -21,6 +21,7 @@ from edgefleet.shared.errors import ConfigError, EdgefleetError
 from edgefleet.shared.executor.base import Capabilities, InferenceFailed, ModelBlob, TensorSpec
 from edgefleet.shared.executor.engine_cache import cached_build, invalidate, write_atomic
 from edgefleet.shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from edgefleet.shared.executor.plugin import Backend, BackendTraits
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.executor.tensorrt_plan import (
     EngineKey,
@@ -417,3 +418,16 @@ class TensorRTExecutor:
     @property
     def outputs(self) -> list[TensorSpec]:
         return list(self._outputs)
+
+
+BACKENDS = (
+    Backend(
+        "tensorrt",
+        BackendTraits(
+            frozenset({"onnx", "tensorrt-engine"}), frozenset({"fp32", "fp16", "int8"}), gpu=True
+        ),
+        TensorRTExecutor,
+        lambda: None if tensorrt_available() else "TensorRT (tensorrt) not installed",
+        rank=0,
+    ),
+)

@@ -8,6 +8,7 @@ in the file raises instead of running.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import time
 
@@ -23,6 +24,7 @@ from edgefleet.shared.executor.base import (
     runtime_message,
 )
 from edgefleet.shared.executor.metrics import INFER_SECONDS, MODEL_LOAD_SECONDS
+from edgefleet.shared.executor.plugin import Backend, BackendTraits
 from edgefleet.shared.executor.settings import ExecutionSettings
 
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -135,3 +137,29 @@ class TorchExecutor:
     @property
     def outputs(self) -> list[TensorSpec]:
         return list(self._outputs)
+
+
+def _probe() -> str | None:
+    return None if importlib.util.find_spec("torch") is not None else "torch not installed"
+
+
+BACKENDS = (
+    Backend(
+        "torch-cuda",
+        BackendTraits(
+            frozenset({"torchscript", "torch-export"}), frozenset({"fp32", "fp16", "bf16"}), True
+        ),
+        lambda settings: TorchExecutor(settings, device="cuda"),
+        _probe,
+        rank=4,
+    ),
+    Backend(
+        "torch-cpu",
+        BackendTraits(
+            frozenset({"torchscript", "torch-export"}), frozenset({"fp32", "bf16"}), False
+        ),
+        lambda settings: TorchExecutor(settings, device="cpu"),
+        _probe,
+        rank=5,
+    ),
+)

@@ -15,8 +15,8 @@ from edgefleet.shared.executor.base import Executor, InferenceFailed, ModelBlob,
 from edgefleet.shared.executor.fallback import BackendChoice, open_first, record
 from edgefleet.shared.executor.memory import Footprint, MemoryBudget, detect_probe
 from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
-from edgefleet.shared.executor.registry import create_executor, probe_backends
-from edgefleet.shared.executor.selection import TRAITS, explain, screen
+from edgefleet.shared.executor.registry import backends, create_executor, probe_backends
+from edgefleet.shared.executor.selection import explain, screen
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Sha256
 from edgefleet.shared.models.registry import ModelRegistry, ModelSpec
@@ -112,7 +112,7 @@ def _load(
     budget: MemoryBudget | None,
 ) -> tuple[Executor, Footprint, MemoryBudget]:
     """Admit the model's memory on `backend`'s device, load it there and warm it up."""
-    gpu = TRAITS[backend].gpu
+    gpu = backends()[backend].traits.gpu
     budget = budget or default_budget(settings, gpu)
     footprint = Footprint(
         weights=len(blob.data),

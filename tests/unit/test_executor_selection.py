@@ -9,9 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from edgefleet.shared.executor.registry import BACKENDS, create_executor, probe_backends
-from edgefleet.shared.executor.selection import TRAITS, NoBackendAvailable, explain, select_backend
-from edgefleet.shared.executor.settings import DEFAULT_BACKENDS, ExecutionSettings
+from edgefleet.shared.executor import registry
+from edgefleet.shared.executor.proof import prove
+from edgefleet.shared.executor.registry import backends, create_executor, probe_backends
+from edgefleet.shared.executor.selection import NoBackendAvailable, explain, select_backend
+from edgefleet.shared.executor.settings import ExecutionSettings
+
+DEFAULT_BACKENDS = ExecutionSettings().backends
 
 
 @dataclass(frozen=True)
@@ -75,22 +79,61 @@ def test_unknown_and_unprobed_backends_are_explained():
     ]
 
 
-def test_registry_names_match_traits_and_probe_covers_all():
-    assert set(BACKENDS) == set(TRAITS) == set(DEFAULT_BACKENDS)
+def test_the_shipped_order_is_every_declared_backend_best_first_and_probe_covers_all():
+    assert DEFAULT_BACKENDS == [
+        "tensorrt",
+        "onnxruntime-tensorrt",
+        "onnxruntime-cuda",
+        "onnxruntime-cpu",
+        "torch-cuda",
+        "torch-cpu",
+    ]
+    assert list(backends()) == DEFAULT_BACKENDS
     probed = probe_backends()
-    assert set(probed) == set(BACKENDS)
+    assert set(probed) == set(DEFAULT_BACKENDS)
     assert probed["onnxruntime-cpu"] is None  # onnxruntime is a core dependency
+
+
+@pytest.fixture
+def relu_backend(monkeypatch):
+    """The test-only backend's module on the registry's list, and the caches rebuilt."""
+    monkeypatch.setattr(registry, "MODULES", [*registry.MODULES, "tests.support.relu_backend"])
+    backends.cache_clear()
+    probe_backends.cache_clear()
+    yield
+    backends.cache_clear()
+    probe_backends.cache_clear()
+
+
+def test_a_backend_added_by_one_file_and_one_line_is_chosen_proven_and_run(relu_backend):
+    assert ExecutionSettings().backends[-1] == "numpy-relu"  # ranked last of the shipped order
+    assert probe_backends()["numpy-relu"] is None
+    settings = ExecutionSettings(backends=["numpy-relu", "onnxruntime-cpu"])
+    chosen, rejected = select_backend(probe_backends(), settings.backends, Spec("onnx"))
+    assert (chosen, rejected) == (
+        "numpy-relu",
+        [("onnxruntime-cpu", "lower preference than numpy-relu")],
+    )
+    assert prove("numpy-relu", settings) is None  # the tiny Relu of every proof ran on it
+    with pytest.raises(NoBackendAvailable, match="numpy-relu: does not run torchscript models"):
+        select_backend(probe_backends(), settings.backends, Spec("torchscript"))
+
+
+def test_two_backends_of_one_name_are_refused(monkeypatch, relu_backend):
+    monkeypatch.setattr(registry, "MODULES", [*registry.MODULES, "tests.support.relu_backend"])
+    backends.cache_clear()
+    with pytest.raises(RuntimeError, match="two backends share a name"):
+        backends()
 
 
 def test_registry_is_lazy_tensorrt_and_torch_not_imported():
     code = (
         "import sys; import edgefleet.shared.executor, edgefleet.shared.models; "
         "from edgefleet.shared.executor.registry import probe_backends; probe_backends(); "
-        "print('tensorrt' in sys.modules, 'torch' in sys.modules, "
-        "'edgefleet.shared.executor.tensorrt_backend' in sys.modules)"
+        "print('tensorrt' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False", "False"]
+    assert out.stdout.split() == ["False", "False"]
 
 
 def test_create_executor_runs_a_tiny_onnx_graph():
