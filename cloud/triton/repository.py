@@ -22,7 +22,8 @@ from pydantic import Field
 from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.triton_backend import SHA256_PARAMETER
-from edgefleet.shared.models.registry import ModelRegistry, ModelSpec
+from edgefleet.shared.models.registry import ModelRegistry
+from edgefleet.shared.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,7 @@ def components(registry: ModelRegistry, names: list[str]) -> list[ModelSpec]:
     out: dict[str, ModelSpec] = {}
     for name in names:
         spec = registry.get(name)
-        parts = [spec.name]
-        if spec.ocr is not None:
-            opts = spec.ocr
-            parts = [opts.det, opts.rec, *([opts.cls] if opts.cls else []), *opts.voters]
-        for part in parts:
+        for part in spec.components() or [spec.name]:
             component = registry.get(part)
             if component.format != "onnx":
                 raise ConfigError(f"{part}: only ONNX files go into the Triton repository")

@@ -15,6 +15,7 @@ from rich.table import Table
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models.registry import DEFAULT_MODEL, ModelRegistry
+from edgefleet.shared.models.tasks import OcrSpec
 
 app = typer.Typer(
     help="Model files: check a file against the trusted manifest, list the known models, "
@@ -74,7 +75,7 @@ def list_models(manifest: Path | None = MANIFEST_OPTION) -> None:
         if spec.file is None:
             where = (
                 "pipeline: " + ", ".join(n for n in (spec.ocr.det, spec.ocr.cls, spec.ocr.rec) if n)
-                if spec.ocr
+                if isinstance(spec, OcrSpec)
                 else "-"
             )
         else:

@@ -52,10 +52,7 @@ def reader_key(model: str, sha256: str) -> str:
     digest = hashlib.sha256(f"{sha256} {__version__}".encode())
     try:
         spec = registry.get(model)
-        parts = [spec]
-        if spec.ocr is not None:
-            names = [spec.ocr.det, spec.ocr.rec, spec.ocr.cls, *spec.ocr.voters]
-            parts += [registry.get(name) for name in names if name]
+        parts = [spec, *(registry.get(name) for name in spec.components())]
     except ModelNotFound:
         parts = []
     for part in parts:

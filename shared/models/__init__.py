@@ -6,11 +6,11 @@ lines = model.predict(image_rgb)         # list[edgefleet.shared.messages.Detect
 
 from __future__ import annotations
 
-from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.models.base import Model
-from edgefleet.shared.models.registry import DEFAULT_MODEL, ModelRegistry, ModelSpec
+from edgefleet.shared.models.registry import DEFAULT_MODEL, ModelRegistry
+from edgefleet.shared.models.spec import ModelSpec
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -36,16 +36,4 @@ def load_model(
     """
     settings = settings or ExecutionSettings()
     registry = registry or ModelRegistry.default()
-    spec = registry.get(name)
-    if spec.task == "ocr":
-        from edgefleet.shared.models.ocr import OcrModel
-
-        return OcrModel(spec, registry, settings, budget)
-    if spec.task in {"yolo", "classification"}:
-        from edgefleet.shared.models.vision import build_vision_model
-
-        return build_vision_model(spec, registry, settings, budget)
-    raise ConfigError(
-        f"{name} is a {spec.task} component, not a loadable model; load the pipeline that "
-        "uses it (e.g. ppocr)"
-    )
+    return registry.get(name).build(registry, settings, budget)

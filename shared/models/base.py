@@ -18,8 +18,8 @@ from edgefleet.shared.executor.metrics import PREDICT_SECONDS, PREDICTIONS
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Detection, ModelInfo
 from edgefleet.shared.models.frames import FrameIn
-from edgefleet.shared.models.registry import ModelSpec
 from edgefleet.shared.models.session import Session
+from edgefleet.shared.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

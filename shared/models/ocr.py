@@ -25,7 +25,6 @@ import numpy as np
 from prometheus_client import Counter, Histogram
 
 from edgefleet.shared import kernels
-from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
@@ -38,8 +37,10 @@ from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_qua
 from edgefleet.shared.models.decoders.kinds import Kinds
 from edgefleet.shared.models.frames import FrameIn
 from edgefleet.shared.models.preprocess import det_plan, kernel_batch, round_to, stack_canvases
-from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, OcrOptions
+from edgefleet.shared.models.registry import ModelRegistry
 from edgefleet.shared.models.session import Session, open_session
+from edgefleet.shared.models.spec import ModelSpec
+from edgefleet.shared.models.tasks import OcrOptions, OcrSpec
 
 log = logging.getLogger(__name__)
 
@@ -265,13 +266,11 @@ class OcrModel(Model):
 
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: OcrSpec,
         registry: ModelRegistry,
         settings: ExecutionSettings,
         budget: MemoryBudget | None = None,
     ) -> None:
-        if spec.ocr is None:
-            raise ConfigError(f"{spec.name}: task ocr needs an `ocr:` section in the manifest")
         opts: OcrOptions = spec.ocr
         self.opts = opts
         cap = settings.batching.max_batch_size

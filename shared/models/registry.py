@@ -10,17 +10,17 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
-from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from edgefleet.shared.config import Closed
 from edgefleet.shared.errors import ConfigError, ModelIntegrityError, ModelNotFound
 from edgefleet.shared.executor.base import ModelBlob
-from edgefleet.shared.executor.settings import TritonServing
 from edgefleet.shared.hashing import sha256_bytes
-from edgefleet.shared.messages import Sha256
+from edgefleet.shared.models.spec import ModelSpec
+from edgefleet.shared.models.tasks import ModelEntry, TextRecognitionSpec
 
 log = logging.getLogger(__name__)
 
@@ -29,155 +29,21 @@ DEFAULT_MANIFEST = Path(__file__).with_name("manifest.yaml")
 # `load_model()` read a still as the cameras will.
 DEFAULT_MODEL = "ppocr6-tiny"
 
-Task = Literal["ocr", "text-detection", "text-recognition", "text-angle", "yolo", "classification"]
-
-_SUFFIX_FORMATS = {
-    ".onnx": "onnx",
-    ".engine": "tensorrt-engine",
-    ".plan": "tensorrt-engine",
-    ".ts": "torchscript",
-    ".torchscript": "torchscript",
-    ".pt2": "torch-export",
-}
-_PICKLE_SUFFIXES = {".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy"}
-
-
-class InputSpec(Closed):
-    """How a model wants its input tensor."""
-
-    name: str | None = Field(None, description="input tensor name; none = the first input")
-    layout: Literal["NCHW", "NHWC"] = Field("NCHW", description="tensor layout")
-    channels: int = Field(3, ge=1, le=4, description="colour channels")
-    height: int | None = Field(None, ge=1, description="fixed input height; none = dynamic")
-    width: int | None = Field(None, ge=1, description="fixed input width; none = dynamic")
-    color: Literal["RGB", "BGR"] = Field("RGB", description="channel order the model expects")
-    scale: float = Field(1 / 255, gt=0, description="pixel values are multiplied by this first")
-    pad_value: int = Field(114, ge=0, le=255, description="letterbox padding colour")
-
-
-class DictionaryFile(Closed):
-    """A recogniser's character dictionary (one character a line), hash-pinned like a model."""
-
-    file: str = Field(description="path, relative to the manifest, or pkg:PKG/PATH")
-    sha256: Sha256
-
-
-class OcrOptions(Closed):
-    """An OCR pipeline over detection, recognition and (optional) angle models."""
-
-    det: str = Field(description="text detection model name")
-    rec: str = Field(description="text recognition model name")
-    cls: str | None = Field(None, description="angle classifier model name; none = off")
-    det_max_side: int = Field(640, ge=64, le=4096, description="detector input longest side")
-    det_fit: Literal["letterbox", "stretch"] = Field(
-        "letterbox",
-        description="detector input: letterbox (aspect kept, padded) or stretch (PP-OCR's rule: "
-        "each side rounded to /32 and filled, no pad)",
-    )
-    det_zoom: float | None = Field(
-        None,
-        gt=1,
-        le=4,
-        description="detect again, this many times finer than the first pass, in each region "
-        "where the first map stirs (above zoom_thresh): faint and small text the first pass "
-        "misses or splits; the zoomed lines replace the first pass's there; none = off",
-    )
-    zoom_thresh: float = Field(
-        0.005, gt=0, lt=1, description="first-map value that marks a region for the zoom"
-    )
-    zoom_sure: float = Field(
-        0.9,
-        gt=0,
-        le=1,
-        description="a region whose every line the first pass reads this surely is not zoomed",
-    )
-    det_thresh: float = Field(0.3, gt=0, lt=1, description="DB binarisation threshold")
-    box_thresh: float = Field(0.5, gt=0, lt=1, description="minimum mean score of a text box")
-    unclip_ratio: float = Field(1.6, gt=0, description="DB unclip ratio (box expansion)")
-    max_candidates: int = Field(1000, ge=1, description="contours considered per image")
-    max_lines: int | None = Field(
-        None,
-        ge=1,
-        description="text lines read per image, the largest first (and no zoomed pass once "
-        "an image has more): an image dense with text costs the model a bounded time, not "
-        "one read per line it holds; the lines left are counted (ef_ocr_lines_unread_total) "
-        "and noted on the cloud's verdict (`lines_unread`); none = every line",
-    )
-    rec_height: int = Field(48, ge=8, description="recogniser input height")
-    rec_min_width: int = Field(320, ge=16, description="recogniser minimum input width")
-    rec_max_width: int = Field(1600, ge=16, description="recogniser maximum input width")
-    rec_batch: int = Field(16, ge=1, description="text lines per recogniser batch")
-    cls_threshold: float = Field(0.9, gt=0, lt=1, description="flip a line when 180° is this sure")
-    text_score: float = Field(
-        0.5, ge=0, lt=1, description="drop lines whose surest read is scored below this"
-    )
-    tta: bool = Field(False, description="also read each line from a padded crop")
-    enhance: bool = Field(
-        False, description="also read each line contrast-stretched and sharpened (faint, blurred)"
-    )
-    word_kinds: float | None = Field(
-        0.1,
-        gt=0,
-        le=1,
-        description="a letter among digits or a digit among letters (the nearest characters "
-        "of its word on both sides) is read as the likeliest character of their kind where "
-        "the recogniser gives that one at least this; O and 0 (drawn alike) whatever it "
-        "gives; none = off",
-    )
-    voters: list[str] = Field(
-        default_factory=list,
-        description="more text recognition models; every read of a line (each recogniser, "
-        "each crop) votes for its text with its confidence, the heaviest text wins",
-    )
-
-
-class YoloOptions(Closed):
-    layout: Literal["auto", "v5", "v8"] = Field(
-        "auto", description="output layout: v5 (N,5+C) with objectness, v8/v11 (4+C,N)"
-    )
-    conf_threshold: float = Field(0.25, ge=0, le=1, description="minimum class score")
-    iou_threshold: float = Field(0.45, gt=0, le=1, description="NMS IoU threshold")
-    max_det: int = Field(300, ge=1, description="boxes kept per image")
-
-
-class ModelSpec(Closed):
-    """One manifest entry."""
-
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
-    version: str = Field(min_length=1, max_length=64)
-    task: Task
-    file: str | None = Field(None, description="path, relative to the manifest, or pkg:PKG/PATH")
-    sha256: Sha256 | None = None
-    input: InputSpec = Field(default_factory=InputSpec)
-    mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0])
-    std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0])
-    labels: list[str] | None = None
-    dictionary: DictionaryFile | None = Field(
-        None, description="text-recognition: its character dictionary; none = ONNX metadata"
-    )
-    top_k: int = Field(5, ge=1, description="classification: labels returned per image")
-    ocr: OcrOptions | None = None
-    yolo: YoloOptions | None = None
-    triton: TritonServing | None = Field(
-        None,
-        description="the forward pass runs on this Triton server instead of in process (on "
-        "a pipeline: each of its components, by its own name); none = in process",
-    )
-    base_dir: Path | None = Field(None, exclude=True, description="set from the manifest")
-
-    @property
-    def format(self) -> str:
-        """The file format, from the suffix; pipelines (ocr) run ONNX components."""
-        if self.file is None:
-            return "onnx"
-        suffix = Path(self.file).suffix.lower()
-        if suffix in _PICKLE_SUFFIXES:
-            return "pickle"
-        return _SUFFIX_FORMATS.get(suffix, "unknown")
-
 
 class Manifest(Closed):
-    models: list[ModelSpec]
+    models: list[ModelEntry]
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One validation error, placed as the manifest reads: an entry's fields sit under the
+    entry (pydantic puts the entry's task between them), a missing or unknown task on it."""
+    loc = list(error["loc"])
+    if error["type"] in {"union_tag_not_found", "union_tag_invalid"}:
+        loc.append("task")
+    elif len(loc) > 2 and loc[0] == "models":
+        del loc[2]
+    message = "Field required" if error["type"] == "union_tag_not_found" else error["msg"]
+    return f"{'.'.join(str(p) for p in loc)}: {message}"
 
 
 def package_dir(package: str) -> Path:
@@ -244,9 +110,7 @@ class ModelRegistry:
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise ConfigError(f"{where}: invalid model manifest (YAML): {problem}") from None
         except ValidationError as exc:
-            errors = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
+            errors = "; ".join(_problem(e) for e in exc.errors())
             raise ConfigError(f"{path}: invalid model manifest: {errors}") from None
         base = path.parent.resolve()
         return cls([s.model_copy(update={"base_dir": base}) for s in manifest.models])
@@ -295,7 +159,7 @@ class ModelRegistry:
 
     def read_dictionary(self, spec: ModelSpec) -> list[str] | None:
         """The spec's character dictionary, hash-checked; None when it declares none."""
-        if spec.dictionary is None:
+        if not isinstance(spec, TextRecognitionSpec) or spec.dictionary is None:
             return None
         path = _locate(spec.dictionary.file, spec.base_dir)
         try:

@@ -19,7 +19,8 @@ from edgefleet.shared.executor.registry import backends, create_executor, probe_
 from edgefleet.shared.executor.selection import explain, screen
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Sha256
-from edgefleet.shared.models.registry import ModelRegistry, ModelSpec
+from edgefleet.shared.models.registry import ModelRegistry
+from edgefleet.shared.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

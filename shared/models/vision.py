@@ -9,7 +9,6 @@ import cv2
 import numpy as np
 
 from edgefleet.shared import kernels
-from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
 from edgefleet.shared.executor.settings import ExecutionSettings
@@ -21,8 +20,10 @@ from edgefleet.shared.models.decoders.classification import top_k
 from edgefleet.shared.models.decoders.yolo import decode_yolo
 from edgefleet.shared.models.frames import FrameIn
 from edgefleet.shared.models.preprocess import stack_canvases
-from edgefleet.shared.models.registry import ModelRegistry, ModelSpec, YoloOptions
+from edgefleet.shared.models.registry import ModelRegistry
 from edgefleet.shared.models.session import Session, open_session, warmup_guard
+from edgefleet.shared.models.spec import ModelSpec
+from edgefleet.shared.models.tasks import ClassificationSpec, YoloSpec
 
 
 def _input_hw(spec: ModelSpec, session: Session | None, default: int) -> tuple[int, int]:
@@ -94,8 +95,14 @@ class _Prepared:
 class YoloModel(_SingleSessionModel):
     """YOLO v5 / v8 / v11 detection: letterbox in, boxes (label, score, xyxy) out."""
 
-    def __init__(self, spec, registry, settings, budget=None) -> None:
-        self.opts = spec.yolo or YoloOptions()
+    def __init__(
+        self,
+        spec: YoloSpec,
+        registry: ModelRegistry,
+        settings: ExecutionSettings,
+        budget: MemoryBudget | None = None,
+    ) -> None:
+        self.opts = spec.yolo
         super().__init__(spec, registry, settings, budget)
         self._fill = pad_norm_value(spec.input.pad_value, *self._norm)
 
@@ -162,6 +169,16 @@ class ClassificationModel(_SingleSessionModel):
 
     default_size = 224
 
+    def __init__(
+        self,
+        spec: ClassificationSpec,
+        registry: ModelRegistry,
+        settings: ExecutionSettings,
+        budget: MemoryBudget | None = None,
+    ) -> None:
+        self.top_k = spec.top_k
+        super().__init__(spec, registry, settings, budget)
+
     def pre_process(self, frames: list[FrameIn]) -> _Prepared:
         # an area filter (a large downscale to e.g. 224x224, where bilinear taps alias), so
         # not the bilinear kernel: packed frames are resized as they are and only the small
@@ -176,16 +193,8 @@ class ClassificationModel(_SingleSessionModel):
         return _Prepared(batch, [])
 
     def post_process(self, raw: np.ndarray, prepared: _Prepared) -> list[list[Detection]]:
-        ranked = top_k(np.asarray(raw).reshape(raw.shape[0], -1), self.spec.labels, self.spec.top_k)
+        ranked = top_k(np.asarray(raw).reshape(raw.shape[0], -1), self.spec.labels, self.top_k)
         return [
             [Detection(label=label, score=min(1.0, max(0.0, p))) for label, p in row]
             for row in ranked
         ]
-
-
-def build_vision_model(spec, registry, settings, budget=None) -> Model:
-    if spec.task == "yolo":
-        return YoloModel(spec, registry, settings, budget)
-    if spec.task == "classification":
-        return ClassificationModel(spec, registry, settings, budget)
-    raise ConfigError(f"{spec.name}: task {spec.task} is not a vision model")
