@@ -53,7 +53,6 @@ from edgefleet.edge.outbox import Outbox
 from edgefleet.edge.pipeline import Pipeline, Work
 from edgefleet.edge.policy import Escalation, EscalationPolicy
 from edgefleet.edge.settings import (
-    Decoder,
     PipelineSettings,
     PolicySettings,
     SourceSettings,
@@ -196,7 +195,7 @@ def agent_pipeline(
     workers: int,
     workdir: Path,
     realtime_s: float | None = None,
-    decoder: Decoder = "ffmpeg",
+    decoder: str = "ffmpeg",
 ) -> tuple[float, list[float], int, int]:
     """The agent's pipeline on the file: fps, latencies (ms), frames done, frames dropped.
 
@@ -549,7 +548,7 @@ def pipeline_figures(
     overlapped = whole.model_copy(
         update={"batching": whole.batching.model_copy(update={"workers": cores})}
     )
-    realtime: dict[str, tuple[Decoder, ExecutionSettings, int]] = {
+    realtime: dict[str, tuple[str, ExecutionSettings, int]] = {
         "agent, real time, ffmpeg i420": ("ffmpeg", ours, workers),
         "agent, real time, opencv bgr": ("opencv", ours, workers),
         f"agent, {cores} workers x 1 thread": ("ffmpeg", edge_execution(cores), cores),

@@ -16,6 +16,9 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from edgefleet.edge.execution import edge_execution
+from edgefleet.edge.sources import decoders
+from edgefleet.edge.sources.settings import SourceKind as SourceKind
+from edgefleet.edge.sources.settings import SourceSettings as SourceSettings
 from edgefleet.shared.config import Closed, EdgefleetSettings
 from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.settings import ExecutionSettings
@@ -23,49 +26,6 @@ from edgefleet.shared.file_access import chown_hint, unreadable_reason
 from edgefleet.shared.messages import DEVICE_ID_PATTERN
 from edgefleet.shared.models.registry import DEFAULT_MODEL
 from edgefleet.shared.mqtt import MqttSettings
-
-SourceKind = Literal["auto", "file", "rtsp", "udp", "http", "v4l2", "gstreamer"]
-Decoder = Literal["auto", "ffmpeg", "opencv", "gstreamer"]
-
-
-class SourceSettings(Closed):
-    """One video stream."""
-
-    id: str = Field(
-        pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="stream id, used in telemetry and cases"
-    )
-    url: str = Field(
-        min_length=1,
-        description="file path, rtsp://, udp://, http(s):// MJPEG URL, /dev/videoN or a "
-        "GStreamer pipeline ending in appsink",
-    )
-    kind: SourceKind = Field("auto", description="source type; auto guesses from the url")
-    decoder: Decoder = Field(
-        "auto",
-        description="who decodes: ffmpeg (PyAV: the decoder's YUV planes as they come), "
-        "opencv (BGR), gstreamer (Jetson: nvv4l2decoder to NV12); auto = gstreamer for an "
-        "encoded stream where OpenCV has GStreamer and nvv4l2decoder loads (a Jetson), else "
-        "ffmpeg when PyAV is installed, else opencv (a GStreamer pipeline url always goes "
-        "through OpenCV)",
-    )
-    realtime: bool = Field(
-        True,
-        description="files only: play at the file's frame rate and drop what the pipeline "
-        "cannot keep up with; false = every frame, for evaluation",
-    )
-    loop: bool = Field(False, description="files only: start again at the end")
-    expect_result: bool = Field(
-        False, description="an empty result on this stream is suspicious (escalated as `empty`)"
-    )
-    stall_timeout_s: float = Field(
-        5.0, gt=0, description="no frame for this long: the stream is `stalled` and reconnected"
-    )
-    open_timeout_s: float = Field(10.0, gt=0, description="give up opening after this long")
-    reconnect_min_s: float = Field(0.5, gt=0, description="first reconnect delay")
-    reconnect_max_s: float = Field(30.0, gt=0, description="reconnect delay cap (with jitter)")
-    max_invalid_frames: int = Field(
-        25, ge=1, description="this many garbage frames in a row count as a stream error"
-    )
 
 
 class ModelSettings(Closed):
@@ -378,6 +338,13 @@ class EdgeSettings(EdgefleetSettings):
         ids = [s.id for s in self.streams]
         if len(ids) != len(set(ids)):
             raise ValueError("stream ids must be unique")
+        known = decoders()
+        for stream in self.streams:
+            if stream.decoder != "auto" and stream.decoder not in known:
+                raise ValueError(
+                    f"stream {stream.id}: unknown decoder {stream.decoder!r}; one of auto, "
+                    + ", ".join(known)
+                )
         return self
 
     def beside(self, config_file: Path) -> EdgeSettings:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgefleet.shared.messages import StreamId
+
+if TYPE_CHECKING:
+    from edgefleet.edge.sources.settings import SourceSettings
 
 
 @dataclass
@@ -60,3 +65,20 @@ class VideoSource(ABC):
     def describe(self) -> str:
         """Where this source reads from, safe to log (no credentials)."""
         return self.kind
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """What a decoder declares about itself, in its own module (`DECODER`).
+
+    Under `decoder: auto` a stream takes the first decoder by `rank` that decodes its
+    kind of source and is `present` on this host; `chosen` and `absent` say why, in the
+    log line of the choice."""
+
+    name: str
+    build: Callable[[SourceSettings], VideoSource]
+    kinds: frozenset[str]
+    present: Callable[[], bool]
+    chosen: str
+    absent: str
+    rank: int

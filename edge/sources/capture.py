@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
-from edgefleet.edge.settings import SourceSettings
 from edgefleet.edge.sources.base import Frame, VideoSource
+from edgefleet.edge.sources.settings import SourceSettings
 from edgefleet.shared.errors import SourceDisconnected
 from edgefleet.shared.messages import StreamState
 

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from prometheus_client import Counter
 
-from edgefleet.edge.settings import SourceSettings
-from edgefleet.edge.sources.base import VideoSource
+from edgefleet.edge.sources.base import Decoder, VideoSource
 from edgefleet.edge.sources.opencv import guess_kind, safe_url
+from edgefleet.edge.sources.settings import SourceSettings
 from edgefleet.shared.errors import ConfigError, SourceDisconnected
 
 if TYPE_CHECKING:
@@ -231,3 +231,14 @@ class FfmpegSource(VideoSource):
         if self._container is not None:
             container, self._container = self._container, None
             container.close()
+
+
+DECODER = Decoder(
+    "ffmpeg",
+    FfmpegSource,
+    frozenset({"file", "rtsp", "udp", "http", "v4l2"}),
+    has_pyav,
+    chosen="PyAV is installed",
+    absent="PyAV is not installed",
+    rank=1,
+)

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import cv2
 
-from edgefleet.edge.settings import SourceSettings
+from edgefleet.edge.sources.base import Decoder
 from edgefleet.edge.sources.opencv import OpenCvSource, has_gstreamer, open_params, safe_url
+from edgefleet.edge.sources.settings import SourceSettings
 from edgefleet.shared.errors import ConfigError, SourceDisconnected
 
 # appsink: the newest buffer only (the capture thread keeps the newest frame anyway), and
@@ -133,3 +134,15 @@ class GstreamerSource(OpenCvSource):
         fps = cap.get(cv2.CAP_PROP_FPS)
         self._fps = fps if 0 < fps < 1000 else None
         self._cap = cap
+
+
+# Streams NVDEC decodes (a V4L2 camera gives raw or MJPEG frames: nothing for NVDEC).
+DECODER = Decoder(
+    "gstreamer",
+    GstreamerSource,
+    frozenset({"rtsp", "file", "udp", "http"}),
+    nvdec_available,
+    chosen="NVDEC: OpenCV has GStreamer and nvv4l2decoder loads",
+    absent="no NVDEC here",
+    rank=0,
+)

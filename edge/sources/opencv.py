@@ -9,8 +9,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edgefleet.edge.settings import SourceSettings
-from edgefleet.edge.sources.base import VideoSource
+from edgefleet.edge.sources.base import Decoder, VideoSource
+from edgefleet.edge.sources.settings import SourceSettings
 from edgefleet.shared.errors import SourceDisconnected
 from edgefleet.shared.logs import redact_url
 
@@ -159,3 +159,16 @@ def has_gstreamer(build_info: str | None = None) -> bool:
             _BUILD_INFO = cv2.getBuildInformation()
         build_info = _BUILD_INFO
     return re.search(r"^\s*GStreamer:\s*YES", build_info, re.MULTILINE) is not None
+
+
+# The decoder every OpenCV build has: the last resort, and the one a GStreamer pipeline
+# url always goes through.
+DECODER = Decoder(
+    "opencv",
+    OpenCvSource,
+    frozenset({"file", "rtsp", "udp", "http", "v4l2", "gstreamer"}),
+    lambda: True,
+    chosen="",
+    absent="",
+    rank=2,
+)

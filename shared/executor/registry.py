@@ -45,6 +45,11 @@ def default_order() -> list[str]:
     return list(backends())
 
 
+def preference(settings: ExecutionSettings) -> list[str]:
+    """The backends `settings` prefers, best first: its own list, else the shipped order."""
+    return default_order() if settings.backends is None else settings.backends
+
+
 def create_executor(name: str, settings: ExecutionSettings) -> Executor:
     """Build the chosen backend's executor (its runtime is imported now, not before)."""
     known = backends()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgefleet.shared.executor.proof import prove, providers
-from edgefleet.shared.executor.registry import probe_backends
+from edgefleet.shared.executor.registry import preference, probe_backends
 from edgefleet.shared.executor.selection import screen
 from edgefleet.shared.executor.settings import ExecutionSettings
 
@@ -66,10 +66,12 @@ _LOCK = threading.Lock()
 
 
 def run_selftest(settings: ExecutionSettings) -> SelfTest:
-    """Prove the backends of `settings.backends` in order until one runs; log and keep it."""
+    """Prove the backends `settings` prefers, in order, until one runs; log and keep it."""
     skipped: list[tuple[str, str]] = []
     result = None
-    for candidate in screen(probe_backends(), settings.backends, OnnxModel(), settings.precision):
+    for candidate in screen(
+        probe_backends(), preference(settings), OnnxModel(), settings.precision
+    ):
         if candidate.reason is not None:
             skipped.append((candidate.name, candidate.reason))
             continue

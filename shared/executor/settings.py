@@ -14,14 +14,6 @@ from pydantic import Field
 from edgefleet.shared.config import Closed
 
 
-def _default_backends() -> list[str]:
-    """Every declared backend, best first (`registry.default_order`; imported late: the
-    backends' modules import these settings)."""
-    from edgefleet.shared.executor.registry import default_order
-
-    return default_order()
-
-
 class BatcherSettings(Closed):
     """Triton-style dynamic batching in front of a model."""
 
@@ -120,9 +112,11 @@ class TensorRTSettings(Closed):
 class ExecutionSettings(Closed):
     """How models are executed on this host."""
 
-    backends: list[str] = Field(
-        default_factory=_default_backends,
-        description="backend preference, best first; the first one that fits is chosen",
+    backends: list[str] | None = Field(
+        None,
+        description="backend preference, best first; the first one that fits is chosen; "
+        "none = every backend this build declares, in its shipped order (TensorRT first, "
+        "torch on the CPU last)",
     )
     precision: Literal["fp32", "fp16", "int8"] = Field(
         "fp32", description="numeric precision; fp16/int8 need a GPU backend"

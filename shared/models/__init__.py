@@ -6,6 +6,10 @@ lines = model.predict(image_rgb)         # list[edgefleet.shared.messages.Detect
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+
+from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.memory import MemoryBudget
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.models.base import Model
@@ -36,4 +40,12 @@ def load_model(
     """
     settings = settings or ExecutionSettings()
     registry = registry or ModelRegistry.default()
-    return registry.get(name).build(registry, settings, budget)
+    spec = registry.get(name)
+    if spec.loader is None:
+        raise ConfigError(
+            f"{name} is a {spec.task} component, not a loadable model; load the pipeline that "
+            "uses it (e.g. ppocr)"
+        )
+    module, _, attr = spec.loader.partition(":")
+    model: Callable[..., Model] = getattr(importlib.import_module(module), attr)
+    return model(spec, registry, settings, budget)

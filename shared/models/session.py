@@ -15,7 +15,7 @@ from edgefleet.shared.executor.base import Executor, InferenceFailed, ModelBlob,
 from edgefleet.shared.executor.fallback import BackendChoice, open_first, record
 from edgefleet.shared.executor.memory import Footprint, MemoryBudget, detect_probe
 from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
-from edgefleet.shared.executor.registry import backends, create_executor, probe_backends
+from edgefleet.shared.executor.registry import backends, create_executor, preference, probe_backends
 from edgefleet.shared.executor.selection import explain, screen
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Sha256
@@ -88,7 +88,7 @@ def open_session(
     blob = registry.read_verified(spec)  # hash first: nothing parses an unverified file
     if spec.triton is not None:
         return _open_on_triton(spec, blob, settings, warmup_shape, budget)
-    screened = screen(probe_backends(), settings.backends, spec, settings.precision)
+    screened = screen(probe_backends(), preference(settings), spec, settings.precision)
 
     def open_on(backend: str) -> tuple[Executor, Footprint, MemoryBudget]:
         return _load(spec, blob, backend, settings, item_shape, warmup_shape, max_batch, budget)

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from edgefleet.shared.config import Closed
-from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.executor.settings import TritonServing
 from edgefleet.shared.messages import Sha256
-
-if TYPE_CHECKING:
-    from edgefleet.shared.executor.memory import MemoryBudget
-    from edgefleet.shared.executor.settings import ExecutionSettings
-    from edgefleet.shared.models.base import Model
-    from edgefleet.shared.models.registry import ModelRegistry
 
 _SUFFIX_FORMATS = {
     ".onnx": "onnx",
@@ -43,7 +36,12 @@ class InputSpec(Closed):
 
 
 class ModelSpec(Closed):
-    """What every manifest entry has; each task's entry (`tasks/`) adds its own fields."""
+    """What every manifest entry has; each task's entry (`tasks/`) adds its own fields.
+
+    `loader` names the class that loads a task's entry (`module:Class`, imported only when
+    one is loaded); None for a component, which is loaded through its pipeline."""
+
+    loader: ClassVar[str | None] = None
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
     version: str = Field(min_length=1, max_length=64)
@@ -74,12 +72,3 @@ class ModelSpec(Closed):
     def components(self) -> list[str]:
         """The manifest entries a pipeline runs, by name; none for a model of one file."""
         return []
-
-    def build(
-        self, registry: ModelRegistry, settings: ExecutionSettings, budget: MemoryBudget | None
-    ) -> Model:
-        """The loaded, warmed model this entry describes (a task that loads overrides it)."""
-        raise ConfigError(
-            f"{self.name} is a {self.task} component, not a loadable model; load the "
-            "pipeline that uses it (e.g. ppocr)"
-        )

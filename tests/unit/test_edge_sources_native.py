@@ -12,11 +12,12 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from edgefleet.edge.pipeline import Pipeline, Work
 from edgefleet.edge.pixels import bgr_crop
 from edgefleet.edge.policy import Escalation, EscalationPolicy
-from edgefleet.edge.settings import PipelineSettings, PolicySettings, SourceSettings
+from edgefleet.edge.settings import EdgeSettings, PipelineSettings, PolicySettings, SourceSettings
 from edgefleet.edge.slot import ModelSlot
 from edgefleet.edge.sources import (
     FfmpegSource,
@@ -32,6 +33,7 @@ from edgefleet.edge.sources.gstreamer import has_nvdec_plugin, plugin_dirs
 from edgefleet.edge.sources.opencv import has_gstreamer
 from edgefleet.edge.telemetry import WindowStats
 from edgefleet.shared import kernels
+from edgefleet.shared.errors import ConfigError
 from edgefleet.shared.kernels import reference
 from edgefleet.shared.messages import Detection
 from edgefleet.shared.models import load_model
@@ -275,8 +277,13 @@ def test_yuv_frames_are_checked_for_shape() -> None:
     assert valid_frame(frame, "yuyv") is None
 
 
+def _here(pyav: bool, nvdec: bool = False) -> dict[str, bool]:
+    """What the host has, by decoder: PyAV (ffmpeg) and NVDEC (gstreamer)."""
+    return {"ffmpeg": pyav, "gstreamer": nvdec}
+
+
 def _decoder(settings: SourceSettings, pyav: bool, nvdec: bool = False) -> str:
-    return choose_decoder(settings, pyav=pyav, nvdec=nvdec)[0]
+    return choose_decoder(settings, _here(pyav, nvdec))[0]
 
 
 def test_the_decoder_setting_picks_the_source() -> None:
@@ -294,13 +301,13 @@ def test_the_decoder_setting_picks_the_source() -> None:
 
 def test_auto_takes_nvdec_where_it_loads_and_says_why(caplog) -> None:
     for url in ("rtsp://cam/live", "/data/clip.mp4", "udp://0.0.0.0:5000", "http://cam/mjpg"):
-        decoder, why = choose_decoder(_settings(url), pyav=True, nvdec=True)
+        decoder, why = choose_decoder(_settings(url), _here(True, True))
         assert (decoder, why) == (
             "gstreamer",
             "NVDEC: OpenCV has GStreamer and nvv4l2decoder loads",
         )
     # a camera gives raw frames: nothing for NVDEC to decode
-    assert choose_decoder(_settings("/dev/video0"), pyav=True, nvdec=True) == (
+    assert choose_decoder(_settings("/dev/video0"), _here(True, True)) == (
         "ffmpeg",
         "a v4l2 source; PyAV is installed",
     )
@@ -309,7 +316,7 @@ def test_auto_takes_nvdec_where_it_loads_and_says_why(caplog) -> None:
         _decoder(_settings("rtsp://cam/live", decoder="ffmpeg"), pyav=True, nvdec=True) == "ffmpeg"
     )
     assert _decoder(_settings("videotestsrc ! appsink"), pyav=True, nvdec=True) == "opencv"
-    assert choose_decoder(_settings("rtsp://cam/live"), pyav=False, nvdec=False)[1] == (
+    assert choose_decoder(_settings("rtsp://cam/live"), _here(False, False))[1] == (
         "no NVDEC here and PyAV is not installed"
     )
     with caplog.at_level(logging.INFO, logger="edgefleet.edge.sources"):
@@ -464,3 +471,43 @@ def test_no_stage_converts_a_whole_frame_from_the_ffmpeg_source_to_the_model(
     assert frame_cases and len(frame_cases) < frames
     assert whole == [("cvtColor", (240, 320))] * len(frame_cases)
     assert not [c for c in conversions if c[0] in ("to_ndarray", "reformat")]  # no swscale
+
+
+@pytest.fixture
+def still_decoder(monkeypatch):
+    """The test-only decoder's module on the sources' list, and the cache rebuilt."""
+    from edgefleet.edge import sources
+
+    monkeypatch.setattr(sources, "MODULES", [*sources.MODULES, "tests.support.still_decoder"])
+    sources.decoders.cache_clear()
+    yield
+    sources.decoders.cache_clear()
+
+
+def test_a_decoder_added_by_one_file_and_one_line_is_named_built_and_read(
+    still_decoder, tmp_path
+) -> None:
+    from tests.support.still_decoder import StillSource
+
+    still = tmp_path / "still.png"
+    cv2.imwrite(str(still), np.full((36, 64, 3), 200, np.uint8))
+    settings = _settings(str(still), decoder="still")
+    assert choose_decoder(settings) == ("still", "decoder still is set")
+    source = make_source(settings)
+    assert isinstance(source, StillSource)
+    source.open()
+    frames = [source.read() for _ in range(4)]
+    source.close()
+    assert [f is not None and f.shape for f in frames] == [(36, 64, 3)] * 3 + [False]
+    # under auto it stays behind the shipped decoders, which take every file
+    assert _decoder(_settings(str(still)), pyav=False) == "opencv"
+
+
+def test_a_decoder_no_module_declares_is_refused_with_the_known_ones() -> None:
+    stream = {"id": "n1", "url": "/x.png", "decoder": "still"}
+    with pytest.raises(
+        ValidationError, match=r"stream n1: unknown decoder 'still'; one of auto, gstreamer, "
+    ):
+        EdgeSettings(device_id="d1", device_key="k" * 43, streams=[stream])
+    with pytest.raises(ConfigError, match=r"stream n1: unknown decoder 'still'"):
+        make_source(_settings("/x.png", decoder="still"))

@@ -11,11 +11,17 @@ import pytest
 
 from edgefleet.shared.executor import registry
 from edgefleet.shared.executor.proof import prove
-from edgefleet.shared.executor.registry import backends, create_executor, probe_backends
+from edgefleet.shared.executor.registry import (
+    backends,
+    create_executor,
+    default_order,
+    preference,
+    probe_backends,
+)
 from edgefleet.shared.executor.selection import NoBackendAvailable, explain, select_backend
 from edgefleet.shared.executor.settings import ExecutionSettings
 
-DEFAULT_BACKENDS = ExecutionSettings().backends
+DEFAULT_BACKENDS = default_order()
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ def test_the_shipped_order_is_every_declared_backend_best_first_and_probe_covers
         "torch-cpu",
     ]
     assert list(backends()) == DEFAULT_BACKENDS
+    assert preference(ExecutionSettings()) == DEFAULT_BACKENDS  # none set: the shipped order
+    assert preference(ExecutionSettings(backends=["torch-cpu"])) == ["torch-cpu"]
     probed = probe_backends()
     assert set(probed) == set(DEFAULT_BACKENDS)
     assert probed["onnxruntime-cpu"] is None  # onnxruntime is a core dependency
@@ -106,17 +114,17 @@ def relu_backend(monkeypatch):
 
 
 def test_a_backend_added_by_one_file_and_one_line_is_chosen_proven_and_run(relu_backend):
-    assert ExecutionSettings().backends[-1] == "numpy-relu"  # ranked last of the shipped order
+    assert preference(ExecutionSettings())[-1] == "numpy-relu"  # ranked last of the shipped order
     assert probe_backends()["numpy-relu"] is None
     settings = ExecutionSettings(backends=["numpy-relu", "onnxruntime-cpu"])
-    chosen, rejected = select_backend(probe_backends(), settings.backends, Spec("onnx"))
+    chosen, rejected = select_backend(probe_backends(), preference(settings), Spec("onnx"))
     assert (chosen, rejected) == (
         "numpy-relu",
         [("onnxruntime-cpu", "lower preference than numpy-relu")],
     )
     assert prove("numpy-relu", settings) is None  # the tiny Relu of every proof ran on it
     with pytest.raises(NoBackendAvailable, match="numpy-relu: does not run torchscript models"):
-        select_backend(probe_backends(), settings.backends, Spec("torchscript"))
+        select_backend(probe_backends(), preference(settings), Spec("torchscript"))
 
 
 def test_two_backends_of_one_name_are_refused(monkeypatch, relu_backend):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from edgefleet.shared.errors import ConfigError
-from edgefleet.shared.models import ModelRegistry, tasks
+from edgefleet.shared.models import ModelRegistry, load_model, tasks
 from edgefleet.shared.models.spec import ModelSpec
 from edgefleet.shared.models.tasks import (
     ClassificationSpec,
@@ -44,6 +44,10 @@ def test_every_task_file_declares_one_entry_and_the_union_holds_each():
         assert len(specs) == 1, (info.name, specs)
         declared |= set(specs)
     assert declared == members  # a task file left out of ModelEntry fails here
+    for spec in members:  # and each loader names a class that is there
+        if spec.loader is not None:
+            module, _, attr = spec.loader.partition(":")
+            assert inspect.isclass(getattr(importlib.import_module(module), attr)), spec.loader
 
 
 def test_each_entry_is_read_as_its_task_with_its_own_fields(tmp_path: Path):
@@ -105,7 +109,7 @@ def test_a_field_of_another_task_or_a_missing_one_is_named_where_it_stands(
 def test_a_component_is_not_loadable_and_has_no_dictionary_unless_it_is_a_recogniser():
     registry = ModelRegistry.default()
     with pytest.raises(ConfigError, match="ppocr-det is a text-detection component"):
-        registry.get("ppocr-det").build(registry, None, None)  # type: ignore[arg-type]
+        load_model("ppocr-det")
     assert registry.read_dictionary(registry.get("ppocr-det")) is None
     recognisers = [s for s in registry.specs() if isinstance(s, TextRecognitionSpec)]
     assert any(s.dictionary is not None for s in recognisers)

@@ -3,18 +3,12 @@ classifier, each a manifest entry of its own."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from edgefleet.shared.config import Closed
 from edgefleet.shared.models.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from edgefleet.shared.executor.memory import MemoryBudget
-    from edgefleet.shared.executor.settings import ExecutionSettings
-    from edgefleet.shared.models.base import Model
-    from edgefleet.shared.models.registry import ModelRegistry
 
 
 class OcrOptions(Closed):
@@ -88,15 +82,9 @@ class OcrOptions(Closed):
 
 class OcrSpec(ModelSpec):
     task: Literal["ocr"]
+    loader: ClassVar[str | None] = "edgefleet.shared.models.ocr:OcrModel"
     ocr: OcrOptions
 
     def components(self) -> list[str]:
         opts = self.ocr
         return [opts.det, opts.rec, *([opts.cls] if opts.cls else []), *opts.voters]
-
-    def build(
-        self, registry: ModelRegistry, settings: ExecutionSettings, budget: MemoryBudget | None
-    ) -> Model:
-        from edgefleet.shared.models.ocr import OcrModel
-
-        return OcrModel(self, registry, settings, budget)

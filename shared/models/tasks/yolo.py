@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from edgefleet.shared.config import Closed
 from edgefleet.shared.models.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from edgefleet.shared.executor.memory import MemoryBudget
-    from edgefleet.shared.executor.settings import ExecutionSettings
-    from edgefleet.shared.models.base import Model
-    from edgefleet.shared.models.registry import ModelRegistry
 
 
 class YoloOptions(Closed):
@@ -27,11 +21,5 @@ class YoloOptions(Closed):
 
 class YoloSpec(ModelSpec):
     task: Literal["yolo"]
+    loader: ClassVar[str | None] = "edgefleet.shared.models.vision:YoloModel"
     yolo: YoloOptions = Field(default_factory=YoloOptions)
-
-    def build(
-        self, registry: ModelRegistry, settings: ExecutionSettings, budget: MemoryBudget | None
-    ) -> Model:
-        from edgefleet.shared.models.vision import YoloModel
-
-        return YoloModel(self, registry, settings, budget)
