@@ -9,7 +9,7 @@ again (up to `max_cases`) only once it has come whole, grown or lost its answer 
 (`Tracker._review`). Its reason is `disagreement` when its own frames read it
 differently, else `unsure`. Frames are
 still escalated when the model failed, found nothing where something is expected, or
-were picked by the drift sample.
+were picked by the drift sample (one rule per reason: edge/reasons/).
 `escalate: frames`: every frame with a score inside the unsure band, as before.
 
 Every candidate then passes de-duplication (a 64-bit dHash within a time window: a parked
@@ -32,6 +32,7 @@ from prometheus_client import Counter
 
 from edgefleet.edge.budget import EscalationBudget
 from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
+from edgefleet.edge.reasons import FrameFacts, frame_reason
 from edgefleet.edge.settings import PolicySettings
 from edgefleet.edge.tracks import Asked, Track, Tracker
 from edgefleet.shared.messages import Detection, EscalationReason, StreamId, Tile, TrackId
@@ -126,18 +127,14 @@ class EscalationPolicy:
     def reason(
         self, detections: list[Detection], *, expect_result: bool, failed: bool
     ) -> EscalationReason | None:
-        """Why this result is worth a second opinion, or None."""
-        s = self.settings
-        if failed:
-            return "error" if s.escalate_errors else None
-        band = s.escalate == "frames"
-        if band and any(s.unsure_low <= d.score < s.unsure_high for d in detections):
-            return "unsure"
-        if expect_result and s.escalate_empty and not detections:
-            return "empty"
+        """Why this result is worth a second opinion (`edgefleet.edge.reasons`), or None."""
+        return frame_reason(
+            FrameFacts(detections, expect_result, failed, self.settings, self._draw)
+        )
+
+    def _draw(self) -> float:
         with self._lock:
-            sampled = s.sample_share > 0 and self._rng.random() < s.sample_share
-        return "sampled" if sampled else None
+            return self._rng.random()
 
     def admit(self, stream_id: StreamId, image: np.ndarray) -> bool:
         """De-duplicate and rate-limit one candidate; counts what it suppresses."""
