@@ -255,7 +255,7 @@ class Agent:
     def _on_message(self, channel: Channel, verified: Verified) -> None:
         message = verified.message
         if channel is Channel.RESULTS and isinstance(message, CloudVerdict):
-            self.outbox.answered(message.case_id)  # its copy is no longer needed
+            self.outbox.answers.answered(message.case_id)  # its copy is no longer needed
             self.verdicts.receive(message)
         elif channel is Channel.RESULTS and isinstance(message, CloudStatus):
             self.policy.budget.cloud_wait(message.expected_wait_s)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from edgefleet.edge.outbox import Outbox, OutboxItem, OutboxKind
+from edgefleet.edge.outbox import Outbox, OutboxItem
+from edgefleet.edge.outbox_tally import OutboxKind
 
 log = logging.getLogger(__name__)
 

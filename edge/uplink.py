@@ -33,7 +33,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge
 
 from edgefleet.edge.delivery import Delivery
-from edgefleet.edge.outbox import Outbox, OutboxItem, OutboxKind
+from edgefleet.edge.outbox import Outbox, OutboxItem
+from edgefleet.edge.outbox_tally import OutboxKind
 from edgefleet.edge.settings import UplinkSettings
 from edgefleet.edge.takeover import TakeoverWatch
 from edgefleet.shared import mqtt as ef_mqtt
@@ -270,7 +271,7 @@ class Uplink:
                 now = time.monotonic()
                 if now - self._unanswered_checked >= UNANSWERED_CHECK_S:
                     self._unanswered_checked = now
-                    self.outbox.resend_unanswered(
+                    self.outbox.answers.resend(
                         self.settings.resend_unanswered_s, self.settings.max_unanswered_resends
                     )
                 while self.connected.is_set() and (batch := self.delivery.next_batch()):

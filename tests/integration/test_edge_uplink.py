@@ -223,7 +223,9 @@ def test_a_case_the_broker_acked_then_lost_in_a_crash_is_sent_again(tmp_path: Pa
         box.put(serialise_case(case, PNG)[1])
         uplink.wake()
         # when the broker has acknowledged it (it left the line, a copy waits for the answer)
-        eventually(lambda: box.depth() == 0 and box.awaiting() == 1, 30, "the broker's PUBACK")
+        eventually(
+            lambda: box.depth() == 0 and box.answers.waiting() == 1, 30, "the broker's PUBACK"
+        )
         # and the broker is killed before it saved or delivered the case, then restarted
         broker.kill()
         broker.start()
@@ -232,7 +234,7 @@ def test_a_case_the_broker_acked_then_lost_in_a_crash_is_sent_again(tmp_path: Pa
         eventually(lambda: case.case_id in back.cases or back.rejected, 60, "the case sent again")
         assert back.rejected == [] and back.cases[case.case_id][1] == PNG
         # and once its verdict arrives the copy goes
-        assert box.answered(case.case_id) and box.awaiting() == 0
+        assert box.answers.answered(case.case_id) and box.answers.waiting() == 0
         back.close()
     finally:
         uplink.stop(publish_offline=False)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.edge.outbox import Outbox, OutboxKind
+from edgefleet.edge.outbox import Outbox
+from edgefleet.edge.outbox_tally import OutboxKind
 from edgefleet.shared.errors import ConfigError, EdgefleetError
 from edgefleet.shared.wire import Serialised
 
@@ -220,25 +221,25 @@ def test_an_acknowledged_case_is_kept_until_answered_and_sent_again_if_not(
     lost = box.put(_message("escalation", b'{"case_id": "c-2"}'))
     tel = box.put(_message("telemetry", b'{"seq": 1}'))
     box.ack([answered, lost, tel])
-    assert box.depth() == 0 and box.awaiting() == 2  # the cases wait for their answer
+    assert box.depth() == 0 and box.answers.waiting() == 2  # the cases wait for their answer
     # when one answer arrives and the other case's broker crashed after its PUBACK
-    assert box.answered("c-1") is True
-    assert box.answered("c-1") is False
+    assert box.answers.answered("c-1") is True
+    assert box.answers.answered("c-1") is False
     box.close()
     box = Outbox(tmp_path / "o.db")  # (an agent restart keeps what waits)
     # then nothing goes back before `older_than_s`, the unanswered one after it
-    assert box.resend_unanswered(older_than_s=3600, max_resends=2) == 0
-    assert box.resend_unanswered(older_than_s=0, max_resends=2) == 1
+    assert box.answers.resend(older_than_s=3600, max_resends=2) == 0
+    assert box.answers.resend(older_than_s=0, max_resends=2) == 1
     again = box.read(0)
     assert [(i.kind, i.message) for i in again] == [
         ("escalation", _message("escalation", b'{"case_id": "c-2"}'))
     ]
     # and after `max_resends` unanswered sends the copy is dropped and counted
     box.ack([again[0].id])
-    assert box.resend_unanswered(older_than_s=0, max_resends=2) == 1
+    assert box.answers.resend(older_than_s=0, max_resends=2) == 1
     box.ack([box.read(again[0].id)[0].id])
-    assert box.resend_unanswered(older_than_s=0, max_resends=2) == 0
-    assert box.awaiting() == 0 and box.depth() == 0
+    assert box.answers.resend(older_than_s=0, max_resends=2) == 0
+    assert box.answers.waiting() == 0 and box.depth() == 0
     assert box.dropped["escalation_unanswered"] == 1
     box.close()
     assert Outbox(tmp_path / "o.db").dropped["escalation_unanswered"] == 1
@@ -248,12 +249,12 @@ def test_a_copy_acknowledged_after_its_verdict_does_not_wait_again(tmp_path: Pat
     # given a case acknowledged, unanswered for a while, and sent again
     box = Outbox(tmp_path / "o.db")
     box.ack([box.put(_message("escalation", b'{"case_id": "c-1"}'))])
-    assert box.resend_unanswered(older_than_s=0, max_resends=3) == 1
+    assert box.answers.resend(older_than_s=0, max_resends=3) == 1
     (copy,) = box.read(0)
     # when the verdict arrives while the copy is still in line, then the copy's PUBACK
-    assert box.answered("c-1") is True
+    assert box.answers.answered("c-1") is True
     box.ack([copy.id])
     # then nothing waits for a second verdict, and nothing is sent a third time
-    assert box.awaiting() == 0 and box.depth() == 0
-    assert box.resend_unanswered(older_than_s=0, max_resends=3) == 0
+    assert box.answers.waiting() == 0 and box.depth() == 0
+    assert box.answers.resend(older_than_s=0, max_resends=3) == 0
     box.close()
