@@ -1,4 +1,4 @@
-"""How the ingest cuts telemetry into transactions (`Ingest._collect`), without a broker."""
+"""How the ingest cuts telemetry into transactions (`LightSink.collect`), without a broker."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.support.waiting import eventually
 
 def _collect_in_thread(ingest) -> tuple[threading.Thread, list]:
     got: list = []
-    thread = threading.Thread(target=lambda: got.append(ingest._collect()), daemon=True)
+    thread = threading.Thread(target=lambda: got.append(ingest.light.collect()), daemon=True)
     thread.start()
     return thread, got
 
@@ -36,10 +36,10 @@ def test_a_batch_waits_for_more_while_the_window_has_room_and_stops_at_the_stop_
     ingest = idle_ingest(key, light_flush_s=3600.0)
     deliver_telemetry(ingest, key, 1, qos=1)
     thread, got = _collect_in_thread(ingest)
-    eventually(lambda: ingest._light.qsize() == 0, timeout_s=10, what="the first taken")
-    # when a second message arrives while the batch waits, then the stop mark
+    eventually(lambda: ingest.light.waiting() == 0, timeout_s=10, what="the first taken")
+    # when a second message arrives while the batch waits, then the stop marks
     deliver_telemetry(ingest, key, 2, qos=1)
-    ingest._light.put(None)
+    ingest.light.stop()  # (its workers never started: only the stop marks go in)
     thread.join(30)
     # then both are in the batch, and the worker is told to stop after storing it
     assert not thread.is_alive()
