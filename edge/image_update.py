@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,9 +36,10 @@ from prometheus_client import Counter
 from pydantic import BaseModel, Field
 
 from edgefleet.edge.agent_container import AgentContainer
-from edgefleet.edge.updater import atomic_write
+from edgefleet.edge.agent_images import AgentImages, Refused
+from edgefleet.edge.update_folder import UpdateFolder
 from edgefleet.shared.errors import EdgefleetError, PayloadRejected
-from edgefleet.shared.image_ref import is_pinned, parse_image
+from edgefleet.shared.image_ref import is_pinned
 from edgefleet.shared.messages import DesiredState
 from edgefleet.shared.wire import Verifier, WireMessage
 
@@ -50,13 +49,6 @@ OUTCOMES = Counter("ef_edge_image_updates_total", "Image updates by outcome", ["
 
 # `applying`: at work on it (pulling, waiting for readiness); the others are final
 Outcome = Literal["applying", "running", "rolled_back", "refused"]
-
-
-class Refused(EdgefleetError):
-    """The request is not applied at all: the running agent was never touched."""
-
-    code = "image_update_refused"
-    http_status = 422
 
 
 class NotReady(EdgefleetError):
@@ -147,7 +139,6 @@ class ImageUpdater:
     ):
         self.engine = engine
         self.container = container
-        self.folder = Path(folder)
         self.device_id = device_id
         self.verifier = Verifier(
             lambda d: device_key if d == device_id else None, max_skew_s=10 * 365 * 86400
@@ -155,50 +146,24 @@ class ImageUpdater:
         self.name = name
         self.probe = probe or Probe()
         self.deadline_s = deadline_s
-        self.min_free_bytes = min_free_bytes
-        self.disk_path = disk_path
         self.poll_s = poll_s
         self.clock = clock
         self.http = httpx.Client(timeout=httpx.Timeout(3.0))
-        self.folder.mkdir(parents=True, exist_ok=True)
-
-    # --- files shared with the agent ---------------------------------------------------
-
-    @property
-    def request_file(self) -> Path:
-        return self.folder / "request.json"
-
-    @property
-    def status_file(self) -> Path:
-        return self.folder / "status.json"
-
-    @property
-    def journal_file(self) -> Path:
-        return self.folder / "journal.json"
-
-    def journal(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.journal_file.read_text())
-            return data
-        except (OSError, ValueError):
-            return {"current": None, "previous": None, "pending": None}
-
-    def _write(self, path: Path, data: dict[str, Any]) -> None:
-        atomic_write(path, json.dumps(data, indent=2).encode())
+        self.files = UpdateFolder(folder)
+        self.images = AgentImages(engine, min_free_bytes=min_free_bytes, disk_path=disk_path)
 
     # --- the work ----------------------------------------------------------------------
 
     def handle_request(self) -> UpdateStatus | None:
         """Apply `request.json` if it asks for something not done yet; None if nothing to do."""
-        try:
-            raw = self.request_file.read_text()
-        except OSError:
+        raw = self.files.request()
+        if raw is None:
             return None
         try:
             request = SignedRequest.model_validate_json(raw)
         except ValueError as exc:
             return self._finish(None, None, "refused", f"request.json is not valid: {exc}")
-        done = self._status()
+        done = self.files.status()
         if done and done.get("request_sha") == _sha(raw):
             return None
         return self.apply(request, request_sha=_sha(raw))
@@ -210,12 +175,15 @@ class ImageUpdater:
         try:
             desired = self._verified(request)
             deployment_id, image = desired.deployment_id, desired.image
-            if image == self.journal().get("current") and self._running_image() == image:
+            if (
+                image == self.files.journal().get("current")
+                and self.images.running_image(self.name) == image
+            ):
                 return self._finish(deployment_id, image, "running", None, request_sha)
             # no request_sha: an updater restarted now takes the request up again
             self._finish(deployment_id, image, "applying", None)
-            self._check_disk(image)
-            self._pull(image)
+            self.images.check_disk()
+            self.images.pull(image)
         except Refused as exc:
             return self._finish(deployment_id, image, "refused", str(exc), request_sha)
         try:
@@ -236,34 +204,13 @@ class ImageUpdater:
             raise Refused(f"image {message.image!r} is not named by digest (repo@sha256:...)")
         return message
 
-    def _check_disk(self, image: str) -> None:
-        path = self.disk_path or Path(self.engine.info().get("DockerRootDir", "/var/lib/docker"))
-        free = shutil.disk_usage(path).free
-        if free < self.min_free_bytes:
-            raise Refused(
-                f"not pulled: {free >> 20} MiB free on {path}, the updater keeps "
-                f"{self.min_free_bytes >> 20} MiB free for an image update"
-            )
-
-    def _pull(self, image: str) -> None:
-        import docker.errors
-
-        ref = parse_image(image)
-        try:
-            pulled = self.engine.images.pull(ref.repository, tag=ref.digest)
-        except docker.errors.APIError as exc:
-            raise Refused(f"pull of {image} failed: {exc.explanation or exc}") from None
-        if image not in pulled.attrs.get("RepoDigests", []):
-            raise Refused(f"the engine's copy of {image} has another digest")
-
     def _swap(self, image: str) -> None:
         import docker.errors
 
-        journal = self.journal()
-        old = self._container(self.name)
-        previous = journal.get("current") or (self._image_of(old) if old else None)
-        self._write(
-            self.journal_file,
+        journal = self.files.journal()
+        old = self.images.container(self.name)
+        previous = journal.get("current") or (self.images.image_of(old) if old else None)
+        self.files.write_journal(
             {**journal, "current": previous, "pending": {"image": image, "previous": previous}},
         )
         if old is not None:
@@ -275,11 +222,11 @@ class ImageUpdater:
         except docker.errors.APIError as exc:
             raise NotReady(f"{image} did not start: {exc.explanation or exc}") from None
         self._wait_ready(new, image)
-        self._write(self.journal_file, {"current": image, "previous": previous, "pending": None})
-        stale = self._container(f"{self.name}-previous")
+        self.files.write_journal({"current": image, "previous": previous, "pending": None})
+        stale = self.images.container(f"{self.name}-previous")
         if stale is not None:
             stale.remove(force=True)
-        self._prune(image, previous)
+        self.images.prune(image, previous)
 
     def _wait_ready(self, container: Any, image: str) -> None:
         deadline = self.clock() + self.deadline_s
@@ -300,23 +247,23 @@ class ImageUpdater:
 
     def _roll_back(self, image: str) -> None:
         """The new container goes; the previous one comes back under the agent's name."""
-        new = self._container(self.name)
-        if new is not None and self._image_of(new) != self.journal().get("current"):
+        new = self.images.container(self.name)
+        if new is not None and self.images.image_of(new) != self.files.journal().get("current"):
             new.remove(force=True)
-        old = self._container(f"{self.name}-previous")
+        old = self.images.container(f"{self.name}-previous")
         if old is not None:
             old.rename(self.name)
             old.start()
-        journal = self.journal()
-        self._write(self.journal_file, {**journal, "pending": None})
+        journal = self.files.journal()
+        self.files.write_journal({**journal, "pending": None})
         log.warning("image update rolled back", extra={"image": image})
 
     def recover(self) -> None:
         """After a power cut or a kill: finish or undo a pending swap, so one agent runs."""
-        journal = self.journal()
+        journal = self.files.journal()
         if journal.get("pending"):
-            new = self._container(self.name)
-            new_image = self._image_of(new) if new else None
+            new = self.images.container(self.name)
+            new_image = self.images.image_of(new) if new else None
             if new_image == journal["pending"]["image"]:
                 new.remove(force=True)  # type: ignore[union-attr]  # never proved itself
             self._roll_back(journal["pending"]["image"])
@@ -326,49 +273,9 @@ class ImageUpdater:
                 "rolled_back",
                 "the updater stopped during the update; the previous image runs again",
             )
-        running = self._container(self.name)
+        running = self.images.container(self.name)
         if running is not None and running.status != "running":
             running.start()
-
-    def _prune(self, current: str, previous: str | None) -> None:
-        """Remove images of the agent's repository other than the current and previous."""
-        import docker.errors
-
-        keep = {current, previous}
-        repository = parse_image(current).repository
-        for img in self.engine.images.list(name=repository):
-            if not keep.intersection(img.attrs.get("RepoDigests", [])):
-                try:
-                    self.engine.images.remove(img.id, force=False)
-                except docker.errors.APIError as exc:  # in use elsewhere: left, and logged
-                    log.info("image kept", extra={"image": img.id, "reason": str(exc)})
-
-    # --- helpers -----------------------------------------------------------------------
-
-    def _container(self, name: str) -> Any | None:
-        import docker.errors
-
-        try:
-            return self.engine.containers.get(name)
-        except docker.errors.NotFound:
-            return None
-
-    def _image_of(self, container: Any) -> str | None:
-        label: str | None = container.labels.get("io.edgefleet.image")
-        return label
-
-    def _running_image(self) -> str | None:
-        running = self._container(self.name)
-        if running is None or running.status != "running":
-            return None
-        return self._image_of(running)
-
-    def _status(self) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads(self.status_file.read_text())
-            return data
-        except (OSError, ValueError):
-            return None
 
     def _finish(
         self,
@@ -382,10 +289,10 @@ class ImageUpdater:
             deployment_id=deployment_id,
             image=image,
             outcome=outcome,
-            running_image=self._running_image(),
+            running_image=self.images.running_image(self.name),
             reason=reason,
         )
-        self._write(self.status_file, {**status.model_dump(), "request_sha": request_sha})
+        self.files.write_status({**status.model_dump(), "request_sha": request_sha})
         if outcome != "applying":
             OUTCOMES.labels(outcome).inc()
         level = logging.INFO if outcome in ("applying", "running") else logging.WARNING

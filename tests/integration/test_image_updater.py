@@ -147,7 +147,11 @@ def test_update_and_the_rollbacks_of_a_bad_image(rig, images, docker_client) -> 
     assert third.outcome == "running" and served_version(base) == "3"
     kept = held(docker_client)
     assert images["3"] in kept and images["2"] in kept and images["1"] not in kept
-    assert updater.journal() == {"current": images["3"], "previous": images["2"], "pending": None}
+    assert updater.files.journal() == {
+        "current": images["3"],
+        "previous": images["2"],
+        "pending": None,
+    }
 
 
 def test_a_tampered_or_unpinned_image_is_refused_before_a_pull(rig, images, docker_client):
@@ -243,7 +247,7 @@ def test_an_updater_killed_mid_update_recovers_to_one_running_version(
         # when it is killed once the new container runs and the old one is stopped
         eventually(
             lambda: (
-                (updater.journal().get("pending") or {}).get("image") == images["never"]
+                (updater.files.journal().get("pending") or {}).get("image") == images["never"]
                 and any(
                     c.labels.get("io.edgefleet.image") == images["never"]
                     for c in docker_client.containers.list()
@@ -267,6 +271,6 @@ def test_an_updater_killed_mid_update_recovers_to_one_running_version(
     assert [(c.name, c.status) for c in agents] == [(updater.name, "running")]
     assert agents[0].labels["io.edgefleet.image"] == images["1"]
     eventually(lambda: served_version(base) == "1", 30, "version 1 serving again")
-    assert updater.journal()["pending"] is None
-    status = updater.status_file.read_text()
+    assert updater.files.journal()["pending"] is None
+    status = updater.files.status_file.read_text()
     assert "rolled_back" in status and "stopped during the update" in status
