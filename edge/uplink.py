@@ -6,13 +6,12 @@
 - Live first, backlog paced: after a (re)connect, what was already stored is replayed at
   `replay_rate_per_s` while new messages go out at once, so an outage's backlog does not
   starve live traffic (which rows go when: `edgefleet.edge.delivery`).
-- Signing happens when a message is sent, over the bytes the outbox stored: a message
-  stored longer than `restamp_after_s` ago is parsed, given a fresh `ts` and serialised
-  again (the only second serialisation), so the cloud's staleness check does not reject
-  a replay.
+- Signing happens when a message is sent, over the bytes the outbox stored; one stored
+  too long is given a fresh `ts` first (`edgefleet.edge.stamping`).
 - An escalation acknowledged but not answered after `resend_unanswered_s` is sent again
   (edgefleet.edge.outbox keeps it until the verdict): the broker's PUBACK is not the end.
-- Incoming `results` and `desired` are verified with the device key before any use.
+- Incoming `results` and `desired` are verified with the device key before any use
+  (`edgefleet.edge.incoming`).
 - One device id, one agent: connections the broker keeps closing soon after they are made
   are another agent's takeovers (`edgefleet.edge.takeover`); the newcomer sets
   `taken_over` and stops reconnecting.
@@ -25,7 +24,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
@@ -33,30 +31,25 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge
 
 from edgefleet.edge.delivery import Delivery
+from edgefleet.edge.incoming import Incoming
 from edgefleet.edge.outbox import Outbox, OutboxItem
 from edgefleet.edge.outbox_tally import OutboxKind
 from edgefleet.edge.settings import UplinkSettings
+from edgefleet.edge.stamping import Stamping
 from edgefleet.edge.takeover import TakeoverWatch
 from edgefleet.shared import mqtt as ef_mqtt
-from edgefleet.shared.errors import PayloadRejected
-from edgefleet.shared.messages import MESSAGE_TYPES, DeviceState, DeviceStatus, Message, utcnow
+from edgefleet.shared.messages import DeviceState, DeviceStatus, Message
 from edgefleet.shared.topics import Channel, Topics, channel_of
 from edgefleet.shared.wire import (
-    ReplayGuard,
-    Serialised,
     Verified,
-    Verifier,
     WireMessage,
     encode,
-    serialise,
-    sign,
 )
 
 log = logging.getLogger(__name__)
 
 PUBLISHED = Counter("ef_edge_uplink_published_total", "Messages handed to the broker", ["kind"])
 CONNECTED = Gauge("ef_edge_uplink_connected", "1 while the broker connection is up")
-INCOMING = Counter("ef_edge_uplink_incoming_total", "Messages received", ["channel", "outcome"])
 UNANSWERED_CHECK_S = 5.0  # how often acknowledged but unanswered escalations are looked at
 
 
@@ -82,8 +75,6 @@ class Uplink:
         self.outbox = outbox
         self.agent_version = agent_version
         self.topics = Topics(mqtt_settings.topic_root)
-        self.on_message = on_message
-        self._wall_clock = wall_clock  # ages stored messages (the outbox stamps wall time)
         self.connected = threading.Event()
         self.taken_over = threading.Event()  # another agent runs this device id: stop
         self._takeovers = TakeoverWatch(settings.takeover_s)
@@ -98,16 +89,15 @@ class Uplink:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._unanswered_checked = 0.0
-        keys = lambda device: key if device == device_id else None  # noqa: E731
-        self._verifier = Verifier(
-            key_for_device=keys, topics=self.topics, max_skew_s=settings.max_skew_s
+        self.incoming = Incoming(
+            self.topics, device_id, key, max_skew_s=settings.max_skew_s, handler=on_message
         )
-        # A retained desired state may be days old: it is checked for signature, not age.
-        self._desired_verifier = Verifier(
-            key_for_device=keys,
-            topics=self.topics,
-            max_skew_s=timedelta(days=3650).total_seconds(),
-            replay_guard=ReplayGuard(window_s=1.0),
+        self.stamping = Stamping(
+            self.topics,
+            device_id,
+            key,
+            restamp_after_s=settings.restamp_after_s,
+            wall_clock=wall_clock,
         )
         will = self._status_wire("offline")
         self.client = ef_mqtt.make_client(
@@ -242,21 +232,7 @@ class Uplink:
         self._wake.set()
 
     def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        wire = ef_mqtt.from_paho(message)
-        try:
-            _, channel = self.topics.parse(wire.topic)
-            verifier = self._desired_verifier if channel is Channel.DESIRED else self._verifier
-            verified = verifier.verify(wire)
-        except PayloadRejected as exc:
-            INCOMING.labels("unknown", exc.reason).inc()
-            log.warning("rejected a message on %s: %s", wire.topic, exc.message)
-            return
-        INCOMING.labels(channel.value, "accepted").inc()
-        if self.on_message is not None:
-            try:
-                self.on_message(channel, verified)
-            except Exception:  # the application's handler must not take the link down
-                log.exception("handler of %s failed", channel.value)
+        self.incoming.take(ef_mqtt.from_paho(message))
 
     # --- sender thread -----------------------------------------------------------------
 
@@ -283,7 +259,7 @@ class Uplink:
         self._drain_acks()
 
     def _publish(self, item: OutboxItem) -> None:
-        wire = self._wire_of(item)
+        wire = self.stamping.wire_of(item)
         if wire is None:  # unreadable row (cannot happen unless the file was edited): drop
             self.outbox.ack([item.id])
             return
@@ -294,16 +270,6 @@ class Uplink:
             return
         PUBLISHED.labels(item.kind).inc()
         self.delivery.published(item, info.mid, item.qos)
-
-    def _wire_of(self, item: OutboxItem) -> WireMessage | None:
-        message = item.message
-        if self._wall_clock() - item.created > self.settings.restamp_after_s:
-            restamped = _restamped(message)
-            if restamped is None:
-                log.error("outbox row %d is not a message; dropped", item.id)
-                return None
-            message = restamped
-        return sign(message, self.key, self.topics.for_device(self.device_id, item.channel))
 
     def _drain_acks(self) -> None:
         acks: list[tuple[int, bool, str]] = []
@@ -319,12 +285,3 @@ class Uplink:
             else:
                 acks.append(ack)
         self.delivery.acked(acks)
-
-
-def _restamped(stored: Serialised) -> Serialised | None:
-    """The stored message with `ts` now, serialised again; None if it does not parse."""
-    try:
-        message = MESSAGE_TYPES[stored.schema_id].model_validate_json(stored.json)
-    except (KeyError, ValueError):
-        return None
-    return serialise(message.model_copy(update={"ts": utcnow()}), stored.image)
