@@ -104,22 +104,18 @@ def test_frames_go_to_the_model_as_captured_without_colour_conversion(
             return image
 
     capture = Capture(settings, Recorded(settings))
-    # a conversion of (part of) a delivered frame, whichever thread makes it; other tests'
-    # threads still winding down convert frames of their own
     converted: list[tuple[int, ...]] = []
     real_cvt = cv2.cvtColor
-
-    def cvt(src, *args, **kwargs):
-        if any(np.shares_memory(src, frame) for frame in delivered):
-            converted.append(src.shape)
-        return real_cvt(src, *args, **kwargs)
-
-    monkeypatch.setattr(cv2, "cvtColor", cvt)
+    monkeypatch.setattr(
+        cv2, "cvtColor", lambda s, *a, **k: (converted.append(s.shape), real_cvt(s, *a, **k))[1]
+    )
     model = RecordingModel()
     pipeline = Pipeline(
         [capture],
         ModelSlot(model),
-        EscalationPolicy(PolicySettings()),
+        # no drift sample: a sampled frame is turned grey for its de-duplication hash,
+        # which is the policy's conversion, not the path to the model
+        EscalationPolicy(PolicySettings(sample_share=0.0)),
         lambda work, escalations: None,
         WindowStats(),
         PipelineSettings(),
