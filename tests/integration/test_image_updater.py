@@ -176,7 +176,7 @@ def test_a_tampered_or_unpinned_image_is_refused_before_a_pull(rig, images, dock
 def test_no_disk_space_is_refused_before_pulling(rig, images, docker_client) -> None:
     updater, _ = rig
     absent(docker_client, images["1"])
-    updater.min_free_bytes = 1 << 60  # more than any disk has
+    updater.images.min_free_bytes = 1 << 60  # more than any disk has
     status = updater.apply(request(images["1"]))
     assert status.outcome == "refused" and "MiB free" in (status.reason or "")
     assert images["1"] not in held(docker_client)
@@ -193,7 +193,7 @@ def test_the_agent_reports_what_the_host_updater_proved(rig, images, tmp_path: P
 
     def agent(own: str, name: str):
         reports: list = []
-        runtime = HostRuntime(updater.folder, own_image=own, answer_timeout_s=60, poll_s=0.1)
+        runtime = HostRuntime(updater.files.folder, own_image=own, answer_timeout_s=60, poll_s=0.1)
         applier = DesiredStateApplier(OnnxControl(reports.append), tmp_path / name, runtime)
         return applier, runtime, reports
 
@@ -237,7 +237,7 @@ def test_an_updater_killed_mid_update_recovers_to_one_running_version(
         [
             *(sys.executable, "-m", "tests.support.updater_process"),
             *("--engine", docker_client.test_base_url),
-            *("--compose", str(updater.test_compose), "--folder", str(updater.folder)),
+            *("--compose", str(updater.test_compose), "--folder", str(updater.files.folder)),
             *("--name", updater.name, "--device", DEVICE, "--key", KEY.hex()),
             *("--port", str(updater.test_port), "--request", str(ask)),
         ],
