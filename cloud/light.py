@@ -128,8 +128,8 @@ class LightSink:
 
     def collect(self) -> tuple[list[Light], bool]:
         """The next batch, and whether the stop mark was met. Having its first message, a
-        batch waits up to `flush_s` for more (a transaction costs about what eight
-        messages cost, so a replica that sees a share of the fleet must still write large
+        batch waits up to `flush_s` for more (a transaction costs as much as several
+        messages, so a replica that sees a share of the fleet must still write large
         batches), but not once the broker can send nothing more before our acks."""
         item = self._queue.get()
         if item is None:

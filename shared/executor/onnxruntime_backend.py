@@ -380,10 +380,10 @@ def _providers() -> set[str]:
 
 def _has(provider: str) -> Callable[[], str | None]:
     def probe() -> str | None:
-        if "CPUExecutionProvider" not in _providers():
+        providers = _providers()
+        if "CPUExecutionProvider" not in providers:
             return "onnxruntime not installed"
-        here = provider in _providers()
-        return None if here else f"this onnxruntime build has no {provider}"
+        return None if provider in providers else f"this onnxruntime build has no {provider}"
 
     return probe
 

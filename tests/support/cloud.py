@@ -54,11 +54,9 @@ def idle_ingest(key: bytes, device_id: str = "cam-01", **options: Any) -> Ingest
     )
 
 
-def deliver_telemetry(
-    ingest: Ingest, key: bytes, seq: int, qos: int, device_id: str = "cam-01"
-) -> int:
-    """One signed telemetry message into `ingest` as paho would; returns its payload size."""
-    telemetry = DeviceTelemetry(
+def telemetry(seq: int, device_id: str = "cam-01", **fields: Any) -> DeviceTelemetry:
+    """A device's telemetry message with plain figures (`fields` override them, e.g. `ts`)."""
+    return DeviceTelemetry(
         device_id=device_id,
         seq=seq,
         uptime_s=1.0,
@@ -66,8 +64,15 @@ def deliver_telemetry(
         outbox_depth=0,
         cpu_pct=1.0,
         ram_used_mb=1.0,
+        **fields,
     )
-    wire = encode(telemetry, key, Topics().telemetry(device_id))
+
+
+def deliver_telemetry(
+    ingest: Ingest, key: bytes, seq: int, qos: int, device_id: str = "cam-01"
+) -> int:
+    """One signed telemetry message into `ingest` as paho would; returns its payload size."""
+    wire = encode(telemetry(seq, device_id), key, Topics().telemetry(device_id))
     message = mqtt.MQTTMessage(mid=seq, topic=wire.topic.encode())
     message.payload, message.qos = wire.payload, qos
     message.properties = properties(wire)

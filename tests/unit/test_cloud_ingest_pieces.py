@@ -7,8 +7,9 @@ from __future__ import annotations
 from edgefleet.cloud.acks import Acks
 from edgefleet.cloud.directory import StaticDirectory
 from edgefleet.cloud.light import LightSink
-from edgefleet.shared.messages import DeviceTelemetry, EscalationCounters, ReportedState
+from edgefleet.shared.messages import ReportedState
 from edgefleet.shared.wire import Verified
+from tests.support.cloud import telemetry
 from tests.support.waiting import eventually
 
 
@@ -23,16 +24,7 @@ class Recorded:
 
 
 def _telemetry(seq: int) -> Verified:
-    message = DeviceTelemetry(
-        device_id="cam-01",
-        seq=seq,
-        uptime_s=1.0,
-        escalations=EscalationCounters(sent=0, pending=0, dropped=0),
-        outbox_depth=0,
-        cpu_pct=1.0,
-        ram_used_mb=1.0,
-    )
-    return Verified(message, None, "cam-01")
+    return Verified(telemetry(seq), None, "cam-01")
 
 
 def test_the_window_is_full_at_receive_maximum_and_only_qos_1_is_acknowledged() -> None:

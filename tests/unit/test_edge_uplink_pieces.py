@@ -13,9 +13,10 @@ from edgefleet.edge.incoming import Incoming
 from edgefleet.edge.outbox import OutboxItem
 from edgefleet.edge.stamping import Stamping
 from edgefleet.shared.errors import PayloadRejected
-from edgefleet.shared.messages import CloudVerdict, DeviceTelemetry, EscalationCounters, utcnow
+from edgefleet.shared.messages import CloudVerdict, utcnow
 from edgefleet.shared.topics import Channel, Topics
 from edgefleet.shared.wire import Serialised, Verifier, encode, serialise
+from tests.support.cloud import telemetry
 
 KEY, OTHER = b"k" * 32, b"o" * 32
 TOPICS = Topics()
@@ -60,18 +61,7 @@ def _item(message: Serialised, created: float) -> OutboxItem:
 def test_a_row_goes_out_as_stored_unless_it_waited_too_long() -> None:
     stamping = Stamping(TOPICS, "cam-01", KEY, restamp_after_s=120, wall_clock=time.time)
     made = utcnow() - timedelta(minutes=10)
-    stored = serialise(
-        DeviceTelemetry(
-            device_id="cam-01",
-            seq=7,
-            uptime_s=1.0,
-            escalations=EscalationCounters(sent=0, pending=0, dropped=0),
-            outbox_depth=0,
-            cpu_pct=1.0,
-            ram_used_mb=1.0,
-            ts=made,
-        )
-    )
+    stored = serialise(telemetry(7, ts=made))
     cloud = Verifier(key_for_device=lambda d: KEY, topics=TOPICS, max_skew_s=300)
     # a row stored just now goes out byte for byte as stored (its own ts, 10 min old)
     as_stored = stamping.wire_of(_item(stored, created=time.time()))
