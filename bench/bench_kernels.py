@@ -145,7 +145,7 @@ def lines_chain(frame: np.ndarray, fmt: str, quads: np.ndarray, out: np.ndarray)
     """What the OCR model did per line before the fused kernel: crop, resize, normalise."""
     from edgefleet.shared.imaging.normalise import normalise
     from edgefleet.shared.models.frames import FrameIn
-    from edgefleet.shared.models.ocr import frame_crop
+    from edgefleet.shared.models.lines import frame_crop
 
     h, width = out.shape[2:]
     src = FrameIn(frame, fmt)  # type: ignore[arg-type]  # fmt is one of the four

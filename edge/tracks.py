@@ -34,7 +34,7 @@ from prometheus_client import Counter
 from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
 from edgefleet.edge.settings import TrackSettings
 from edgefleet.shared.messages import CaseId, Detection, StreamId, TrackId
-from edgefleet.shared.models.ocr import vote
+from edgefleet.shared.models.lines import vote
 
 Box = tuple[float, float, float, float]
 

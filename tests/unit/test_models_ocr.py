@@ -17,7 +17,7 @@ from edgefleet.shared.models import load_model
 from edgefleet.shared.models.decoders.angle import angle_flips
 from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
 from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
-from edgefleet.shared.models.ocr import crop_quad, pad_quad, width_ladder
+from edgefleet.shared.models.lines import crop_quad, pad_quad, width_ladder
 from edgefleet.shared.models.preprocess import det_plan
 
 CHARSET = ppocr_charset(list("ABC"))  # ["", "A", "B", "C", " "]

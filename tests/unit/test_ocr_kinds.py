@@ -127,9 +127,10 @@ def test_the_edge_model_reads_these_words_right_only_with_the_rule(tiny, monkeyp
         return frame_scores([(d.text or "", d.box) for d in lines], truth)[0]
 
     # when it is read with the rule (on by default) and without it
-    assert tiny.opts.word_kinds == 0.1
+    assert tiny.lines.opts.word_kinds == 0.1
     settled = score()
-    monkeypatch.setattr(tiny, "opts", tiny.opts.model_copy(update={"word_kinds": None}))
+    reading = tiny.lines.opts.model_copy(update={"word_kinds": None})
+    monkeypatch.setattr(tiny.lines, "opts", reading)
     raw = score()
     # then only the rule reads it exactly
     assert settled == (1.0, True)

@@ -94,7 +94,8 @@ def test_the_zoom_reads_faint_lines_the_first_pass_loses(tiny, monkeypatch, seed
     truth = [line for line in clip.truth[index] if line.text == text]
     # O and 0 as the recogniser reads them (the first pass's `ST0` is `STO` settled): the
     # zoom's own effect
-    monkeypatch.setattr(tiny, "opts", tiny.opts.model_copy(update={"word_kinds": None}))
+    reading = tiny.lines.opts.model_copy(update={"word_kinds": None})
+    monkeypatch.setattr(tiny.lines, "opts", reading)
 
     def score(model) -> tuple[float, bool]:
         reads = [(d.text or "", d.box) for d in model.predict_many([frame], fmt="bgr")[0]]
