@@ -32,6 +32,7 @@ import numpy as np
 from prometheus_client import Counter
 
 from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
+from edgefleet.edge.scene_cuts import SceneCuts
 from edgefleet.edge.settings import TrackSettings
 from edgefleet.shared.messages import CaseId, Detection, StreamId, TrackId
 from edgefleet.shared.models.lines import vote
@@ -43,23 +44,6 @@ RETIRED = Counter(
     "Cloud answers that no longer fit their track (the line came whole, grew or changed)",
     ["why"],
 )
-
-
-CUTS = Counter(
-    "ef_edge_scene_cuts_total",
-    "Frames unlike the one before (a cut, a camera moved to a preset, a video looping): "
-    "the stream's tracks end there",
-)
-
-
-def thumbnail(image: np.ndarray, fmt: str) -> np.ndarray:
-    """The frame's brightness at 32x18: what a cut changes and motion, noise or a moving
-    line barely do. Every n-th pixel of about 128 per row is averaged: a whole 1080p
-    frame costs several times more, on every frame of every stream."""
-    plane = gray(image, fmt)
-    step = max(1, plane.shape[1] // 128)
-    small = cv2.resize(plane[::step, ::step], (32, 18), interpolation=cv2.INTER_AREA)
-    return small.astype(np.float32).mean(axis=2) if small.ndim == 3 else small.astype(np.float32)
 
 
 def iou(a: Box, b: Box) -> float:
@@ -174,8 +158,8 @@ class Track:
         vote share x confidence x its `fit` to the box). While it has shown only cut, its
         latest read: the part in view changes from frame to frame, and an older part is a
         shorter one."""
-        text, score = vote(self.whole_reads) if self.whole_reads or not self.reads else (
-            self.reads[-1]
+        text, score = (
+            vote(self.whole_reads) if self.whole_reads or not self.reads else (self.reads[-1])
         )
         return text, score * fit(text, self.box, self.char_width)
 
@@ -217,6 +201,35 @@ class Track:
         text, score, _ = self.outcome()
         return text, score
 
+    def keep_crop(
+        self,
+        image: np.ndarray,
+        fmt: str,
+        det: Detection,
+        frame_index: int,
+        whole: bool,
+        settings: TrackSettings,
+    ) -> None:
+        """Rank this sighting's crop (YUV: on the Y plane); keep it among the track's best
+        `max_crops`, converted to BGR only when kept."""
+        assert det.box is not None  # the tracker skips detections without a box
+        box, (h, w) = det.box, frame_hw(image, fmt)
+        bw, bh = box[2] - box[0], box[3] - box[1]
+        m = settings.crop_margin
+        x1, y1 = int(max(0, box[0] - m * bh)), int(max(0, box[1] - m * bh))
+        x2, y2 = int(min(w, np.ceil(box[2] + m * bh))), int(min(h, np.ceil(box[3] + m * bh)))
+        if x2 - x1 < 2 or y2 - y1 < 2:
+            return
+        sharp = sharpness(gray(image, fmt)[y1:y2, x1:x2])
+        rank = det.score * sharp * bw * bh  # sure, sharp, large
+        worst = min(self.crops, key=lambda c: c.key, default=None)
+        if len(self.crops) >= settings.max_crops:
+            if worst is None or (whole, rank) <= worst.key:
+                return
+            self.crops.remove(worst)
+        crop = bgr_crop(image, fmt, (x1, y1, x2, y2)).copy()
+        self.crops.append(Crop(crop, frame_index, (x1, y1, x2, y2), rank, whole))
+
     def agreement(self) -> float:
         """Share of the reads `reading` votes over that agree with its winning reading."""
         text, _ = self.reading()
@@ -252,7 +265,7 @@ class Tracker:
         self._ended: OrderedDict[str, Track] = OrderedDict()
         self._lost: dict[str, deque[Track]] = {}  # ended unseen, lately: may come back
         self._by_id: dict[str, Track] = {}
-        self._thumbs: dict[str, np.ndarray] = {}  # each stream's last frame, in brief
+        self._cuts = SceneCuts(settings.cut_level)
         self._ids = itertools.count(1)
         # ids differ between runs: a verdict for a case sent before a restart can never
         # land on a new track that happens to reuse its number
@@ -272,7 +285,8 @@ class Tracker:
         s = self.settings
         h, w = frame_hw(image, fmt)
         with self._lock:
-            self._cut_scene(stream_id, image, fmt)
+            if self._cuts.cut(stream_id, image, fmt):
+                self._end_all(stream_id)
             tracks = self._open.setdefault(stream_id, [])
             taken: set[int] = set()
             out: list[Track] = []
@@ -319,7 +333,7 @@ class Tracker:
                 for reads in (track.reads, track.whole_reads) if whole else (track.reads,):
                     reads.append((det.text, det.score))
                     del reads[: -s.max_reads]
-                self._keep_crop(track, image, fmt, det.box, frame_index, det.score, whole)
+                track.keep_crop(image, fmt, det, frame_index, whole, s)
                 self._review(track)
                 out.append(track)
             self._end_stale(stream_id, frame_index)
@@ -368,22 +382,6 @@ class Tracker:
             self._lost.setdefault(stream_id, deque(maxlen=64)).append(old)
         return new
 
-    def _cut_scene(self, stream_id: StreamId, image: np.ndarray, fmt: str) -> None:
-        """End every track of the stream when this frame is unlike the one before by more
-        than `cut_level` grey levels on average: what its lines read before says nothing of
-        the lines now in their boxes. Under the lock."""
-        level = self.settings.cut_level
-        if not level:
-            return
-        thumb, last = thumbnail(image, fmt), self._thumbs.get(stream_id)
-        self._thumbs[stream_id] = thumb
-        if last is None or float(np.abs(thumb - last).mean()) <= level:
-            return
-        CUTS.inc()
-        self._lost.pop(stream_id, None)
-        for track in self._open.pop(stream_id, []):
-            self._retire(track)
-
     def _cut(self, box: Box, h: int, w: int) -> bool:
         """Whether a line with this box is cut by the frame's border."""
         m = self.settings.border_px
@@ -405,34 +403,6 @@ class Tracker:
         came_whole = not asked.whole and len(track.whole_reads) >= s.ready_frames
         if came_whole or track.height >= asked.height * s.regrow:
             track.escalated = False
-
-    def _keep_crop(
-        self,
-        track: Track,
-        image: np.ndarray,
-        fmt: str,
-        box: Box,
-        frame_index: int,
-        score: float,
-        whole: bool,
-    ) -> None:
-        """Rank the sighting's crop (YUV: on the Y plane); keep the best, converted to BGR
-        only when kept."""
-        h, w = frame_hw(image, fmt)
-        bw, bh = box[2] - box[0], box[3] - box[1]
-        m = self.settings.crop_margin
-        x1, y1 = int(max(0, box[0] - m * bh)), int(max(0, box[1] - m * bh))
-        x2, y2 = int(min(w, np.ceil(box[2] + m * bh))), int(min(h, np.ceil(box[3] + m * bh)))
-        if x2 - x1 < 2 or y2 - y1 < 2:
-            return
-        rank = score * sharpness(gray(image, fmt)[y1:y2, x1:x2]) * bw * bh  # sure, sharp, large
-        worst = min(track.crops, key=lambda c: c.key, default=None)
-        if len(track.crops) >= self.settings.max_crops:
-            if worst is None or (whole, rank) <= worst.key:
-                return
-            track.crops.remove(worst)
-        crop = bgr_crop(image, fmt, (x1, y1, x2, y2)).copy()
-        track.crops.append(Crop(crop, frame_index, (x1, y1, x2, y2), rank, whole))
 
     def _end_stale(self, stream_id: StreamId, frame_index: int) -> None:
         tracks = self._open[stream_id]
@@ -467,6 +437,14 @@ class Tracker:
             return track
         return None
 
+    def _end_all(self, stream_id: StreamId) -> list[Track]:
+        """End every open track of the stream, none of them to be revived. Under the lock."""
+        self._lost.pop(stream_id, None)
+        tracks = self._open.pop(stream_id, [])
+        for track in tracks:
+            self._retire(track)
+        return tracks
+
     def _retire(self, track: Track) -> None:
         track.ended = True
         track.crops.clear()  # nothing will be sent any more: free the pixels
@@ -478,12 +456,8 @@ class Tracker:
     def end_stream(self, stream_id: StreamId) -> list[Track]:
         """End every open track of a stream (it stopped); returns them."""
         with self._lock:
-            self._lost.pop(stream_id, None)
-            self._thumbs.pop(stream_id, None)
-            tracks = self._open.pop(stream_id, [])
-            for track in tracks:
-                self._retire(track)
-            return tracks
+            self._cuts.forget(stream_id)
+            return self._end_all(stream_id)
 
     def live(self, stream_id: StreamId) -> list[Track]:
         """The stream's open tracks: what the device reports for its latest frame, including
