@@ -9,18 +9,16 @@ answer on `reported`; `on_reported` and `tick` move the deployment along:
       └─ a canary failed / out of bounds ─▶ rolled_back (auto-rollback: canaries get their
                                             previous state back) or halted (no auto-rollback)
 
-The pieces: the book of deployments and targets (`RolloutBook`), the way a desired state
-goes out (`DesiredPublisher`) and the canaries' bounds (`CanaryBounds`). State lives in the
-database, so a restarted orchestrator (or another replica) carries on where this one
-stopped.
+The pieces: the plan of a request (`RolloutPlanner`), the book of deployments and targets
+(`RolloutBook`), the way a desired state goes out (`DesiredPublisher`) and the canaries'
+bounds (`CanaryBounds`). State lives in the database, so a restarted orchestrator (or
+another replica) carries on where this one stopped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import secrets
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -29,41 +27,21 @@ from typing import Any
 from prometheus_client import Counter
 
 from edgefleet.fleet.bounds import CanaryBounds
-from edgefleet.fleet.deployment import (
-    IMAGE_RE,
-    DeploymentModel,
-    DeploymentRequest,
-    DeploymentView,
-    Status,
-    TargetView,
-    parse_request,
-)
+from edgefleet.fleet.deployment import DeploymentRequest, DeploymentView, Status
 from edgefleet.fleet.desired import DesiredPublisher, Publish
-from edgefleet.fleet.devices import validate_group
 from edgefleet.fleet.models import ModelStore
 from edgefleet.fleet.registry import DeviceRegistry
 from edgefleet.fleet.rollout_book import ACTIVE, RolloutBook
+from edgefleet.fleet.rollout_plan import RolloutPlanner
 from edgefleet.shared.db import Database
-from edgefleet.shared.errors import Conflict, InvalidInput, NotFound
+from edgefleet.shared.errors import Conflict
 from edgefleet.shared.messages import DesiredState, ModelRef, ReportedState, utcnow
 from edgefleet.shared.topics import Topics
-
-# The request/view models live in edgefleet.fleet.deployment; they stay importable from here.
-__all__ = [
-    "IMAGE_RE",
-    "ROLLOUTS",
-    "DeploymentModel",
-    "DeploymentRequest",
-    "DeploymentView",
-    "RolloutController",
-    "Status",
-    "TargetView",
-    "parse_request",
-]
 
 log = logging.getLogger(__name__)
 
 ROLLOUTS = Counter("ef_fleet_rollouts_total", "Rollouts by final outcome", ["outcome"])
+
 
 class RolloutController:
     """Creates deployments and moves them along as devices report."""
@@ -81,18 +59,15 @@ class RolloutController:
         resolve_image: Callable[[str], str] | None = None,
     ):
         self.registry = registry
-        # A tag becomes `repo@sha256:...` once, here, so every device of a rollout runs the
-        # same build even if the tag moves (None: the image is kept as given).
-        self.resolve_image = resolve_image
+        self.planner = RolloutPlanner(
+            registry, model_store=model_store, resolve_image=resolve_image
+        )
         # A phase whose devices have not all reported by then is over: a canary that never
         # answers stops (and rolls back) the rollout instead of blocking its group forever.
         self.report_deadline_s = report_deadline_s
-        self.model_store = model_store
         self.tick_interval_s = tick_interval_s
         self.book = RolloutBook(db)
-        self.desired = DesiredPublisher(
-            registry, publish, topics=topics, model_store=model_store
-        )
+        self.desired = DesiredPublisher(registry, publish, topics=topics, model_store=model_store)
         self.bounds = CanaryBounds(registry)
         self._lock = threading.RLock()
         self._timer: threading.Thread | None = None
@@ -102,66 +77,23 @@ class RolloutController:
 
     def create(self, request: DeploymentRequest | dict[str, Any]) -> DeploymentView:
         """Validate, then send the new state to the canaries; the fleet is untouched on error."""
-        req = request if isinstance(request, DeploymentRequest) else parse_request(request)
-        validate_group(req.group)
-        devices = self.registry.devices_in_group(req.group)
-        if not devices:
-            raise NotFound(
-                f"group {req.group!r} has no enrolled devices",
-                hint="enroll devices with `edgefleet fleet enroll DEVICE --group G`",
-            )
-        models = [self._resolve(m) for m in req.models]
-        image = self.resolve_image(req.image) if self.resolve_image else req.image
-        online = {d.device_id for d in self.registry.list_devices(req.group) if d.online}
-        ordered = sorted(devices, key=lambda d: (d not in online, d))
-        canary_count = min(len(devices), max(1, math.ceil(len(devices) * req.canary_percent / 100)))
-        canaries = ordered[:canary_count]
-        dep_id = "dep-" + secrets.token_hex(6)
-        spec = {
-            "image": image,
-            "image_requested": req.image,
-            "models": [m.model_dump() for m in models],
-            "config": req.config,
-        }
-        targets = [
-            (device, "canary" if device in canaries else "rest", self.registry.desired(device))
-            for device in devices
-        ]
-        deployment = {
-            "grp": req.group,
-            "spec": json.dumps(spec),
-            "canary_count": canary_count,
-            "auto_rollback": req.auto_rollback,
-            "soak_s": req.soak_s,
-            "min_fps": req.min_fps,
-            "max_latency_p95_ms": req.max_latency_p95_ms,
-        }
+        plan = self.planner.plan(request)
         with self._lock:
-            self.book.open(dep_id, deployment, targets)
+            self.book.open(plan.dep_id, plan.deployment, plan.targets)
         log.info(
             "rollout created",
-            extra={"deployment_id": dep_id, "group": req.group, "canaries": canaries},
+            extra={
+                "deployment_id": plan.dep_id,
+                "group": plan.deployment["grp"],
+                "canaries": plan.canaries,
+            },
         )
-        for device in canaries:
-            self._send(dep_id, device, spec)
+        for device in plan.canaries:
+            self._send(plan.dep_id, device, plan.spec)
         self.tick()
         if self.tick_interval_s:
             self.start(self.tick_interval_s)  # soak times need a clock, not only reports
-        return self.get(dep_id)
-
-    def _resolve(self, spec: DeploymentModel) -> ModelRef:
-        if spec.url and spec.sha256:
-            return ModelRef(name=spec.name, version=spec.version, url=spec.url, sha256=spec.sha256)
-        if self.model_store is None:
-            raise InvalidInput(
-                f"model {spec.name}@{spec.version} needs url and sha256 (no model store here)"
-            )
-        ref = self.model_store.ref(spec.name, spec.version)
-        if spec.sha256 and spec.sha256 != ref.sha256:
-            raise InvalidInput(
-                f"model {spec.name}@{spec.version}: sha256 does not match the stored file"
-            )
-        return ref
+        return self.get(plan.dep_id)
 
     # --- device reports and the state machine ------------------------------------------
 
