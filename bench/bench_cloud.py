@@ -224,7 +224,7 @@ class NaiveIngest:
 
         self.services = services
         topics = Topics()
-        verifier = Verifier(key_for_device=services.directory.device_key)
+        verifier = Verifier(key_for_device=services.registry.device_key)
         settings = MqttSettings(host=broker.host, port=broker.port)
         self.client = make_client(settings, "naive-ingest")
         # out of the box, paho decodes PUBLISH properties itself (make_client installed
@@ -236,7 +236,7 @@ class NaiveIngest:
         self.connected = threading.Event()
 
         def answer(verdict) -> None:
-            key = services.directory.device_key(verdict.device_id)
+            key = services.registry.device_key(verdict.device_id)
             publish(self.client, encode(verdict, key, topics.results(verdict.device_id)))
 
         services.processor.answers.publish = answer
@@ -249,7 +249,7 @@ class NaiveIngest:
 
             verified = verifier.verify(from_paho(message))
             if verified.image is None:  # telemetry: stored inline, one transaction each
-                services.directory.record_telemetry(verified.message)
+                services.registry.record_telemetry(verified.message)
                 return
             case, image = verified.message, verified.image
             assert isinstance(case, EscalationCase)  # the only message with an image
@@ -320,8 +320,8 @@ def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_devic
     naive_settings.ingest.enabled = False
     naive_api = create_app(naive_settings)
     naive_services = naive_api.state.services
-    naive_dev = naive_services.registry.enroll("bench-naive")
-    naive_fleet = [naive_services.registry.enroll(f"bench-{i:04d}") for i in range(devices)]
+    naive_dev = naive_services.fleet_registry.enroll("bench-naive")
+    naive_fleet = [naive_services.fleet_registry.enroll(f"bench-{i:04d}") for i in range(devices)]
     naive = NaiveIngest(naive_services, broker)
     naive.connected.wait(30)
     time.sleep(0.5)
@@ -339,7 +339,7 @@ def _bench_ingest(client, tmp: Path, broker, cases: int, devices: int, per_devic
     settings.models.preload = False
     api = create_app(settings)
     services = api.state.services
-    enrolled = [services.registry.enroll(f"bench-{i:04d}") for i in range(devices)]
+    enrolled = [services.fleet_registry.enroll(f"bench-{i:04d}") for i in range(devices)]
     with ServerThread(api) as server:
         _wait_ready(server.url)
         first = enrolled[0]

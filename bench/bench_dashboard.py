@@ -93,7 +93,7 @@ def measure(devices: int, changed: int, ticks: int, chromium: str) -> dict[str, 
             api_keys=[OperatorKey(name="ops", sha256=key_digest(KEY))],
         )
         api = create_app(settings)
-        registry = api.state.services.registry
+        registry = api.state.services.fleet_registry
         ids = [f"cam-{i:05d}" for i in range(devices)]
         for i, device in enumerate(ids):
             registry.enroll(device, group=f"site-{i % 8}")

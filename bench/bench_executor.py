@@ -26,9 +26,9 @@ import cv2
 import numpy as np
 import typer
 
+from edgefleet.shared.executor.backends import probe_backends
 from edgefleet.shared.executor.batcher import DynamicBatcher
 from edgefleet.shared.executor.proof import prove
-from edgefleet.shared.executor.registry import probe_backends
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import load_model
 from edgefleet.shared.models.base import Model

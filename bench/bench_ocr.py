@@ -39,7 +39,7 @@ import typer
 
 from edgefleet.demo.scenes.clips import Tally, frame_scores
 from edgefleet.demo.scenes.stills import Scene, scenes
-from edgefleet.shared.models.decoders.kinds import settle_kinds
+from edgefleet.shared.models.outputs.kinds import settle_kinds
 from edgefleet.shared.models.registry import DEFAULT_MODEL
 
 app = typer.Typer(add_completion=False)

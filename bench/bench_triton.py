@@ -105,7 +105,7 @@ def _cloud(tmp: Path, broker, manifest: Path | None) -> tuple[Any, Any]:
     )  # fmt: skip
     settings = CloudSettings(data_dir=tmp, **sections)
     services = CloudServices.build(settings)
-    device = services.registry.enroll(f"bench-{tmp.name}")
+    device = services.fleet_registry.enroll(f"bench-{tmp.name}")
     services.start()
     deadline = time.monotonic() + 300
     while services.pool.loaded(PRIMARY) is None:

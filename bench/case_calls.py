@@ -150,8 +150,8 @@ def main() -> None:
     )
     settings = CloudSettings(data_dir=tmp / "data", mqtt=mqtt, **sections)
     services = CloudServices.build(settings, loader=lambda name: InstantModel())
-    assert services.registry is not None
-    device = services.registry.enroll(DEVICE)
+    assert services.fleet_registry is not None
+    device = services.fleet_registry.enroll(DEVICE)
     verdicts: list[str] = []
     arrived = threading.Condition()
 

@@ -156,8 +156,8 @@ def _settings(backends: list[str], **update):
 
 def _probe() -> dict[str, str | None]:
     need("numpy", "cv2", "onnxruntime", "pynvml", "rapidocr_onnxruntime")
+    from edgefleet.shared.executor.backends import probe_backends
     from edgefleet.shared.executor.proof import prove
-    from edgefleet.shared.executor.registry import probe_backends
     from edgefleet.shared.executor.settings import ExecutionSettings
 
     settings = ExecutionSettings()  # installed is not enough: each backend runs a tiny model
@@ -226,9 +226,9 @@ def step_defaults(rec: Recorder, deadline: float) -> None:
     """The shipped default models on the default backend order, as the agent and the cloud
     load them: the backend and provider each component really got (and why others were
     passed over), the start-up self-test's verdict, accuracy and latency."""
+    from edgefleet.shared.executor.backends import backends as declared
+    from edgefleet.shared.executor.backends import default_order
     from edgefleet.shared.executor.fallback import report
-    from edgefleet.shared.executor.registry import backends as declared
-    from edgefleet.shared.executor.registry import default_order
     from edgefleet.shared.executor.selftest import run_selftest
     from edgefleet.shared.models import load_model
     from edgefleet.shared.models.registry import ModelRegistry
@@ -443,11 +443,11 @@ def step_nvml(rec: Recorder, deadline: float) -> None:
     rec.figure(total_mb=round(snap.total / MiB), used_mb=round(snap.used / MiB))
     over = max(0, budget.capacity(snap) - snap.used) + 512 * MiB  # 512 MiB past the watermark
     try:
-        budget.admit("gpu-check-oversize", over)
+        budget.reserve("gpu-check-oversize", over)
         refused = ""
     except MemoryBudgetExceeded as exc:
         refused = exc.message
-    budget.admit("gpu-check-small", 16 * MiB)
+    budget.reserve("gpu-check-small", 16 * MiB)
     budget.release("gpu-check-small")
     rec.figure(oversize_refusal=refused or "admitted")
     rec.goal("budget refuses a load above the watermark", "MemoryBudgetExceeded", bool(refused))

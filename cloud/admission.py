@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from edgefleet.cloud.cascade import Cascade
 from edgefleet.cloud.fair_queue import FairQueue
-from edgefleet.cloud.jobs import BACKPRESSURE, CASES, Decoder, Job
+from edgefleet.cloud.jobs import BACKPRESSURE, CASES, DecodeImage, Job
 from edgefleet.cloud.ledger import Claim, ClaimState
 from edgefleet.cloud.lookup import case_key
 from edgefleet.cloud.router import Route, Router
@@ -33,7 +33,7 @@ class Admission:
         store: CaseStore,
         router: Router,
         cascade: Cascade,
-        decode: Decoder,
+        decode: DecodeImage,
         queue: FairQueue[Job],
         *,
         replica: str,

@@ -134,7 +134,7 @@ def create_app(settings: CloudSettings, *, services: CloudServices | None = None
     app.include_router(infer.router)
     app.include_router(feedback.router)
     app.include_router(health.router)
-    if services.registry is not None:
+    if services.fleet_registry is not None:
         _include_fleet(app, services)
     # FastAPI's documented way to customise the schema is to replace the method
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -167,7 +167,7 @@ def _include_fleet(app: FastAPI, services: CloudServices) -> None:
     """The fleet's routes (/v1/devices*, /v1/deployments*, /v1/models*, the dashboard)."""
     app.include_router(
         build_router(
-            services.registry,
+            services.fleet_registry,
             services.rollouts,
             require_operator,
             recent_cases=services.store.lookup.recent_cases,

@@ -20,7 +20,7 @@ from typing import Literal
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from edgefleet.cloud.directory import DeviceDirectory
+from edgefleet.cloud.registry import Registry
 from edgefleet.cloud.settings import OperatorKey
 from edgefleet.shared.errors import AuthError, Forbidden
 from edgefleet.shared.hashing import same_hex
@@ -44,9 +44,9 @@ def key_digest(api_key: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, operator_keys: list[OperatorKey], directory: DeviceDirectory):
+    def __init__(self, operator_keys: list[OperatorKey], registry: Registry):
         self._operators = [(k.name, k.sha256) for k in operator_keys]
-        self._directory = directory
+        self._registry = registry
 
     def authenticate(self, authorization: str | None) -> Principal:
         scheme, _, token = (authorization or "").partition(" ")
@@ -57,7 +57,7 @@ class Authenticator:
         for name, known in self._operators:
             if hmac.compare_digest(known, digest):
                 return Principal("operator", name)
-        device_id = self._directory.authenticate_token(token)
+        device_id = self._registry.authenticate_token(token)
         if device_id is not None:
             return Principal("device", device_id)
         raise AuthError("unknown or revoked token", hint="check the token; devices re-enroll")
@@ -69,7 +69,7 @@ class Authenticator:
 
     def signing_key(self, principal: Principal) -> bytes | None:
         if principal.kind == "device":
-            return self._directory.device_key(principal.id)
+            return self._registry.device_key(principal.id)
         return next(
             (digest.encode() for name, digest in self._operators if name == principal.id), None
         )

@@ -31,9 +31,9 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge
 
 from edgefleet.cloud.acks import Acks
-from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.light import LightSink
 from edgefleet.cloud.processor import CaseProcessor
+from edgefleet.cloud.registry import Registry
 from edgefleet.shared.bounded import ENTRY_OVERHEAD, BoundedMap
 from edgefleet.shared.errors import EdgefleetError, PayloadRejected
 from edgefleet.shared.messages import (
@@ -79,7 +79,7 @@ class Ingest:
         self,
         mqtt_settings: MqttSettings,
         client: mqtt.Client,
-        directory: DeviceDirectory,
+        registry: Registry,
         processor: CaseProcessor,
         *,
         share_group: str | None,
@@ -98,13 +98,13 @@ class Ingest:
         on_reported: Callable[[ReportedState], None] | None = None,
     ):
         self.settings = mqtt_settings
-        self.directory = directory
+        self.registry = registry
         self.processor = processor
         self.share_group = share_group
         self.receive_maximum = receive_maximum
         self.topics = Topics(mqtt_settings.topic_root)
         self.verifier = Verifier(
-            key_for_device=directory.device_key,
+            key_for_device=registry.device_key,
             topics=self.topics,
             max_payload_bytes=max_payload_bytes,
             max_skew_s=max_skew_s,
@@ -134,7 +134,7 @@ class Ingest:
         self._connected = threading.Event()
         self.acks = Acks(client, receive_maximum)
         self.light = LightSink(
-            directory,
+            registry,
             self.acks,
             lambda channel, outcome: _ingested(channel, outcome).inc(),
             max_messages=light_queue,

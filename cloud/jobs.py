@@ -31,7 +31,7 @@ class Sent(Protocol):
 
 Publisher = Callable[[CloudVerdict], Sent | None]
 StatusPublisher = Callable[[CloudStatus], None]
-Decoder = Callable[[bytes], np.ndarray]
+DecodeImage = Callable[[bytes], np.ndarray]
 
 LATER = object()  # a run's result: the job was put back to be checked again
 

@@ -14,8 +14,8 @@ from typing import NamedTuple
 from prometheus_client import Counter, Gauge, Histogram
 
 from edgefleet.cloud.acks import Acks
-from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.jobs import BACKPRESSURE
+from edgefleet.cloud.registry import Registry
 from edgefleet.shared.errors import EdgefleetError
 from edgefleet.shared.gauges import observe
 from edgefleet.shared.messages import DeviceStatus, DeviceTelemetry, ReportedState
@@ -55,7 +55,7 @@ class LightSink:
 
     def __init__(
         self,
-        directory: DeviceDirectory,
+        registry: Registry,
         acks: Acks,
         count: Outcome,
         *,
@@ -66,7 +66,7 @@ class LightSink:
         flush_s: float,
         on_reported: Callable[[ReportedState], None] | None = None,
     ) -> None:
-        self.directory = directory
+        self.registry = registry
         self.on_reported = on_reported
         self._acks = acks
         self._count = count
@@ -154,12 +154,12 @@ class LightSink:
 
     def _store(self, batch: list[Light]) -> None:
         try:
-            with self.directory.batch():
+            with self.registry.batch():
                 # rows in one order in every replica: two batches never wait on each other
                 # crosswise (a deadlock on PostgreSQL, which fails both)
                 ordered = [item.verified.message for item in sorted(batch, key=_lock_order)]
                 telemetry = [m for m in ordered if isinstance(m, DeviceTelemetry)]
-                self.directory.record_telemetries(telemetry)
+                self.registry.record_telemetries(telemetry)
                 for message in ordered:
                     if not isinstance(message, DeviceTelemetry):
                         self._record(message)
@@ -183,11 +183,11 @@ class LightSink:
 
     def _record(self, message: object) -> None:
         if isinstance(message, DeviceTelemetry):
-            self.directory.record_telemetry(message)
+            self.registry.record_telemetry(message)
         elif isinstance(message, DeviceStatus):
-            self.directory.record_status(message)
+            self.registry.record_status(message)
         elif isinstance(message, ReportedState):
-            self.directory.record_reported(message)
+            self.registry.record_reported(message)
 
     def _record_alone(self, verified: Verified) -> str:
         channel = _channel_of(verified.message)

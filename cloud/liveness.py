@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from prometheus_client import Counter
 
-from edgefleet.cloud.directory import DeviceDirectory
+from edgefleet.cloud.registry import Registry
 from edgefleet.shared.messages import utcnow
 
 log = logging.getLogger(__name__)
@@ -34,13 +34,13 @@ class LivenessWatch:
 
     def __init__(
         self,
-        directory: DeviceDirectory,
+        registry: Registry,
         *,
         silence_s: float,
         listening: Callable[[], bool],
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.directory = directory
+        self.registry = registry
         self.silence_s = silence_s
         self._listening = listening
         self._clock = clock
@@ -71,7 +71,7 @@ class LivenessWatch:
             self._listening_since = now
         if now - self._listening_since < self.silence_s:
             return []
-        silent = self.directory.mark_silent(utcnow() - timedelta(seconds=self.silence_s))
+        silent = self.registry.mark_silent(utcnow() - timedelta(seconds=self.silence_s))
         for device_id in silent:
             MARKED_SILENT.inc()
             log.warning(

@@ -27,7 +27,7 @@ from edgefleet.cloud.answers import Answers
 from edgefleet.cloud.cascade import Cascade
 from edgefleet.cloud.fair_queue import FairQueue
 from edgefleet.cloud.held import HeldRedeliveries
-from edgefleet.cloud.jobs import CASES, QUEUE_DEPTH, Decoder, Job, Publisher, StatusPublisher
+from edgefleet.cloud.jobs import CASES, QUEUE_DEPTH, DecodeImage, Job, Publisher, StatusPublisher
 from edgefleet.cloud.lag import Lag
 from edgefleet.cloud.ledger import ClaimState
 from edgefleet.cloud.lookup import CaseKey, case_key
@@ -45,7 +45,7 @@ class CaseProcessor:
         store: CaseStore,
         router: Router,
         cascade: Cascade,
-        decode: Decoder,
+        decode: DecodeImage,
         *,
         replica: str,
         workers: int = 4,

@@ -12,7 +12,7 @@ import logging
 
 import paho.mqtt.client as mqtt
 
-from edgefleet.cloud.directory import DeviceDirectory
+from edgefleet.cloud.registry import Registry
 from edgefleet.shared.messages import CloudStatus, CloudVerdict, utcnow
 from edgefleet.shared.mqtt import publish
 from edgefleet.shared.topics import Topics
@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class Sender:
-    def __init__(self, client: mqtt.Client, directory: DeviceDirectory, topics: Topics):
+    def __init__(self, client: mqtt.Client, registry: Registry, topics: Topics):
         self.client = client
-        self.directory = directory
+        self.registry = registry
         self.topics = topics
 
     def verdict(self, verdict: CloudVerdict) -> mqtt.MQTTMessageInfo | None:
@@ -33,7 +33,7 @@ class Sender:
         A verdict's `ts` says when it was sent, as every message's does: a stored verdict
         sent again for a case the device resent, minutes later, must pass the device's
         staleness check like a new one (its original time stays in the store)."""
-        key = self.directory.device_key(verdict.device_id)
+        key = self.registry.device_key(verdict.device_id)
         if key is None:
             log.warning("no key for %s: verdict stored, not published", verdict.device_id)
             return None
@@ -42,7 +42,7 @@ class Sender:
 
     def status(self, status: CloudStatus) -> None:
         """The cloud's lag, retained on the device's results topic."""
-        key = self.directory.device_key(status.device_id)
+        key = self.registry.device_key(status.device_id)
         if key is not None:
             wire = encode(status, key, self.topics.results(status.device_id))
             publish(self.client, wire, qos=1, retain=True)

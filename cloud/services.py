@@ -2,7 +2,7 @@
 
 `CloudServices.build(settings)` makes the real thing (store, registry, models, router,
 cascade, queue, MQTT sender and ingest, drift watch); tests and benchmarks pass their own
-`directory` or `loader` through the same constructor instead of patching anything.
+`registry` or `loader` through the same constructor instead of patching anything.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import numpy as np
 from edgefleet.cloud.auth import Authenticator
 from edgefleet.cloud.cache import VerdictCache
 from edgefleet.cloud.cascade import Cascade, ModelLoader, ModelPool
-from edgefleet.cloud.directory import DeviceDirectory
 from edgefleet.cloud.drift import DriftWatch
 from edgefleet.cloud.ingest import Ingest
-from edgefleet.cloud.jobs import Decoder
+from edgefleet.cloud.jobs import DecodeImage
 from edgefleet.cloud.liveness import LivenessWatch
 from edgefleet.cloud.processor import CaseProcessor
 from edgefleet.cloud.refusals import RefusalBudget
+from edgefleet.cloud.registry import Registry
 from edgefleet.cloud.replica import ReplicaIdentity
 from edgefleet.cloud.router import Router, RouteSpec
 from edgefleet.cloud.sender import Sender
@@ -69,7 +69,7 @@ class CloudServices:
     settings: CloudSettings
     db: Database
     store: CaseStore
-    directory: DeviceDirectory
+    registry: Registry
     auth: Authenticator
     router: Router
     cache: VerdictCache
@@ -83,7 +83,7 @@ class CloudServices:
     decode_budget: DecodeBudget  # every image decode in this process draws on it
     ingest: Ingest | None = None
     liveness: LivenessWatch | None = None  # with the ingest: devices heard over MQTT
-    registry: Any = None  # edgefleet.fleet.registry.DeviceRegistry when the fleet is in this store
+    fleet_registry: Any = None  # edgefleet.fleet.registry.DeviceRegistry: the fleet is here
     rollouts: Any = None  # edgefleet.fleet.rollout.RolloutController
     model_store: Any = None  # edgefleet.fleet.models.ModelStore: files devices download by NAME@VER
     _started: bool = field(default=False, repr=False)
@@ -94,7 +94,7 @@ class CloudServices:
         cls,
         settings: CloudSettings,
         *,
-        directory: DeviceDirectory | None = None,
+        registry: Registry | None = None,
         loader: ModelLoader | None = None,
         db: Database | None = None,
     ) -> CloudServices:
@@ -108,18 +108,18 @@ class CloudServices:
             )
         db = db or Database.connect(settings.resolved_database_url())
         store = CaseStore(db, settings.data_dir / "images")
-        registry = rollouts = None
-        if directory is None:
+        fleet_registry = rollouts = None
+        if registry is None:
             from edgefleet.fleet.service import DeviceRegistry
 
             master = settings.device_master_key
-            registry = DeviceRegistry(
+            fleet_registry = DeviceRegistry(
                 db,
                 master_key=master.get_secret_value() if master else None,
                 history_bucket_s=settings.telemetry.bucket_s,
                 history_retention_s=settings.telemetry.retention_days * 86400,
             )
-            directory = registry
+            registry = fleet_registry
         identity = (
             ReplicaIdentity.fixed(settings.ingest.client_id)
             if settings.ingest.client_id
@@ -167,7 +167,7 @@ class CloudServices:
         client = None
         if settings.ingest.enabled:
             client = make_client(settings.mqtt, replica)
-            sender = Sender(client, directory, Topics(settings.mqtt.topic_root))
+            sender = Sender(client, registry, Topics(settings.mqtt.topic_root))
         processor = CaseProcessor(
             store,
             router,
@@ -184,7 +184,7 @@ class CloudServices:
             publish_status=sender.status if sender else None,
         )
         model_store = None
-        if registry is not None:
+        if fleet_registry is not None:
             from edgefleet.fleet.service import ModelStore, RolloutController
 
             # the directory `edgefleet fleet model-add` writes to (FleetSettings.data_dir
@@ -199,7 +199,7 @@ class CloudServices:
                     model_store.base_url,
                 )
             rollouts = RolloutController(
-                registry,
+                fleet_registry,
                 db,
                 sender.wire if sender else _no_broker,
                 model_store=model_store,
@@ -207,12 +207,12 @@ class CloudServices:
             )
         ingest = liveness = None
         if client is not None:
-            if registry is not None:  # one query now, not one per device in the first seconds
-                registry.keys.load()
+            if fleet_registry is not None:  # one query now, not one per device in the first seconds
+                fleet_registry.keys.load()
             ingest = Ingest(
                 settings.mqtt,
                 client,
-                directory,
+                registry,
                 processor,
                 share_group=settings.ingest_share_group(),
                 receive_maximum=settings.ingest.receive_maximum,
@@ -230,7 +230,7 @@ class CloudServices:
             )
             listening = ingest
             liveness = LivenessWatch(
-                directory,
+                registry,
                 silence_s=settings.liveness.silence_s,
                 listening=lambda: listening.connected,
             )
@@ -238,8 +238,8 @@ class CloudServices:
             settings=settings,
             db=db,
             store=store,
-            directory=directory,
-            auth=Authenticator(settings.api_keys, directory),
+            registry=registry,
+            auth=Authenticator(settings.api_keys, registry),
             router=router,
             cache=cache,
             pool=pool,
@@ -252,7 +252,7 @@ class CloudServices:
             decode_budget=budget,
             ingest=ingest,
             liveness=liveness,
-            registry=registry,
+            fleet_registry=fleet_registry,
             rollouts=rollouts,
             model_store=model_store,
         )
@@ -262,7 +262,7 @@ class CloudServices:
         return services
 
     @property
-    def decode(self) -> Decoder:
+    def decode(self) -> DecodeImage:
         return self.processor.decode
 
     def start(self) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 from prometheus_client import Counter
 
 from edgefleet.edge.budget import EscalationBudget
-from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
+from edgefleet.edge.planes import bgr_crop, frame_hw, gray
 from edgefleet.edge.reasons import FrameFacts, frame_reason
 from edgefleet.edge.settings import PolicySettings
 from edgefleet.edge.tracks import Asked, Track, Tracker
@@ -136,7 +136,7 @@ class EscalationPolicy:
         with self._lock:
             return self._rng.random()
 
-    def admit(self, stream_id: StreamId, image: np.ndarray) -> bool:
+    def passes(self, stream_id: StreamId, image: np.ndarray) -> bool:
         """De-duplicate and rate-limit one candidate; counts what it suppresses."""
         s = self.settings
         digest = dhash(image)
@@ -216,7 +216,7 @@ class EscalationPolicy:
         whole = [c for c in track.crops if c.whole]
         crops = sorted(whole or track.crops, key=lambda c: -c.rank)
         strip, rects = tile_crops([c.image for c in crops], self.settings.max_image_side)
-        if not self.admit(stream_id, strip):
+        if not self.passes(stream_id, strip):
             self.budget.refund(stream_id)
             return None
         track.escalated = True
@@ -248,7 +248,7 @@ class EscalationPolicy:
         if reason is None:
             return None
         CANDIDATES.labels(reason).inc()
-        if not self.admit(stream_id, gray(image, fmt)):
+        if not self.passes(stream_id, gray(image, fmt)):
             return None
         hw = frame_hw(image, fmt)
         crop = self.crop_box(hw, detections) if self.settings.attach == "crop" else None

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 from prometheus_client import Counter
 
-from edgefleet.edge.pixels import gray
+from edgefleet.edge.planes import gray
 from edgefleet.shared.messages import StreamId
 
 CUTS = Counter(

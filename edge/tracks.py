@@ -31,7 +31,7 @@ import cv2
 import numpy as np
 from prometheus_client import Counter
 
-from edgefleet.edge.pixels import bgr_crop, frame_hw, gray
+from edgefleet.edge.planes import bgr_crop, frame_hw, gray
 from edgefleet.edge.scene_cuts import SceneCuts
 from edgefleet.edge.settings import TrackSettings
 from edgefleet.shared.messages import CaseId, Detection, StreamId, TrackId

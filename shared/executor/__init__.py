@@ -5,6 +5,7 @@ It only runs forward passes; loading goes through `edgefleet.shared.models` (has
 
 from __future__ import annotations
 
+from edgefleet.shared.executor.backends import create_executor, probe_backends
 from edgefleet.shared.executor.base import (
     Capabilities,
     Executor,
@@ -15,7 +16,6 @@ from edgefleet.shared.executor.base import (
 )
 from edgefleet.shared.executor.batcher import BatcherClosed, DynamicBatcher
 from edgefleet.shared.executor.memory import Footprint, MemoryBudget, MemorySnapshot
-from edgefleet.shared.executor.registry import create_executor, probe_backends
 from edgefleet.shared.executor.selection import NoBackendAvailable, explain, select_backend
 from edgefleet.shared.executor.settings import (
     BatcherSettings,

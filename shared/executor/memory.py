@@ -1,4 +1,5 @@
-"""The memory budget: admit a model before it loads, refuse new work above a watermark.
+"""The memory budget: a model's memory reserved before it loads, new work refused above a
+watermark.
 
 Three ways to read memory, one per kind of device:
 - dGPU: NVML (device memory is separate from host RAM);
@@ -159,7 +160,7 @@ class MemoryBudget:
 
     def _recent(self) -> MemorySnapshot:
         """A snapshot at most `cache_s` old: the per-request checks stay cheap (reading
-        memory is a query to the device or the OS), admission always reads afresh."""
+        memory is a query to the device or the OS), a reservation always reads afresh."""
         now = time.monotonic()
         cached = self._cached
         if cached is not None and now - cached[0] < self.cache_s:
@@ -187,14 +188,14 @@ class MemoryBudget:
         return int(total * self.settings.watermark)
 
     def headroom(self) -> int:
-        """Bytes still admissible now, reservations included."""
+        """Bytes still free to reserve now, reservations included."""
         snap = self._recent()
         with self._lock:
             reserved = sum(self._reserved.values())
         used = self._used(snap)
         return self.capacity(snap) - used - reserved
 
-    def admit(self, name: str, need: int) -> None:
+    def reserve(self, name: str, need: int) -> None:
         """Reserve `need` bytes for `name` or raise MemoryBudgetExceeded (nothing loaded)."""
         snap = self.probe.snapshot()
         used = self._used(snap)
@@ -202,7 +203,7 @@ class MemoryBudget:
             reserved = sum(self._reserved.values())
             free = self.capacity(snap) - used - reserved
             if need > free:
-                MEMORY_REFUSED.labels("admission").inc()
+                MEMORY_REFUSED.labels("load").inc()
                 raise MemoryBudgetExceeded(
                     f"model {name} needs ~{need / MiB:.0f} MiB on {snap.device}, "
                     f"{max(0, free) / MiB:.0f} MiB left under the "
@@ -211,7 +212,7 @@ class MemoryBudget:
                 )
             self._reserved[name] = self._reserved.get(name, 0) + need
             MEMORY_RESERVED.labels(snap.device).set(sum(self._reserved.values()))
-        log.info("memory admitted", extra={"model": name, "need_mib": need // MiB})
+        log.info("memory reserved", extra={"model": name, "need_mib": need // MiB})
 
     def release(self, name: str) -> None:
         with self._lock:

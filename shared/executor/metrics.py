@@ -43,7 +43,9 @@ MEMORY_RESERVED = Gauge(
     "ef_memory_reserved_bytes", "Bytes admitted by the memory budget", ["device"]
 )
 MEMORY_REFUSED = Counter(
-    "ef_memory_refused_total", "Loads or requests refused by the memory budget", ["reason"]
+    "ef_memory_refused_total",
+    "Loads or requests refused by the memory budget (reason: load, watermark)",
+    ["reason"],
 )
 PREDICTIONS = Counter("ef_model_predictions_total", "Images run through a model", ["model"])
 PREDICT_SECONDS = Histogram(

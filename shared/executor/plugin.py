@@ -1,5 +1,5 @@
 """What a backend declares about itself, in its own module: its name, what it runs, how to
-build it and whether this host has it. `registry` gathers the declarations."""
+build it and whether this host has it. `backends` gathers the declarations."""
 
 from __future__ import annotations
 

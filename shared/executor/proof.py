@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from edgefleet.shared.errors import EdgefleetError
+from edgefleet.shared.executor.backends import backends, create_executor, gpu_reason
 from edgefleet.shared.executor.base import ModelBlob, runtime_message
-from edgefleet.shared.executor.registry import backends, create_executor, gpu_reason
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.hashing import sha256_bytes
 

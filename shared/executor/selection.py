@@ -1,7 +1,7 @@
 """Pure backend choice: a chain of filters that names the winner and why each other lost.
 
 Logged at start, so "why is it on CPU?" answers itself. No imports of any runtime here:
-availability is probed elsewhere (`registry.probe_backends`) and passed in.
+availability is probed elsewhere (`backends.probe_backends`) and passed in.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from edgefleet.shared.errors import EdgefleetError
-from edgefleet.shared.executor.registry import traits
+from edgefleet.shared.executor.backends import traits
 from edgefleet.shared.messages import Precision
 
 

@@ -18,8 +18,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from edgefleet.shared.executor.backends import preference, probe_backends
 from edgefleet.shared.executor.proof import prove, providers
-from edgefleet.shared.executor.registry import preference, probe_backends
 from edgefleet.shared.executor.selection import screen
 from edgefleet.shared.executor.settings import ExecutionSettings
 

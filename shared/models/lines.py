@@ -24,10 +24,10 @@ import numpy as np
 from prometheus_client import Histogram
 
 from edgefleet.shared import kernels
-from edgefleet.shared.models.decoders.angle import angle_flips
-from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
-from edgefleet.shared.models.decoders.kinds import Kinds
 from edgefleet.shared.models.frames import FrameIn
+from edgefleet.shared.models.outputs.angle import angle_flips
+from edgefleet.shared.models.outputs.ctc import ctc_greedy, ppocr_charset
+from edgefleet.shared.models.outputs.kinds import Kinds
 from edgefleet.shared.models.preprocess import ceil_to
 from edgefleet.shared.models.registry import ModelRegistry
 from edgefleet.shared.models.session import Session

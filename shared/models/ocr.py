@@ -22,9 +22,9 @@ from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.kernels.crops import crop_windows, sub_frame
 from edgefleet.shared.messages import Detection
 from edgefleet.shared.models.base import Capped, Model
-from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
 from edgefleet.shared.models.frames import FrameIn
 from edgefleet.shared.models.lines import LineReader, Read, Reader, load_charset, stage
+from edgefleet.shared.models.outputs.dbnet import DBParams, db_boxes, order_quad
 from edgefleet.shared.models.preprocess import (
     ceil_to,
     det_plan,

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgefleet.shared.executor.backends import backends, create_executor, preference, probe_backends
 from edgefleet.shared.executor.base import Executor, InferenceFailed, ModelBlob, ModelLoadError
 from edgefleet.shared.executor.fallback import BackendChoice, open_first, record
 from edgefleet.shared.executor.memory import Footprint, MemoryBudget, detect_probe
 from edgefleet.shared.executor.metrics import MODEL_WARMUP_SECONDS
-from edgefleet.shared.executor.registry import backends, create_executor, preference, probe_backends
 from edgefleet.shared.executor.selection import explain, screen
 from edgefleet.shared.executor.settings import ExecutionSettings
 from edgefleet.shared.messages import Sha256
@@ -120,7 +120,7 @@ def _load(
         activations_per_item=int(np.prod(item_shape) * 4 * settings.memory.activation_factor),
         workspace=(settings.memory.workspace_mb << 20) if gpu else 0,
     )
-    budget.admit(spec.name, footprint.need(max_batch))
+    budget.reserve(spec.name, footprint.need(max_batch))
     try:
         executor = create_executor(backend, settings)
         try:

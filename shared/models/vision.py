@@ -16,9 +16,9 @@ from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.imaging.normalise import normalise, pad_norm_value
 from edgefleet.shared.messages import Detection
 from edgefleet.shared.models.base import Model
-from edgefleet.shared.models.decoders.classification import top_k
-from edgefleet.shared.models.decoders.yolo import decode_yolo
 from edgefleet.shared.models.frames import FrameIn
+from edgefleet.shared.models.outputs.classification import top_k
+from edgefleet.shared.models.outputs.yolo import decode_yolo
 from edgefleet.shared.models.preprocess import stack_canvases
 from edgefleet.shared.models.registry import ModelRegistry
 from edgefleet.shared.models.session import Session, open_session, warmup_guard

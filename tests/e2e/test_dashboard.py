@@ -275,7 +275,7 @@ def test_dashboard_in_the_cloud_shows_a_case_with_its_thumbnail_and_verdict(
         models={"preload": False},
     )
     app = create_app(settings)
-    cam = app.state.services.registry.enroll("cam-dash", group="dock")
+    cam = app.state.services.fleet_registry.enroll("cam-dash", group="dock")
     server = ServerThread(app, port=port).start()
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     problems: list[str] = []

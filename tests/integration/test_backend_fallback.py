@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from edgefleet.bench.mosquitto import free_port
-from edgefleet.shared.executor.registry import gpu_reason
+from edgefleet.shared.executor.backends import gpu_reason
 from tests.support.edge import write_video
 from tests.support.gpu_packages import env_with, gpu_packages_dir
 from tests.support.waiting import eventually

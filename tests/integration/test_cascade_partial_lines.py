@@ -87,7 +87,7 @@ def test_a_line_entering_the_frame_is_reported_whole_whatever_the_cloud_read_of_
         models={"preload": False, "timeout_s": 120},
     )
     services = CloudServices.build(settings)
-    cam = services.registry.enroll("cam-edge")
+    cam = services.fleet_registry.enroll("cam-edge")
     services.start()
     device, verdicts = listen(broker, "cam-edge-dev", "cam-edge")
     try:

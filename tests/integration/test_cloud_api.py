@@ -99,8 +99,8 @@ def env(broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     settings = CloudSettings(**config)
     app = create_app(settings)
     services: CloudServices = app.state.services
-    cam = services.registry.enroll("cam-01")
-    other = services.registry.enroll("cam-02")
+    cam = services.fleet_registry.enroll("cam-01")
+    other = services.fleet_registry.enroll("cam-02")
     results: queue.Queue[CloudVerdict] = queue.Queue()
     verifier = Verifier(key_for_device=lambda d: cam.device_key if d == "cam-01" else None)
 
@@ -573,7 +573,7 @@ def _image_files(env: Env) -> int:
 
 
 def test_a_refused_duplicate_writes_nothing_and_refusals_are_charged(env: Env) -> None:
-    cam = env.services.registry.enroll("cam-refused")
+    cam = env.services.fleet_registry.enroll("cam-refused")
     case = escalation_case("cam-refused", stream_id="dup", edge=[("AB-12", 0.9)])
     rng = np.random.default_rng(32)
     assert _post_case(env, case, encode_png(text_image("AB-12")), wait=None, token=cam.token)

@@ -78,7 +78,7 @@ def cloud(database_url: str, tmp_path: Path) -> Iterator[Cloud]:
         api_keys=[{"name": "ops", "sha256": key_digest(OP_KEY)}],
     )
     app = create_app(settings)
-    registry = app.state.services.registry
+    registry = app.state.services.fleet_registry
     enrolled = {d: registry.enroll(d) for d in ("cam-a", "cam-b", "cam-c")}
     server = ServerThread(app).start()
     try:

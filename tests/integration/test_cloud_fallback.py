@@ -96,7 +96,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Clou
         return hanging if name == "ppocr-heavy" else load_model(name)
 
     services = CloudServices.build(settings, loader=loader)
-    services.registry.enroll("cam-f1")
+    services.fleet_registry.enroll("cam-f1")
     app = create_app(settings, services=services)
     srv = ServerThread(app).start()
     try:

@@ -70,8 +70,8 @@ def env(broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     )
     app = create_app(settings)
     services: CloudServices = app.state.services
-    cam = services.registry.enroll(DEVICE, group="dock")
-    other = services.registry.enroll("cam-w2", group="yard")
+    cam = services.fleet_registry.enroll(DEVICE, group="dock")
+    other = services.fleet_registry.enroll("cam-w2", group="yard")
 
     desired: queue.Queue[DesiredState] = queue.Queue()
     verifier = Verifier(key_for_device=lambda d: cam.device_key if d == DEVICE else None)

@@ -121,7 +121,7 @@ def test_slow_processing_holds_messages_at_the_broker_not_in_memory(
         queue={"workers": 1, "max_pending": max_pending},
     )
     services = CloudServices.build(settings, loader=lambda name: gate)
-    cam = services.registry.enroll("cam-bp")
+    cam = services.fleet_registry.enroll("cam-bp")
     services.start()
     client, verdicts = _device(broker, "cam-bp-dev", results_of="cam-bp")
     try:
@@ -168,7 +168,7 @@ def test_slow_processing_holds_messages_at_the_broker_not_in_memory(
 def test_telemetry_status_and_reported_reach_the_registry(broker, tmp_path: Path) -> None:
     settings = _services(tmp_path, broker, models={"preload": False})
     services = CloudServices.build(settings)
-    cam = services.registry.enroll("cam-tl")
+    cam = services.fleet_registry.enroll("cam-tl")
     services.start()
     client, _ = _device(broker, "cam-tl-dev")
     topics = Topics()
@@ -203,7 +203,7 @@ def test_telemetry_status_and_reported_reach_the_registry(broker, tmp_path: Path
         read: list[DeviceDetail] = []
 
         def all_three_in() -> bool:
-            read[:] = [services.registry.get_device("cam-tl")]
+            read[:] = [services.fleet_registry.get_device("cam-tl")]
             return bool(read[0].online and read[0].outbox_depth == 7 and read[0].reported)
 
         eventually(all_three_in, 30, "status, telemetry and reported in", detail=lambda: read)
@@ -223,7 +223,7 @@ def test_an_mqtt_case_whose_image_will_not_decode_is_refused_and_not_stored(
     rules.write_text("rules:\n  - {name: ok, when: {stream: ok}, route: {model: rules}}\n")
     settings = _services(tmp_path, broker, models={"preload": False}, rules={"file": rules})
     services = CloudServices.build(settings)
-    cam = services.registry.enroll("cam-bad")
+    cam = services.fleet_registry.enroll("cam-bad")
     services.start()
     client, verdicts = _device(broker, "cam-bad-dev", results_of="cam-bad")
     try:
@@ -280,7 +280,7 @@ def test_a_trickle_of_telemetry_is_stored_in_few_transactions(broker, tmp_path: 
         models={"preload": False},
     )
     services = CloudServices.build(settings)
-    cam = services.registry.enroll("cam-trickle")
+    cam = services.fleet_registry.enroll("cam-trickle")
     services.start()
     client, _ = _device(broker, "cam-trickle-dev")
     try:
@@ -307,7 +307,7 @@ def test_mqtt_cases_refused_by_the_decode_budget_are_counted_and_settled(
     # (the one REST and /v1/infer draw on too) is taken by another decode
     settings = _services(tmp_path, broker, models={"preload": False}, images={"decode_wait_s": 0})
     services = CloudServices.build(settings)
-    cam = services.registry.enroll("cam-big")
+    cam = services.fleet_registry.enroll("cam-big")
     services.start()
     client, _ = _device(broker, "cam-big-dev")
     busy = {"source": "mqtt", "outcome": "decode_budget_busy"}

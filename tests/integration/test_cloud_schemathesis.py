@@ -30,7 +30,7 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         http={"max_upload_bytes": 256_000},
     )
     app = create_app(cfg)
-    app.state.services.registry.enroll("cam-fz")
+    app.state.services.fleet_registry.enroll("cam-fz")
     with ServerThread(app) as server:
         yield server.url
 

@@ -188,7 +188,7 @@ def test_the_orchestrator_runs_on_postgresql(pg_url: str, tmp_path: Path) -> Non
     )
     services = CloudServices.build(settings)
     try:
-        services.registry.enroll("cam-pg2")
+        services.fleet_registry.enroll("cam-pg2")
         case = escalation_case("cam-pg2", edge=[("PG-1", 0.8)])
         verdict = services.processor.submit(case, PNG, source="rest").result(timeout=60)
         assert verdict.fallback_level == 2 and [d.text for d in verdict.result] == ["PG-1"]

@@ -82,7 +82,7 @@ def test_a_tiled_track_case_gets_one_fused_verdict_and_a_v1_case_is_still_answer
         models={"preload": False, "timeout_s": 120},
     )
     services = CloudServices.build(settings)
-    cam = services.registry.enroll("cam-trk")
+    cam = services.fleet_registry.enroll("cam-trk")
     services.start()
     device, verdicts = listen(broker, "cam-trk-dev", "cam-trk")
     later = None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.shared.executor.registry import gpu_reason
+from edgefleet.shared.executor.backends import gpu_reason
 from tests.support.gpu_packages import env_with, gpu_packages_dir
 
 BIN = Path(sys.executable).parent / "edgefleet"

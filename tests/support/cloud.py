@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 
-from edgefleet.cloud.directory import StaticDirectory
 from edgefleet.cloud.ingest import Ingest
+from edgefleet.cloud.registry import StaticRegistry
 from edgefleet.cloud.services import CloudServices
 from edgefleet.cloud.settings import CloudSettings
 from edgefleet.shared.imaging import encode_png
@@ -46,7 +46,7 @@ def idle_ingest(key: bytes, device_id: str = "cam-01", **options: Any) -> Ingest
     return Ingest(
         MqttSettings(),
         make_client(MqttSettings(), "idle-ingest"),
-        StaticDirectory({device_id: (key, None)}),
+        StaticRegistry({device_id: (key, None)}),
         processor=None,  # type: ignore[arg-type]  # escalations are not sent here
         share_group="g",
         client_id="idle-ingest",

@@ -50,7 +50,7 @@ class FleetServer:
         )
         app = create_app(settings)
         services = app.state.services
-        self.db, self.registry = services.db, services.registry
+        self.db, self.registry = services.db, services.fleet_registry
         self.rollouts, self.store = services.rollouts, services.model_store
         self.case_store = services.store
         self.rollouts.desired.publish = self.publish or self._record

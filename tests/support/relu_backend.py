@@ -1,7 +1,7 @@
 """A test-only backend: NumPy runs an ONNX graph of one Relu, and nothing else.
 
 It shows what adding a backend takes: this one file (the executor and its `BACKENDS`
-declaration) and its module's line in `edgefleet.shared.executor.registry.MODULES`.
+declaration) and its module's line in `edgefleet.shared.executor.backends.MODULES`.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ tests/integration/test_cloud_mqtt*.py)."""
 from __future__ import annotations
 
 from edgefleet.cloud.acks import Acks
-from edgefleet.cloud.directory import StaticDirectory
 from edgefleet.cloud.light import LightSink
+from edgefleet.cloud.registry import StaticRegistry
 from edgefleet.shared.messages import ReportedState
 from edgefleet.shared.wire import Verified
 from tests.support.cloud import telemetry
@@ -40,10 +40,10 @@ def test_the_window_is_full_at_receive_maximum_and_only_qos_1_is_acknowledged() 
 
 
 def test_the_sink_stores_then_acknowledges_and_drops_qos_0_when_full() -> None:
-    client, directory, counted, reported = Recorded(), StaticDirectory(), [], []
+    client, registry, counted, reported = Recorded(), StaticRegistry(), [], []
     acks = Acks(client, receive_maximum=64)  # type: ignore[arg-type]
     sink = LightSink(
-        directory,
+        registry,
         acks,
         lambda channel, outcome: counted.append((channel, outcome)),
         max_messages=2,
@@ -66,7 +66,7 @@ def test_the_sink_stores_then_acknowledges_and_drops_qos_0_when_full() -> None:
     eventually(lambda: len(client.acked) == 3, what="the stored messages acknowledged")
     sink.stop()
     # then each is stored before its acknowledgement, and the rollout hears the report
-    assert directory.last_telemetry["cam-01"].seq == 2
-    assert directory.last_reported["cam-01"] == state and reported == [state]
+    assert registry.last_telemetry["cam-01"].seq == 2
+    assert registry.last_reported["cam-01"] == state and reported == [state]
     assert sorted(client.acked) == [(1, 1), (2, 1), (4, 1)]
     assert counted.count(("telemetry", "stored")) == 2 and ("reported", "stored") in counted

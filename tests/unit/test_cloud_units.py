@@ -12,8 +12,8 @@ from edgefleet.bench.harness import escalation_case
 from edgefleet.cloud.auth import Authenticator, Principal, key_digest, sign_body
 from edgefleet.cloud.cache import Cached, CacheKey, VerdictCache
 from edgefleet.cloud.cascade import Cascade, ModelPool
-from edgefleet.cloud.directory import StaticDirectory
 from edgefleet.cloud.drift import ks_statistic
+from edgefleet.cloud.registry import StaticRegistry
 from edgefleet.cloud.router import Route, Router, RouteSpec
 from edgefleet.cloud.settings import CloudSettings, OperatorKey
 from edgefleet.shared.config import load_settings
@@ -239,8 +239,8 @@ def test_ks_statistic() -> None:
 
 
 def test_auth_operator_keys_device_tokens_and_body_signatures() -> None:
-    directory = StaticDirectory({"cam-1": (b"k" * 32, "eft_device-token")})
-    auth = Authenticator([OperatorKey(name="ops", sha256=key_digest("op-key"))], directory)
+    registry = StaticRegistry({"cam-1": (b"k" * 32, "eft_device-token")})
+    auth = Authenticator([OperatorKey(name="ops", sha256=key_digest("op-key"))], registry)
     assert auth.authenticate("Bearer op-key") == Principal("operator", "ops")
     assert auth.authenticate("Bearer eft_device-token") == Principal("device", "cam-1")
     for bad in (None, "", "Basic op-key", "Bearer nope"):

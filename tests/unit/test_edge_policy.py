@@ -63,13 +63,13 @@ def test_token_bucket_limits_and_refills() -> None:
 def test_rate_limit_is_per_stream_and_counted() -> None:
     clock = FakeClock()
     p = _policy(clock, rate_per_min=60, burst=2, dedup_window_s=0)
-    a = [p.admit("a", _frame(i)) for i in range(4)]
-    b = [p.admit("b", _frame(10 + i)) for i in range(2)]
+    a = [p.passes("a", _frame(i)) for i in range(4)]
+    b = [p.passes("b", _frame(10 + i)) for i in range(2)]
     assert a == [True, True, False, False]
     assert b == [True, True]
     assert p.suppressed["rate"] == 2
     clock.now += 1.0
-    assert p.admit("a", _frame(99)) is True
+    assert p.passes("a", _frame(99)) is True
 
 
 def test_near_identical_frames_are_sent_once_per_window() -> None:
@@ -80,12 +80,12 @@ def test_near_identical_frames_are_sent_once_per_window() -> None:
         frame.astype(np.int16) + np.random.default_rng(0).integers(-3, 4, frame.shape), 0, 255
     ).astype(np.uint8)
     assert hamming(dhash(frame), dhash(noisy)) <= 4
-    assert p.admit("s", frame) is True
-    assert p.admit("s", noisy) is False  # same scene, a little noise
-    assert p.admit("s", _frame(2)) is True  # a different scene
+    assert p.passes("s", frame) is True
+    assert p.passes("s", noisy) is False  # same scene, a little noise
+    assert p.passes("s", _frame(2)) is True  # a different scene
     assert p.suppressed["duplicate"] == 1
     clock.now += 11  # the window has passed
-    assert p.admit("s", frame) is True
+    assert p.passes("s", frame) is True
 
 
 def test_decide_frame_and_crop_with_jpeg_quality() -> None:

@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from edgefleet.edge.pipeline import Pipeline, Work
-from edgefleet.edge.pixels import bgr_crop
+from edgefleet.edge.planes import bgr_crop
 from edgefleet.edge.policy import Escalation, EscalationPolicy
 from edgefleet.edge.settings import EdgeSettings, PipelineSettings, PolicySettings, SourceSettings
 from edgefleet.edge.slot import ModelSlot

@@ -44,26 +44,26 @@ def test_admits_under_the_watermark_and_refuses_above_it():
     # given 10 GiB with 5 GiB used and the default 85% watermark (8.5 GiB usable)
     probe = FixedProbe(10 * GiB, 5 * GiB)
     budget = MemoryBudget(probe, cache_s=0)
-    budget.admit("a", 2 * GiB)  # 7 GiB of 8.5
+    budget.reserve("a", 2 * GiB)  # 7 GiB of 8.5
     # when a second model would pass the watermark, then it is refused, typed, retryable
     with pytest.raises(MemoryBudgetExceeded) as err:
-        budget.admit("b", 2 * GiB)
+        budget.reserve("b", 2 * GiB)
     assert err.value.http_status == 503 and err.value.retry_after_s > 0
     assert "model b needs ~2048 MiB" in err.value.message
     assert "85% watermark" in err.value.message
     # once "a" is loaded (its memory now counted in `used`), its reservation is released
     budget.release("a")
     probe.used = 7 * GiB
-    budget.admit("c", 1 * GiB)
+    budget.reserve("c", 1 * GiB)
 
 
 def test_limit_caps_the_budget_below_the_device():
     budget = MemoryBudget(
         FixedProbe(100 * GiB, 0), MemorySettings(limit_mb=1024, watermark=0.5), cache_s=0
     )
-    budget.admit("small", 400 * MiB)
+    budget.reserve("small", 400 * MiB)
     with pytest.raises(MemoryBudgetExceeded):
-        budget.admit("big", 200 * MiB)
+        budget.reserve("big", 200 * MiB)
 
 
 def test_watermark_refuses_new_work_with_a_retryable_error():
@@ -119,7 +119,7 @@ def test_nvml_probe_reads_the_gpu():
     assert snap.device == "cuda:0" and snap.total > 0 and 0 <= snap.used <= snap.total
     budget = MemoryBudget(NvmlProbe(0))
     with pytest.raises(MemoryBudgetExceeded):
-        budget.admit("huge", snap.total)
+        budget.reserve("huge", snap.total)
 
 
 def test_load_model_is_refused_before_loading_when_it_does_not_fit():
@@ -130,7 +130,7 @@ def test_load_model_is_refused_before_loading_when_it_does_not_fit():
     with pytest.raises(MemoryBudgetExceeded, match="model ppocr-det needs"):
         load_model("ppocr", budget=budget)
     # nothing stays reserved after a refusal
-    budget.admit("other", 80 * MiB)
+    budget.reserve("other", 80 * MiB)
 
 
 def test_a_tight_budget_caps_the_batch_of_a_loaded_model():
@@ -150,11 +150,11 @@ def test_a_tight_budget_caps_the_batch_of_a_loaded_model():
             model.predict(np.zeros((32, 32, 3), np.uint8))
 
 
-def test_request_checks_use_a_short_cache_admission_reads_afresh():
+def test_request_checks_use_a_short_cache_a_reservation_reads_afresh():
     probe = FixedProbe(10 * GiB, 1 * GiB)
     budget = MemoryBudget(probe, cache_s=3600)
     budget.check_watermark()  # reads and caches 10% in use
     probe.used = 9 * GiB
     budget.check_watermark()  # still the cached reading: no probe call per request
     with pytest.raises(MemoryBudgetExceeded):
-        budget.admit("m", 1 * GiB)  # admission sees the real 90%
+        budget.reserve("m", 1 * GiB)  # the reservation sees the real 90%

@@ -11,10 +11,10 @@ import logging
 import numpy as np
 import pytest
 
+from edgefleet.shared.executor.backends import create_executor, gpu_reason
 from edgefleet.shared.executor.base import ModelBlob, ModelLoadError
 from edgefleet.shared.executor.fallback import open_first, report
 from edgefleet.shared.executor.proof import TINY_ONNX, TINY_SHAPE, prove, proven
-from edgefleet.shared.executor.registry import create_executor, gpu_reason
 from edgefleet.shared.executor.selection import NoBackendAvailable, Screened
 from edgefleet.shared.executor.settings import ExecutionSettings
 from tests.support.waiting import counter_value

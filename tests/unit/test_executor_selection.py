@@ -9,15 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from edgefleet.shared.executor import registry
-from edgefleet.shared.executor.proof import prove
-from edgefleet.shared.executor.registry import (
+from edgefleet.shared.executor import backends as declared
+from edgefleet.shared.executor.backends import (
     backends,
     create_executor,
     default_order,
     preference,
     probe_backends,
 )
+from edgefleet.shared.executor.proof import prove
 from edgefleet.shared.executor.selection import NoBackendAvailable, explain, select_backend
 from edgefleet.shared.executor.settings import ExecutionSettings
 
@@ -105,7 +105,7 @@ def test_the_shipped_order_is_every_declared_backend_best_first_and_probe_covers
 @pytest.fixture
 def relu_backend(monkeypatch):
     """The test-only backend's module on the registry's list, and the caches rebuilt."""
-    monkeypatch.setattr(registry, "MODULES", [*registry.MODULES, "tests.support.relu_backend"])
+    monkeypatch.setattr(declared, "MODULES", [*declared.MODULES, "tests.support.relu_backend"])
     backends.cache_clear()
     probe_backends.cache_clear()
     yield
@@ -128,16 +128,16 @@ def test_a_backend_added_by_one_file_and_one_line_is_chosen_proven_and_run(relu_
 
 
 def test_two_backends_of_one_name_are_refused(monkeypatch, relu_backend):
-    monkeypatch.setattr(registry, "MODULES", [*registry.MODULES, "tests.support.relu_backend"])
+    monkeypatch.setattr(declared, "MODULES", [*declared.MODULES, "tests.support.relu_backend"])
     backends.cache_clear()
     with pytest.raises(RuntimeError, match="two backends share a name"):
         backends()
 
 
-def test_registry_is_lazy_tensorrt_and_torch_not_imported():
+def test_the_backend_list_is_lazy_tensorrt_and_torch_not_imported():
     code = (
         "import sys; import edgefleet.shared.executor, edgefleet.shared.models; "
-        "from edgefleet.shared.executor.registry import probe_backends; probe_backends(); "
+        "from edgefleet.shared.executor.backends import probe_backends; probe_backends(); "
         "print('tensorrt' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

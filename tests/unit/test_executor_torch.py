@@ -104,8 +104,8 @@ def test_torchscript_on_cuda_in_fp16(tmp_path):
 
 
 def test_a_tensor_the_program_refuses_is_a_typed_error():
+    from edgefleet.shared.executor.backends import create_executor
     from edgefleet.shared.executor.base import InferenceFailed, ModelBlob
-    from edgefleet.shared.executor.registry import create_executor
 
     executor = create_executor("torch-cpu", ExecutionSettings())
     executor.load(ModelBlob("colour", torchscript_bytes(), "0" * 64, "torchscript"))

@@ -14,10 +14,10 @@ from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.models import load_model
-from edgefleet.shared.models.decoders.angle import angle_flips
-from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
-from edgefleet.shared.models.decoders.dbnet import DBParams, db_boxes, order_quad
 from edgefleet.shared.models.lines import crop_quad, pad_quad, width_ladder
+from edgefleet.shared.models.outputs.angle import angle_flips
+from edgefleet.shared.models.outputs.ctc import ctc_greedy, ppocr_charset
+from edgefleet.shared.models.outputs.dbnet import DBParams, db_boxes, order_quad
 from edgefleet.shared.models.preprocess import det_plan
 
 CHARSET = ppocr_charset(list("ABC"))  # ["", "A", "B", "C", " "]

@@ -13,8 +13,8 @@ import yaml
 from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import ModelRegistry, load_model
-from edgefleet.shared.models.decoders.classification import top_k
-from edgefleet.shared.models.decoders.yolo import decode_yolo, detect_layout
+from edgefleet.shared.models.outputs.classification import top_k
+from edgefleet.shared.models.outputs.yolo import decode_yolo, detect_layout
 
 pytest.importorskip("onnx")
 from onnx import TensorProto, helper

@@ -9,8 +9,8 @@ import pytest
 
 from edgefleet.demo.scenes.clips import frame_scores
 from edgefleet.demo.scenes.stills import easy_scene
-from edgefleet.shared.models.decoders.ctc import ctc_greedy, ppocr_charset
-from edgefleet.shared.models.decoders.kinds import Kinds, settle_kinds
+from edgefleet.shared.models.outputs.ctc import ctc_greedy, ppocr_charset
+from edgefleet.shared.models.outputs.kinds import Kinds, settle_kinds
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgefleet.shared.models.decoders.kinds import Kinds, settle_kinds
+from edgefleet.shared.models.outputs.kinds import Kinds, settle_kinds
 
 
 def ppocr_charset(characters: list[str]) -> list[str]:

@@ -20,7 +20,7 @@ from edgefleet.shared.messages import DeviceStatus, DeviceTelemetry, ReportedSta
 
 
 @runtime_checkable
-class DeviceDirectory(Protocol):
+class Registry(Protocol):
     """What the cloud asks of the device registry."""
 
     def device_key(self, device_id: str) -> bytes | None:
@@ -49,7 +49,7 @@ class DeviceDirectory(Protocol):
         cloud's clock); their ids."""
 
 
-class StaticDirectory:
+class StaticRegistry:
     """A fixed set of devices held in memory: for `cloud serve` without a fleet database
     (keys from a file) and for benchmarks; it remembers the last message of each kind."""
 

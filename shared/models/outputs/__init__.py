@@ -1,0 +1,1 @@
+"""Model outputs made results: numpy in, boxes, labels and text out. No model or session here."""
