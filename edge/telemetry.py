@@ -126,26 +126,33 @@ class TegrastatsProbe:
     """Runs `tegrastats --interval` in the background and keeps its last line."""
 
     def __init__(self, binary: str, interval_ms: int = 1000):
+        self.command = [binary, "--interval", str(interval_ms)]
         self._last: str | None = None
-        self._proc = subprocess.Popen(
-            [binary, "--interval", str(interval_ms)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        self._thread = threading.Thread(target=self._read, name="tegrastats", daemon=True)
-        self._thread.start()
+        self._proc: subprocess.Popen[str] | None = None
 
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
+    def start(self) -> TegrastatsProbe:
+        """Run tegrastats and read its lines on a daemon thread (once)."""
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+            reader = threading.Thread(
+                target=self._read, args=(self._proc,), name="tegrastats", daemon=True
+            )
+            reader.start()
+        return self
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
             self._last = line.strip()
 
     def sample(self) -> GpuTelemetry | None:
         return parse_tegrastats(self._last) if self._last else None
 
     def close(self) -> None:
-        self._proc.terminate()
+        if self._proc is not None:
+            self._proc.terminate()
 
 
 class NvmlProbe:
@@ -200,7 +207,7 @@ def gpu_probe() -> GpuProbe:
     """Tegrastats on a Jetson, NVML where a driver answers, else nothing."""
     tegrastats = shutil.which("tegrastats")
     if Path("/etc/nv_tegra_release").exists() and tegrastats:
-        return TegrastatsProbe(tegrastats)
+        return TegrastatsProbe(tegrastats).start()
     try:
         return NvmlProbe()
     except Exception as exc:  # no library, no driver or no device: a CPU host

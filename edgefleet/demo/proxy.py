@@ -25,7 +25,12 @@ class UplinkRelay:
         self._closed = threading.Event()
         self.refused = 0  # connections turned away while cut
         self._thread = threading.Thread(target=self._accept, name="uplink-relay", daemon=True)
-        self._thread.start()
+
+    def start(self) -> UplinkRelay:
+        """Accept and relay connections (the listener takes them from construction on)."""
+        if self._thread.ident is None:
+            self._thread.start()
+        return self
 
     @property
     def is_cut(self) -> bool:

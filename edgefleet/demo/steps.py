@@ -253,7 +253,7 @@ def start_up(stack: Stack, plan: Plan, http: Any, interrupted: threading.Event) 
             )
             for i, device_id in enumerate(plan.device_ids)
         ]
-        relays = {d: UplinkRelay(plan.broker_port) for d in sorted(plan.cut_uplinks)}
+        relays = {d: UplinkRelay(plan.broker_port).start() for d in sorted(plan.cut_uplinks)}
         for device in devices:
             device.results.parent.mkdir(parents=True, exist_ok=True)
             relay = relays.get(device.device_id)

@@ -119,8 +119,14 @@ class DynamicBatcher(Generic[T, R]):
             threading.Thread(target=self._loop, name=f"batcher-{name}-{i}", daemon=True)
             for i in range(self.settings.workers)
         ]
-        for worker in self._workers:
-            worker.start()
+
+    def start(self) -> DynamicBatcher[T, R]:
+        """Start the workers (once); requests submitted before wait for them."""
+        with self._cond:
+            idle = [w for w in self._workers if w.ident is None]
+            for worker in idle:
+                worker.start()
+        return self
 
     # --- submitting -----------------------------------------------------------------------
 
@@ -287,15 +293,16 @@ class DynamicBatcher(Generic[T, R]):
         """Stop accepting work; with drain, finish what is queued, else fail it."""
         with self._cond:
             self._closed = True
-            if not drain:
+            started = [w for w in self._workers if w.ident is not None]
+            if not drain or not started:  # never started: nothing would run what waits
                 self._lanes.fail_all(lambda: BatcherClosed(f"batcher {self.name} closed"))
             self._cond.notify_all()
-        for worker in self._workers:
+        for worker in started:
             if worker is not threading.current_thread():
                 worker.join(timeout=timeout_s)
 
     def __enter__(self) -> DynamicBatcher[T, R]:
-        return self
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -48,4 +48,4 @@ def load_model(
         )
     module, _, attr = spec.loader.partition(":")
     model: Callable[..., Model] = getattr(importlib.import_module(module), attr)
-    return model(spec, registry, settings, budget)
+    return model(spec, registry, settings, budget).start()

@@ -206,6 +206,12 @@ class Model(abc.ABC):
         """Component name -> backend, for readiness pages."""
         return {s.spec.name: s.backend for s in self._sessions}
 
+    def start(self) -> Model:
+        """Start the batcher's workers (`load_model` does, before it returns the model)."""
+        if self._batcher is not None:
+            self._batcher.start()
+        return self
+
     def close(self) -> None:
         """Finish queued requests, then free the sessions; later calls raise ModelClosed."""
         self._closing = True

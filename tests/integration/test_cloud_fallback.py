@@ -40,7 +40,7 @@ class HangingModel:
         self.priorities: list[int] = []  # of each call, as it reached the scheduler
         self.scheduler = DynamicBatcher(
             self._forward, BatcherSettings(max_delay_ms=0), name="hanging-fallback"
-        )
+        ).start()
 
     def _forward(self, images: list[np.ndarray]) -> list[list[Detection]]:
         self.calls += len(images)

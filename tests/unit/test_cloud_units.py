@@ -132,7 +132,7 @@ class ScriptedModel:
         self.callers: list[tuple[str, int]] = []  # (thread name, priority) of each predict
         self.scheduler = DynamicBatcher(
             self._forward, BatcherSettings(max_delay_ms=0), name=f"scripted-{name}"
-        )
+        ).start()
 
     def _forward(self, images):
         self.calls += len(images)

@@ -59,7 +59,7 @@ def _echo(conn: socket.socket) -> None:
 
 def test_the_relay_relays_and_a_cut_closes_the_link_until_restored() -> None:
     server, _ = _echo_server()
-    relay = UplinkRelay(server.getsockname()[1])
+    relay = UplinkRelay(server.getsockname()[1]).start()
     try:
         # given a client connected through the relay
         client = socket.create_connection(("127.0.0.1", relay.port), timeout=5)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from edgefleet.edge.telemetry import NoGpu, WindowStats, gpu_probe, latency_of, parse_tegrastats
+from edgefleet.edge.telemetry import (
+    NoGpu,
+    TegrastatsProbe,
+    WindowStats,
+    gpu_probe,
+    latency_of,
+    parse_tegrastats,
+)
+from tests.support.waiting import eventually
 
 # Lines in the format tegrastats prints on each board (JetPack 6 / L4T 36 prefixes a date).
 ORIN_NANO = (
@@ -89,3 +97,19 @@ def test_nvml_probe_reads_the_gpu() -> None:
     gpu = probe.sample()
     assert gpu is not None and gpu.mem_total_mb and gpu.mem_total_mb > 0
     probe.close()
+
+
+def test_the_tegrastats_probe_runs_only_once_started_and_keeps_the_last_line(tmp_path) -> None:
+    # given a stand-in for tegrastats that prints an Orin Nano line per interval
+    script = tmp_path / "tegrastats"
+    script.write_text(f'#!/bin/sh\nwhile true; do echo "{ORIN_NANO}"; sleep 0.05; done\n')
+    script.chmod(0o755)
+    probe = TegrastatsProbe(str(script), interval_ms=50)
+    # then nothing runs until it is started
+    assert probe.sample() is None
+    probe.start().start()
+    try:
+        eventually(lambda: probe.sample() is not None, 30, "a tegrastats line read")
+        assert probe.sample() == parse_tegrastats(ORIN_NANO)
+    finally:
+        probe.close()

@@ -89,7 +89,7 @@ def test_full_queue_refuses_with_overloaded_and_loses_nothing_accepted():
     settings = BatcherSettings(
         preferred_batch_size=1, max_batch_size=1, max_delay_ms=0, max_queue=2
     )
-    batcher = DynamicBatcher(run, settings, name="t-overload")
+    batcher = DynamicBatcher(run, settings, name="t-overload").start()
     first = batcher.submit(0)
     assert run.entered.wait(30)
     queued = [batcher.submit(1), batcher.submit(2)]
@@ -108,7 +108,7 @@ def test_the_caller_is_freed_at_its_deadline_while_the_model_hangs():
     # given a worker stuck inside the model on the first request
     run = Recorder(hold=True)
     settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
-    batcher = DynamicBatcher(run, settings, name="t-timeout")
+    batcher = DynamicBatcher(run, settings, name="t-timeout").start()
     running = batcher.submit(0, timeout_s=0.05)
     assert run.entered.wait(30)
     before = rejected("t-timeout", "timeout"), rejected("t-timeout", "expired")
@@ -131,7 +131,7 @@ def test_a_request_past_its_deadline_is_dropped_before_the_model():
     clock = FakeClock()
     run = Recorder(hold=True)
     settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
-    batcher = DynamicBatcher(run, settings, name="t-expire", clock=clock)
+    batcher = DynamicBatcher(run, settings, name="t-expire", clock=clock).start()
     blocker = batcher.submit(0)
     assert run.entered.wait(30)
     late = batcher.submit(1, timeout_s=5)
@@ -219,7 +219,7 @@ def test_asyncio_callers_are_batched_and_answered():
 def test_asyncio_timeout_is_typed():
     run = Recorder(hold=True)
     settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
-    batcher = DynamicBatcher(run, settings, name="t-async-timeout")
+    batcher = DynamicBatcher(run, settings, name="t-async-timeout").start()
     batcher.submit(0)
     assert run.entered.wait(30)
 
@@ -234,7 +234,7 @@ def test_asyncio_timeout_is_typed():
 
 def test_closed_batcher_refuses_and_drains():
     run = Recorder()
-    batcher = DynamicBatcher(run, BatcherSettings(max_delay_ms=10_000), name="t-close")
+    batcher = DynamicBatcher(run, BatcherSettings(max_delay_ms=10_000), name="t-close").start()
     pending = batcher.submit(5)
     batcher.close()  # drain: the queued request still runs
     assert pending.result() == 50
@@ -300,7 +300,7 @@ def test_a_full_queue_gives_way_only_to_a_higher_priority():
     settings = BatcherSettings(
         preferred_batch_size=1, max_batch_size=1, max_delay_ms=0, max_queue=2
     )
-    batcher = DynamicBatcher(run, settings, name="t-shed")
+    batcher = DynamicBatcher(run, settings, name="t-shed").start()
     first = batcher.submit(0)
     assert run.entered.wait(30)
     older, newer = batcher.submit(1), batcher.submit(2)
@@ -337,7 +337,7 @@ def test_pending_is_awaited_from_asyncio_with_its_priority():
 def test_an_awaiting_caller_that_goes_away_drops_its_queued_request():
     run = Recorder(hold=True)
     settings = BatcherSettings(preferred_batch_size=1, max_batch_size=1, max_delay_ms=0)
-    batcher = DynamicBatcher(run, settings, name="t-cancel")
+    batcher = DynamicBatcher(run, settings, name="t-cancel").start()
     first = batcher.submit(0)
     assert run.entered.wait(30)
 
@@ -365,7 +365,7 @@ def test_requests_past_their_deadline_do_not_hold_places_in_a_full_queue():
     settings = BatcherSettings(
         preferred_batch_size=1, max_batch_size=1, max_delay_ms=0, max_queue=1
     )
-    batcher = DynamicBatcher(run, settings, name="t-bound-live", clock=clock)
+    batcher = DynamicBatcher(run, settings, name="t-bound-live", clock=clock).start()
     first = batcher.submit(0)
     assert run.entered.wait(30)
     stale = batcher.submit(1, timeout_s=5)
@@ -510,3 +510,22 @@ def test_a_batch_runs_under_its_latest_deadline_for_backends_to_carry():
     # batch there is none
     assert seen == [9.0]
     assert current_deadline() is None
+
+
+def test_a_batcher_runs_nothing_until_started_and_a_closed_unstarted_one_fails_what_waits():
+    # given a batcher built but not started, and a request submitted to it
+    run = Recorder()
+    batcher = DynamicBatcher(run, BatcherSettings(max_delay_ms=0), name="t-unstarted")
+    waiting = batcher.submit(5)
+    # when it is closed without ever starting
+    batcher.close()
+    # then nothing ran and the caller hears why instead of waiting out its deadline
+    with pytest.raises(BatcherClosed):
+        waiting.result()
+    assert run.batches == []
+    # and a started one runs what was submitted before start, once however often started
+    later = DynamicBatcher(run, BatcherSettings(max_delay_ms=0), name="t-later")
+    queued = later.submit(4)
+    with later.start().start():
+        assert queued.result() == 40
+    assert run.batches == [[4]]
