@@ -251,7 +251,7 @@ def step_defaults(rec: Recorder, deadline: float) -> None:
         with load_model(name, settings=settings) as model:
             load_s = time.perf_counter() - t0
             chosen = report()["models"]
-            components = {c: chosen.get(c) for c in (spec.ocr.det, spec.ocr.cls, spec.ocr.rec) if c}
+            components = {c: chosen.get(c) for c in spec.components()}
             rec.figure(
                 **{
                     f"{role}_{name}_components": {

@@ -74,7 +74,7 @@ def list_models(manifest: Path | None = MANIFEST_OPTION) -> None:
     for spec in registry.specs():
         if spec.file is None:
             where = (
-                "pipeline: " + ", ".join(n for n in (spec.ocr.det, spec.ocr.cls, spec.ocr.rec) if n)
+                "pipeline: " + ", ".join(spec.components())
                 if isinstance(spec, OcrSpec)
                 else "-"
             )

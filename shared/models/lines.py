@@ -154,21 +154,30 @@ class LineReader:
     (if any) and its recognisers, the first of them the reader and the rest voters."""
 
     def __init__(
-        self, name: str, opts: OcrOptions, angles: Session | None, readers: list[Reader]
+        self,
+        name: str,
+        opts: OcrOptions,
+        angles: Session | None,
+        readers: list[Reader],
+        rereader: Reader | None = None,
     ) -> None:
         self.name = name  # the pipeline's, for OCR_STAGE
         self.opts = opts
         self.angles = angles
         self.readers = readers
+        self.rereader = rereader  # reads again the lines the readers were unsure of
 
     def read(self, frames: list[FrameIn], quads: list[np.ndarray]) -> list[list[Read]]:
         """(text, vote score, surest read's confidence) of every quad of every frame: each
-        line read by every recogniser, from every crop the options ask for."""
+        line read by every recogniser, from every crop the options ask for, and the unsure
+        ones read again by the rereader."""
         views: list[LineView] = []
         owners: list[tuple[int, int]] = []
+        first: dict[tuple[int, int], int] = {}  # each line's view of its own quad
         started = time.perf_counter()
         for i, (frame, frame_quads) in enumerate(zip(frames, quads, strict=True)):
             for j, quad in enumerate(frame_quads):
+                first[(i, j)] = len(views)
                 read = quad + np.float32(READ_SHIFT)
                 line = [LineView(frame, read)]
                 if self.opts.tta:
@@ -186,6 +195,13 @@ class LineReader:
         for reader in self.readers if views else []:
             for owner, read in zip(owners, self.recognise(views, reader), strict=True):
                 ballots[owner].append(read)
+        if self.rereader is not None and views:
+            floor = self.opts.reread_below
+            again = [k for o, k in first.items() if max(r[1] for r in ballots[o]) < floor]
+            if again:
+                reads = self.recognise([views[k] for k in again], self.rereader)
+                for k, read in zip(again, reads, strict=True):
+                    ballots[owners[k]].append(read)
         return [
             [(*vote(ballots[(i, j)]), max(r[1] for r in ballots[(i, j)])) for j in range(len(q))]
             for i, q in enumerate(quads)

@@ -194,6 +194,7 @@ class OcrModel(Model):
 
             rec = recogniser(opts.rec)
             voters = [recogniser(name) for name in opts.voters]
+            again = recogniser(opts.reread) if opts.reread else None
             cls = None
             if opts.cls:
                 cls_spec = registry.component(opts.cls, spec)
@@ -214,7 +215,8 @@ class OcrModel(Model):
             raise
         self.det = det
         readers = [Reader.of(s, load_charset(s, registry)) for s in (rec, *voters)]
-        self.lines = LineReader(spec.name, opts, cls, readers)
+        rereader = Reader.of(again, load_charset(again, registry)) if again else None
+        self.lines = LineReader(spec.name, opts, cls, readers, rereader)
         ds = det.spec
         self._det_norm = (ds.mean, ds.std, ds.input.scale, ds.input.color == "BGR")
         self._det_fill = np.zeros(3, np.float32)  # normalised 0: mid-grey, no edges

@@ -112,3 +112,32 @@ def test_the_vote_pools_spellings_equal_up_to_case_and_spacing():
         ("Gate 12", 0.3)
     )
     assert vote([("", 0.9)]) == ("", 0.0)
+
+
+def test_only_lines_read_less_surely_than_the_floor_are_read_again_and_the_reads_vote(sessions):
+    # given the tiny pipeline's recogniser as the reader and a second recogniser to reread
+    rec, _ = sessions
+    again = opened("ppocr6-small-rec", (48, 320))
+    try:
+        frame, quads = line_frame(["GATE 12", "MSCU1234565"])
+        lines = np.stack(quads)
+
+        def read(below: float) -> list:
+            opts = OcrOptions(det="d", rec="r", reread="s", reread_below=below)
+            reader = LineReader("test", opts, None, [reader_of(rec)], reader_of(again))
+            [reads] = reader.read([frame], [lines])
+            return reads
+
+        # when no line is under the floor, each has one read: its vote is its confidence
+        alone = read(1e-6)
+        assert all(vote_score == surest for _, vote_score, surest in alone)
+        # when every line is, each is read twice: they agree here, and the line's score is
+        # the mean of the two reads' confidences, its surest the higher of them
+        twice = read(1.0)
+        assert [t for t, _, _ in twice] == [t for t, _, _ in alone] == ["GATE 12", "MSCU1234565"]
+        assert all(
+            surest >= first for (_, _, first), (_, _, surest) in zip(alone, twice, strict=True)
+        )
+        assert any(vote_score < surest for _, vote_score, surest in twice)
+    finally:
+        again.close()

@@ -78,6 +78,15 @@ class OcrOptions(Closed):
         description="more text recognition models; every read of a line (each recogniser, "
         "each crop) votes for its text with its confidence, the heaviest text wins",
     )
+    reread: str | None = Field(
+        None,
+        description="a text recognition model that reads again each line read less surely "
+        "than reread_below (from the line's own quad); its read votes with the others; "
+        "none = off",
+    )
+    reread_below: float = Field(
+        0.9, gt=0, le=1, description="a line whose surest read is below this is read again"
+    )
 
 
 class OcrSpec(ModelSpec):
@@ -87,4 +96,5 @@ class OcrSpec(ModelSpec):
 
     def components(self) -> list[str]:
         opts = self.ocr
-        return [opts.det, opts.rec, *([opts.cls] if opts.cls else []), *opts.voters]
+        again = [opts.reread] if opts.reread else []
+        return [opts.det, opts.rec, *([opts.cls] if opts.cls else []), *opts.voters, *again]
