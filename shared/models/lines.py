@@ -207,11 +207,6 @@ class LineReader:
             for i, q in enumerate(quads)
         ]
 
-    @contextmanager
-    def _stage(self, name: str) -> Iterator[None]:
-        with stage(self.name, name):
-            yield
-
     def classify_angles(self, views: list[LineView]) -> list[LineView]:
         """Flip lines the angle classifier is sure are upside down."""
         assert self.angles is not None  # called only when the pipeline has one
@@ -271,9 +266,9 @@ class LineReader:
         started = time.perf_counter()
         batch = _line_batch(views, idx, ratios, (self.opts.rec_height, width), reader.session.spec)
         OCR_STAGE.labels(self.name, "rec_pre").observe(time.perf_counter() - started)
-        with self._stage("rec_infer"):
+        with stage(self.name, "rec_infer"):
             probs = reader.session.run(batch)[0]
-        with self._stage("ctc"):
+        with stage(self.name, "ctc"):
             if self.opts.word_kinds is None:
                 return ctc_greedy(probs, reader.charset)
             return ctc_greedy(probs, reader.charset, reader.kinds, self.opts.word_kinds)

@@ -15,6 +15,7 @@ from edgefleet.shared.errors import InvalidInput
 from edgefleet.shared.executor.settings import BatcherSettings, ExecutionSettings
 from edgefleet.shared.models import load_model
 from edgefleet.shared.models.frames import FrameIn
+from tests.support.frames import as_format
 
 
 @pytest.fixture(scope="module")
@@ -32,23 +33,6 @@ def camera_scene(h: int = 540, w: int = 960) -> np.ndarray:
     cv2.putText(img, "GATE 12", (40, h // 3), cv2.FONT_HERSHEY_DUPLEX, 2.0, (20, 30, 90), 3)
     cv2.putText(img, "MSCU1234565", (300, 2 * h // 3), cv2.FONT_HERSHEY_DUPLEX, 1.6, (10,) * 3, 3)
     return img
-
-
-def as_format(rgb: np.ndarray, fmt: str) -> np.ndarray:
-    """The scene as a camera would deliver it: BGR (OpenCV), NV12 or I420 (GStreamer/V4L2)."""
-    if fmt == "rgb":
-        return rgb
-    if fmt == "bgr":
-        return np.ascontiguousarray(rgb[..., ::-1])
-    i420 = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420)
-    if fmt == "i420":
-        return i420
-    h, w = rgb.shape[:2]
-    flat = i420.reshape(-1)
-    u = flat[h * w : h * w * 5 // 4].reshape(h // 2, w // 2)
-    v = flat[h * w * 5 // 4 :].reshape(h // 2, w // 2)
-    uv = np.stack([u, v], axis=-1).reshape(h // 2, w)
-    return np.concatenate([i420[:h], uv])
 
 
 FORMATS = ["rgb", "bgr", "nv12", "i420"]

@@ -11,7 +11,7 @@ from edgefleet.shared import kernels
 from edgefleet.shared.imaging.letterbox import LetterboxTransform
 from edgefleet.shared.models import ocr
 from edgefleet.shared.models.ocr import merge_boxes, readable, surer, zoom_regions
-from tests.unit.test_ocr_frames import as_format
+from tests.support.frames import as_format
 
 PLAN = LetterboxTransform.stretch((360, 640), (352, 640))  # a 640x360 frame's first pass
 
